@@ -1,0 +1,362 @@
+"""Typed configuration: YAML file -> nested dataclasses, with ``--set key=value`` overrides.
+
+Every key is declared here with its type and default. An unknown key, a value of the wrong type or a
+value outside a closed set stops with one line naming the key and what is allowed, e.g.::
+
+    ConfigError: model.attention_pe: 'rpoe' is not one of: none, rope
+
+String values may reference environment variables as ``${VAR}`` or ``${VAR:-default}`` (used for
+``FR2EN_SHARED_DATA``); they are expanded when the config is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem, reported as one line naming the offending key."""
+
+
+# Closed sets whose members live in a registry are checked against that registry at validation time
+# (see ``_registry_choices``) so that adding an encoding needs no edit here.
+INPUT_PE_KEY = "model.input_pe"
+ATTENTION_PE_KEY = "model.attention_pe"
+CROSS_ATTENTION_PE_KEY = "model.cross_attention_pe"
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel corpus comes from and how it is filtered and batched."""
+
+    source: Literal["demo", "iwslt2017", "wit3", "text"] = "demo"
+    path: str | None = None  # wit3: archive (.tgz/.zip) or folder; text: folder of {split}.{lang}[.gz]
+    src_lang: str = "fr"
+    tgt_lang: str = "en"
+    train: str = "train"  # text source: file prefix of each split
+    validation: str = "valid"
+    test: list[str] = field(default_factory=lambda: ["test"])
+    min_len: int = 1  # tokens, after subword tokenization (bos/eos not counted)
+    max_len: int = 128  # training pairs longer than this on either side are dropped
+    max_train_len: int | None = None  # stricter training-only cap (train short, test long)
+    max_len_ratio: float | None = None  # drop training pairs with len ratio above this
+    max_tokens: int = 4096  # batch size in tokens (max of source and target, padding included)
+    valid_max_tokens: int | None = None  # defaults to max_tokens
+    cache_dir: str = "data/cache"
+    num_proc: int = 1  # processes used to tokenize the corpus the first time
+
+
+@dataclass
+class TokenizerConfig:
+    """Subword vocabulary: trained on the training split, or a pretrained Marian tokenizer."""
+
+    type: Literal["bpe", "unigram", "marian"] = "bpe"
+    vocab_size: int = 8000
+    min_frequency: int = 2
+    lowercase: bool = False
+    path: str | None = None  # marian: Hub id or local folder
+    train_max_sentences: int | None = None  # subsample (deterministically) for faster training
+
+
+@dataclass
+class RopeConfig:
+    """Rotary position embedding (Su et al. 2021)."""
+
+    theta: float = 10000.0
+    dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
+
+
+@dataclass
+class ModelConfig:
+    """Encoder-decoder Transformer (Vaswani et al. 2017) with pluggable positional encodings."""
+
+    d_model: int = 512
+    n_heads: int = 8
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: Literal["relu", "gelu"] = "relu"
+    norm: Literal["pre", "post"] = "pre"
+    tie_embeddings: bool = True
+    scale_embeddings: bool = True
+    input_pe: str = "sinusoidal"
+    attention_pe: str = "none"
+    cross_attention_pe: str = "none"
+    max_positions: int = 1024  # size of learned position tables; longer inputs are an error
+    rope: RopeConfig = field(default_factory=RopeConfig)
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, schedule, evaluation and stopping."""
+
+    epochs: int = 50
+    max_steps: int | None = None  # stop after this many optimizer steps
+    max_minutes: float | None = None  # stop after this much wall time
+    lr: float = 5e-4
+    scheduler: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
+    warmup_steps: int = 4000
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    accumulate: int = 1  # gradient accumulation steps
+    eval_every: int = 0  # evaluate every N iterations; 0 = at the end of each epoch
+    patience: int = 10  # early stopping, in evaluations without a better validation BLEU
+    valid_bleu_sentences: int | None = None  # score BLEU on the first N validation pairs (speed)
+    valid_beam: int = 1  # beam used for validation BLEU (1 = greedy)
+    log_every: int = 50
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU
+    amp_cpu: bool = False  # allow bf16 autocast when running on CPU
+    num_threads: int | None = None  # torch.set_num_threads on CPU
+
+
+@dataclass
+class DecodeConfig:
+    """Decoding defaults shared by validation, inference.py and test.py."""
+
+    beam: int = 5
+    nbest: int = 1
+    lenpen: float = 0.6  # GNMT length penalty alpha (Wu et al. 2016, eq. 14); 0 = raw log-prob
+    max_len_a: float = 1.5  # hypotheses are capped at a * src_len + b tokens
+    max_len_b: int = 10
+    batch_size: int = 64  # sentences per decoding batch
+
+
+@dataclass
+class Config:
+    """A whole experiment. ``name`` defaults to the config file's stem."""
+
+    name: str = "experiment"
+    seed: int = 1234
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building from dicts, with type checks
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(value: str) -> str:
+    """Expand ``${VAR}`` and ``${VAR:-default}``; an unset variable without default is an error."""
+
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"environment variable {name} is not set (referenced as {m.group(0)})")
+
+    return _ENV.sub(sub, value)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check/convert ``value`` to the annotated type ``tp``; raise ConfigError naming ``key``."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for opt in options:
+            if opt is type(None):
+                continue
+            try:
+                return _coerce(key, value, opt)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{key}: {value!r} is not one of: {', '.join(map(str, allowed))}")
+        return value
+    if origin is list:
+        (item_tp,) = get_args(tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {_type_name(tp)} keys, got {value!r}")
+        return _build(tp, value, prefix=f"{key}.")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return expand_env(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]}; allowed keys in "
+            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(names)}"
+        )
+    kwargs = {k: _coerce(f"{prefix}{k}", v, hints[k]) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _registry_choices() -> dict[str, tuple[list[str], list[str]]]:
+    """Allowed positional-encoding names, read from the registry in ``models.positional``."""
+    from models.positional import names
+
+    return {
+        INPUT_PE_KEY: names("input"),
+        ATTENTION_PE_KEY: names("attention"),
+        CROSS_ATTENTION_PE_KEY: names("attention"),
+    }
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks that types alone cannot express."""
+    for key, allowed in _registry_choices().items():
+        section, attr = key.split(".")
+        value = getattr(getattr(cfg, section), attr)
+        if value not in allowed:
+            raise ConfigError(f"{key}: {value!r} is not one of: {', '.join(allowed)}")
+    m, d = cfg.model, cfg.data
+    if m.d_model % m.n_heads:
+        raise ConfigError(f"model.d_model: {m.d_model} is not divisible by model.n_heads={m.n_heads}")
+    head_dim = m.d_model // m.n_heads
+    if m.rope.dim is not None and (m.rope.dim % 2 or not 0 < m.rope.dim <= head_dim):
+        raise ConfigError(f"model.rope.dim: must be even and in 2..{head_dim} (the head dim), got {m.rope.dim}")
+    positive = {
+        "model.d_model": m.d_model, "model.n_heads": m.n_heads, "model.d_ff": m.d_ff,
+        "model.max_positions": m.max_positions, "data.max_len": d.max_len, "data.max_tokens": d.max_tokens,
+        "tokenizer.vocab_size": cfg.tokenizer.vocab_size, "decode.beam": cfg.decode.beam,
+        "decode.nbest": cfg.decode.nbest, "decode.batch_size": cfg.decode.batch_size,
+        "train.accumulate": cfg.train.accumulate, "train.valid_beam": cfg.train.valid_beam,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {value}")
+    for key, value in {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout,
+                       "train.label_smoothing": cfg.train.label_smoothing}.items():
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{key}: must be in [0, 1), got {value}")
+    if cfg.decode.nbest > cfg.decode.beam:
+        raise ConfigError(f"decode.nbest: {cfg.decode.nbest} exceeds decode.beam={cfg.decode.beam}")
+    if d.max_tokens < d.max_len + 2:
+        raise ConfigError(f"data.max_tokens: {d.max_tokens} cannot hold one sentence of data.max_len={d.max_len}")
+    if d.source in ("wit3", "text") and not d.path:
+        raise ConfigError(f"data.path: required when data.source is {d.source!r}")
+    if cfg.tokenizer.type == "marian" and not cfg.tokenizer.path:
+        raise ConfigError("tokenizer.path: required for a marian tokenizer (Hub id or local folder)")
+    if len(cfg.train.betas) != 2:
+        raise ConfigError(f"train.betas: expected two numbers, got {cfg.train.betas}")
+    return cfg
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as YAML, so 3 is int, true is bool, [1,2] a list)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. model.attention_pe=rope")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides to a raw config dict (unknown keys are caught by ``_build``)."""
+    for item in overrides:
+        path, value = parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
+    raw = apply_overrides(_deepcopy(raw), overrides or [])
+    return validate(_build(Config, raw))
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config; ``name`` defaults to the file's stem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    raw.setdefault("name", path.stem)
+    return from_dict(raw, overrides)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically)."""
+    from utils.io import atomic_write_text
+
+    atomic_write_text(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
+
+
+def _deepcopy(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _deepcopy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_deepcopy(v) for v in x]
+    return x

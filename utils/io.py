@@ -1,0 +1,38 @@
+"""Atomic file writes: write to a temporary file in the same folder, then rename over the target."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(target: Path | str, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path next to ``target``; on success rename it over ``target``.
+
+    On an exception the temporary file is removed and ``target`` is left untouched.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def atomic_write_text(target: Path | str, text: str) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def atomic_write_bytes(target: Path | str, data: bytes) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
