@@ -1,0 +1,128 @@
+"""Multi-head attention with a fused fast path and an explicit path that returns the weights.
+
+Fast path: ``F.scaled_dot_product_attention`` with a boolean mask, or a float mask when an
+attention-level encoding adds biases. Explicit path: softmax(q k^T / sqrt(d) + mask) v, used when
+weights are requested (visualisation) or an encoding adds a term to the values. Tests hold the two
+equal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.positional import AttentionKind, build_attention_pe
+from utils.config import ModelConfig
+
+LayerCache = dict[str, torch.Tensor]
+
+
+def build_mask(
+    key_mask: torch.Tensor | None, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
+) -> torch.Tensor | None:
+    """Boolean mask, True = may attend, broadcastable to ``[B, H, Tq, Tk]``; None = attend everywhere.
+
+    key_mask ``[B, Tk]`` marks real (non-pad) keys; ``causal`` forbids keys after the query position.
+    """
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    if causal:
+        allowed = k_pos[None, :] <= q_pos[:, None]  # [Tq, Tk]
+        mask = allowed[None, None] if mask is None else mask & allowed
+    return mask
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention over ``[B, T, D]`` inputs with ``n_heads`` heads of ``D / n_heads``."""
+
+    def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
+        super().__init__()
+        self.kind = kind
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        if kind == "cross":
+            self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)
+            self.kv_proj = nn.Linear(cfg.d_model, 2 * cfg.d_model)
+        else:
+            self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # fused Q, K, V
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.dropout = cfg.attention_dropout
+        self.pe = build_attention_pe(cfg, kind)
+
+    def _heads(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """[B, T, n*D] -> n tensors [B, H, T, Dh]."""
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        memory: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x ``[B, Tq, D]`` -> (``[B, Tq, D]``, weights ``[B, H, Tq, Tk]`` or None).
+
+        Self-attention: ``q_pos`` are the positions of x; with a ``cache`` the new keys/values are
+        appended to the cached ones (incremental decoding). Cross-attention: keys/values come from
+        ``memory`` (positions ``k_pos``), computed once and kept in ``cache``.
+        """
+        b, tq, d = x.shape
+        if self.kind == "cross":
+            (q,) = self._heads(self.q_proj(x), 1)
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                assert memory is not None, "cross-attention needs the encoder memory"
+                k, v = self._heads(self.kv_proj(memory), 2)
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+            if k_pos is None:
+                k_pos = torch.arange(k.shape[2], device=x.device)
+            if self.pe is not None:
+                q, k = self.pe.rotate(q, k, q_pos, k_pos)
+        else:
+            q, k, v = self._heads(self.qkv_proj(x), 3)
+            if self.pe is not None:
+                q, k = self.pe.rotate(q, k, q_pos, q_pos)  # keys are stored already rotated
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat((cache["k"], k), dim=2)
+                    v = torch.cat((cache["v"], v), dim=2)
+                cache["k"], cache["v"] = k, v
+            k_pos = torch.arange(k.shape[2], device=x.device) if cache is not None else q_pos
+
+        mask = build_mask(key_mask, q_pos, k_pos, causal)
+        bias = None if self.pe is None else self.pe.bias(q_pos, k_pos, q)
+        explicit = need_weights or (self.pe is not None and self.pe.needs_explicit)
+        if bias is not None:
+            float_mask = bias.to(q.dtype)
+            if mask is not None:
+                float_mask = float_mask.masked_fill(~mask, float("-inf"))
+            mask = float_mask
+        dropout = self.dropout if self.training else 0.0
+
+        weights = None
+        if explicit:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            if mask is not None:
+                scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, float("-inf"))
+            weights = scores.float().softmax(dim=-1).to(q.dtype)
+            out = F.dropout(weights, dropout, self.training) @ v
+            extra = None if self.pe is None else self.pe.values(weights, q_pos, k_pos)
+            if extra is not None:
+                out = out + extra
+        else:
+            use_causal = causal and mask is not None and key_mask is None and bias is None and cache is None
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=None if use_causal else mask, dropout_p=dropout, is_causal=use_causal
+            )
+        out = out.transpose(1, 2).reshape(b, tq, d)
+        return self.out_proj(out), weights

@@ -1,0 +1,178 @@
+"""Greedy and beam search over a ``Seq2SeqTransformer``, batched, with a key/value cache.
+
+Both encode once and decode one token per step through the cache. Sentences leave the batch as soon
+as they finish (their cache rows are dropped). Beam search (as in fairseq / Wu et al. 2016):
+
+- scores are sums of log-probabilities;
+- each step takes the top 2K candidates of a sentence's K beams; end-of-sentence candidates ranked
+  among the top K are set aside as finished, the best K others continue;
+- a sentence is done when it has K finished hypotheses, or when it reaches its length cap
+  ``max_len = a * src_len + b`` (every beam then ends with EOS);
+- finished hypotheses are ranked by ``logprob / lp`` with the GNMT length penalty
+  ``lp = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, eq. 14), |Y| counting EOS;
+- cross-attention keys/values are computed once per sentence (the first step runs on one row per
+  sentence) and then only reordered with ``index_select``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from models.transformer import Seq2SeqTransformer
+
+
+@dataclass
+class Hypothesis:
+    """One output: token ids (no bos/eos), summed log-probability, and length-penalised score."""
+
+    tokens: list[int]
+    logprob: float
+    score: float
+
+
+def length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tensor | float:
+    """GNMT length penalty ((5 + length) / 6) ** alpha."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_lengths(src_mask: torch.Tensor, a: float, b: int, model: Seq2SeqTransformer) -> torch.Tensor:
+    """Per-sentence cap on output tokens (EOS excluded): a * src_len + b, within the model's position limit."""
+    src_len = src_mask.sum(1) - 1  # source eos not counted
+    cap = (a * src_len.float() + b).floor().long().clamp(min=1)
+    if model.max_length is not None:
+        cap = cap.clamp(max=model.max_length - 1)
+    return cap
+
+
+def _step_logprobs(
+    model: Seq2SeqTransformer, last: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache, eos: int,
+    force_eos: torch.Tensor,
+) -> torch.Tensor:
+    """Log-probabilities ``[N, V]`` of the next token; rows in ``force_eos`` may only emit EOS."""
+    logits = model.decode(last[:, None], memory, src_mask, cache=cache)[:, -1]
+    logp = F.log_softmax(logits.float(), dim=-1)
+    if force_eos.any():
+        forced = torch.full_like(logp[0], float("-inf"))
+        forced[eos] = 0.0
+        logp = torch.where(force_eos[:, None], logp + forced, logp)
+    return logp
+
+
+@torch.no_grad()
+def greedy_search(
+    model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float = 1.5, max_len_b: int = 10
+) -> list[Hypothesis]:
+    """src ``[B, S]`` -> one hypothesis per sentence (argmax at each step)."""
+    memory, src_mask = model.encode(src)
+    n = src.shape[0]
+    cap = max_lengths(src_mask, max_len_a, max_len_b, model)
+    alive = torch.arange(n, device=src.device)  # original sentence index of each row
+    last = torch.full((n,), bos, dtype=torch.long, device=src.device)
+    logprob = torch.zeros(n, device=src.device)
+    out: list[list[int]] = [[] for _ in range(n)]
+    done: list[Hypothesis | None] = [None] * n
+    cache = model.new_cache()
+    step = 0
+    while alive.numel():
+        logp = _step_logprobs(model, last, memory, src_mask, cache, eos, cap[alive] <= step)
+        best, token = logp.max(dim=-1)
+        logprob = logprob + best
+        finished = token == eos
+        for row, (sent, tok) in enumerate(zip(alive.tolist(), token.tolist(), strict=True)):
+            if tok == eos:
+                lp = float(logprob[row])
+                done[sent] = Hypothesis(out[sent], lp, lp)
+            else:
+                out[sent].append(tok)
+        keep = (~finished).nonzero().squeeze(1)
+        if keep.numel() < alive.numel():
+            alive, last, logprob = alive[keep], token[keep], logprob[keep]
+            memory, src_mask = memory[keep], src_mask[keep]
+            cache.reorder(keep)
+        else:
+            last = token
+        step += 1
+    return [h for h in done if h is not None]
+
+
+@torch.no_grad()
+def beam_search(
+    model: Seq2SeqTransformer,
+    src: torch.Tensor,
+    *,
+    bos: int,
+    eos: int,
+    beam: int = 5,
+    nbest: int = 1,
+    lenpen: float = 0.6,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+) -> list[list[Hypothesis]]:
+    """src ``[B, S]`` -> for each sentence its ``nbest`` best hypotheses, best first."""
+    device = src.device
+    memory, src_mask = model.encode(src)
+    n = src.shape[0]
+    cap = max_lengths(src_mask, max_len_a, max_len_b, model)
+    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    alive = torch.arange(n, device=device)  # sentence index of each alive sentence
+    width = 1  # beams per alive sentence: 1 at the first step (all beams would be identical)
+    scores = torch.zeros(n, 1, device=device)  # [n_alive, width] summed log-probs
+    prefix = torch.full((n, 1), bos, dtype=torch.long, device=device)  # [n_alive*width, step+1]
+    cache = model.new_cache()
+    step = 0
+    while alive.numel():
+        n_alive = alive.numel()
+        force = (cap[alive] <= step).repeat_interleave(width)
+        logp = _step_logprobs(model, prefix[:, -1], memory, src_mask, cache, eos, force)
+        vocab = logp.shape[-1]
+        cand = (scores[:, :, None] + logp.view(n_alive, width, vocab)).view(n_alive, width * vocab)
+        top_score, top_idx = cand.topk(min(2 * beam, width * vocab), dim=-1)  # [n_alive, 2K]
+        top_beam, top_tok = top_idx // vocab, top_idx % vocab
+        is_eos = top_tok == eos
+
+        # Set aside EOS candidates ranked among the top K.
+        eos_rows, eos_cols = (is_eos[:, :beam] & torch.isfinite(top_score[:, :beam])).nonzero(as_tuple=True)
+        if eos_rows.numel():
+            rows = (eos_rows * width + top_beam[eos_rows, eos_cols]).tolist()
+            lps = top_score[eos_rows, eos_cols].tolist()
+            for r, row, lp in zip(eos_rows.tolist(), rows, lps, strict=True):
+                sent = int(alive[r])
+                if len(finished[sent]) < beam:
+                    finished[sent].append(
+                        Hypothesis(prefix[row, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen))
+                    )
+
+        # The best K non-EOS candidates continue.
+        cont_score, cont_rank = top_score.masked_fill(is_eos, float("-inf")).topk(min(beam, top_score.shape[1]), dim=-1)
+        cont_beam = top_beam.gather(1, cont_rank)
+        cont_tok = top_tok.gather(1, cont_rank)
+
+        done = torch.tensor([len(finished[s]) >= beam for s in alive.tolist()], device=device)
+        done |= cap[alive] <= step
+        done |= ~torch.isfinite(cont_score[:, 0])
+        keep = (~done).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        new_width = cont_beam.shape[1]
+        rows = (keep[:, None] * width + cont_beam[keep]).view(-1)  # rows of the current batch to carry on
+        prefix = torch.cat((prefix[rows], cont_tok[keep].view(-1, 1)), dim=1)
+        scores = cont_score[keep]
+        src_rows = keep.repeat_interleave(new_width) if width == 1 else keep
+        if width == 1:  # expand the one-row-per-sentence state to `beam` rows per sentence
+            memory, src_mask = memory[src_rows], src_mask[src_rows]
+        else:
+            memory = memory.view(n_alive, width, *memory.shape[1:])[keep].flatten(0, 1)
+            src_mask = src_mask.view(n_alive, width, -1)[keep].flatten(0, 1)
+        cache.reorder(rows)
+        alive = alive[keep]
+        width = new_width
+        step += 1
+
+    results = []
+    for hyps in finished:
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        results.append(hyps[:nbest])
+    return results

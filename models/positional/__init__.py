@@ -1,0 +1,47 @@
+"""The one registry of positional encodings, looked up by name from the config.
+
+A new encoding is one module with a class deriving from ``InputPE`` or ``AttentionPE`` plus one
+line in ``REGISTRY`` below. ``model.input_pe`` names an input-level entry; ``model.attention_pe``
+(self-attention) and ``model.cross_attention_pe`` (cross-attention) name attention-level entries.
+"""
+
+from __future__ import annotations
+
+from models.positional.absolute import LearnablePE, PositionLimitError, SinusoidalPE
+from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
+from models.positional.rotary import RotaryPE
+from utils.config import ModelConfig
+
+REGISTRY: dict[str, dict[str, type | None]] = {
+    "input": {
+        "none": NoInputPE,
+        "sinusoidal": SinusoidalPE,
+        "learnable": LearnablePE,
+    },
+    "attention": {
+        "none": None,
+        "rope": RotaryPE,
+    },
+}
+
+
+def names(level: str) -> list[str]:
+    """Registered names at ``level`` ("input" or "attention")."""
+    return list(REGISTRY[level])
+
+
+def build_input_pe(cfg: ModelConfig) -> InputPE:
+    return REGISTRY["input"][cfg.input_pe](cfg)
+
+
+def build_attention_pe(cfg: ModelConfig, kind: AttentionKind) -> AttentionPE | None:
+    """The attention-level encoding for one attention layer, or None."""
+    name = cfg.cross_attention_pe if kind == "cross" else cfg.attention_pe
+    cls = REGISTRY["attention"][name]
+    return None if cls is None else cls(cfg, kind)
+
+
+__all__ = [
+    "REGISTRY", "AttentionKind", "AttentionPE", "InputPE", "PositionLimitError",
+    "build_attention_pe", "build_input_pe", "names",
+]

@@ -1,0 +1,63 @@
+"""Absolute input-level encodings added to the scaled token embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from models.positional.base import InputPE
+from utils.config import ModelConfig
+
+
+class PositionLimitError(ValueError):
+    """A sequence is longer than a learned position table."""
+
+
+def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Vaswani et al. 2017, sec. 3.5: PE(t, 2i) = sin(t / base^(2i/d)), PE(t, 2i+1) = cos(...). -> [length, dim]."""
+    pos = torch.arange(length, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(-math.log(base) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv_freq)
+    table[:, 1::2] = torch.cos(pos * inv_freq[: dim // 2])
+    return table.float()
+
+
+class SinusoidalPE(InputPE):
+    """Fixed sinusoids (Vaswani et al. 2017), computed for any position: no length limit."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.register_buffer("cached", sinusoid_table(cfg.max_positions, cfg.d_model), persistent=False)
+
+    def table(self, length: int) -> torch.Tensor:
+        if length > self.cached.shape[0]:
+            self.cached = sinusoid_table(length, self.cfg.d_model).to(self.cached.device)
+        return self.cached[:length]
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        table = self.table(int(positions.max()) + 1)
+        return x + table[positions].to(x.dtype)
+
+
+class LearnablePE(InputPE):
+    """A learned position table (Gehring et al. 2017; BERT), ``max_positions`` rows, N(0, 0.02) init."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.max_length = cfg.max_positions
+        self.weight = nn.Parameter(torch.randn(cfg.max_positions, cfg.d_model) * 0.02)
+
+    def table(self, length: int) -> torch.Tensor:
+        return self.weight[:length].detach()
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        limit = self.weight.shape[0]
+        if int(positions.max()) >= limit:
+            raise PositionLimitError(
+                f"sequence of {int(positions.max()) + 1} tokens exceeds the learned position table "
+                f"(model.max_positions={limit})"
+            )
+        return x + self.weight[positions].to(x.dtype)

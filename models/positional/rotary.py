@@ -1,0 +1,55 @@
+"""Rotary position embedding, RoPE (Su et al. 2021, "RoFormer", eq. 34).
+
+Each pair of dimensions (j, j + d/2) of q and k at position m is rotated by the angle m * theta_j with
+theta_j = base^(-2j/d) (the "rotate-half" layout, a fixed permutation of the paper's interleaved
+pairs). Then <R_m q, R_n k> depends on m and n only through m - n. With ``model.rope.dim`` only the
+first ``dim`` dimensions of each head rotate (partial rotary, as in GPT-NeoX); the rest pass through.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.positional.base import AttentionKind, AttentionPE
+from utils.config import ModelConfig
+
+
+def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
+    """theta_j = base^(-2j/dim), j = 0 .. dim/2 - 1 -> [dim/2] (float64 for exact angles)."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the last dim split in halves."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x ``[B, H, T, Dh]``; cos/sin ``[T, R]`` with R <= Dh even; rotates the first R dims."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    x_rot = x_rot * cos.to(x.dtype) + rotate_half(x_rot) * sin.to(x.dtype)
+    return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
+
+
+class RotaryPE(AttentionPE):
+    """RoPE on q and k of self-attention (and of cross-attention if asked for)."""
+
+    def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
+        super().__init__(cfg, kind)
+        self.rot_dim = cfg.rope.dim or self.head_dim
+        self.register_buffer("inv_freq", rope_inv_freq(self.rot_dim, cfg.rope.theta), persistent=False)
+
+    def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``."""
+        freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().float(), emb.sin().float()
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos_q, sin_q = self.angles(q_pos)
+        cos_k, sin_k = (cos_q, sin_q) if k_pos is q_pos else self.angles(k_pos)
+        return apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos_k, sin_k)

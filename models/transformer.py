@@ -1,0 +1,223 @@
+"""Encoder-decoder Transformer (Vaswani et al. 2017) with positional encodings from the registry.
+
+Shapes: src ``[B, S]`` and tgt ``[B, T]`` token ids, right-padded; memory ``[B, S, D]``; logits
+``[B, T, V]``. Pre-LN (Xiong et al. 2020; final LayerNorm on each stack) or post-LN (the original).
+With a shared vocabulary and ``tie_embeddings`` one table serves source, target and output
+(Press & Wolf 2017).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.attention import LayerCache, MultiHeadAttention
+from models.positional import build_input_pe
+from utils.config import ModelConfig
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: Linear(D, F) -> activation -> dropout -> Linear(F, D)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = F.gelu if cfg.activation == "gelu" else F.relu
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class Residual(nn.Module):
+    """x + dropout(f(norm(x))) for pre-LN; norm(x + dropout(f(x))) for post-LN."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.pre = cfg.norm == "pre"
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def inner(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) if self.pre else x
+
+    def outer(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = x + self.dropout(y)
+        return out if self.pre else self.norm(out)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg, "encoder")
+        self.ff = FeedForward(cfg)
+        self.res1, self.res2 = Residual(cfg), Residual(cfg)
+
+    def forward(
+        self, x: torch.Tensor, key_mask: torch.Tensor, pos: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h, w = self.self_attn(self.res1.inner(x), key_mask=key_mask, q_pos=pos, need_weights=need_weights)
+        x = self.res1.outer(x, h)
+        x = self.res2.outer(x, self.ff(self.res2.inner(x)))
+        return x, w
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg, "decoder")
+        self.cross_attn = MultiHeadAttention(cfg, "cross")
+        self.ff = FeedForward(cfg)
+        self.res1, self.res2, self.res3 = Residual(cfg), Residual(cfg), Residual(cfg)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        pos: torch.Tensor,
+        src_pos: torch.Tensor,
+        cache: tuple[LayerCache, LayerCache] | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        self_cache, cross_cache = cache if cache is not None else (None, None)
+        h, w_self = self.self_attn(
+            self.res1.inner(x), causal=True, q_pos=pos, cache=self_cache, need_weights=need_weights
+        )
+        x = self.res1.outer(x, h)
+        h, w_cross = self.cross_attn(
+            self.res2.inner(x), memory=memory, key_mask=src_mask, q_pos=pos, k_pos=src_pos,
+            cache=cross_cache, need_weights=need_weights,
+        )
+        x = self.res2.outer(x, h)
+        x = self.res3.outer(x, self.ff(self.res3.inner(x)))
+        return x, w_self, w_cross
+
+
+@dataclass
+class DecoderCache:
+    """Per-layer (self-attention, cross-attention) key/value caches and the decoded length so far."""
+
+    layers: list[tuple[LayerCache, LayerCache]]
+    length: int = 0
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep/reorder batch rows (beams) in place: every cached tensor ``[N, H, T, Dh]`` -> ``[len(index), ...]``."""
+        for self_c, cross_c in self.layers:
+            for c in (self_c, cross_c):
+                for key in c:
+                    c[key] = c[key].index_select(0, index)
+
+
+@dataclass
+class Attention:
+    """Attention weights per layer, each ``[B, H, Tq, Tk]``."""
+
+    encoder: list[torch.Tensor] = field(default_factory=list)
+    decoder: list[torch.Tensor] = field(default_factory=list)
+    cross: list[torch.Tensor] = field(default_factory=list)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """The translation model. ``encode`` once, then ``decode`` (full, or step by step with a cache)."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.vocab_size = vocab_size
+        self.src_embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(vocab_size, cfg.d_model)
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.src_pe = build_input_pe(cfg)
+        self.tgt_pe = build_input_pe(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if "embed" in name:
+                nn.init.normal_(p, 0.0, self.cfg.d_model**-0.5)
+            elif p.dim() > 1 and not name.startswith(("src_pe", "tgt_pe")):
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    @property
+    def max_length(self) -> int | None:
+        """Longest sequence the input encoding supports (None: unbounded)."""
+        return self.src_pe.max_length
+
+    @property
+    def device(self) -> torch.device:
+        return self.src_embed.weight.device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def encode(
+        self, src: torch.Tensor, need_weights: bool = False, attention: Attention | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """src ``[B, S]`` -> (memory ``[B, S, D]``, src_mask ``[B, S]`` True on real tokens)."""
+        src_mask = src != self.pad_id
+        pos = torch.arange(src.shape[1], device=src.device)
+        x = self.dropout(self.src_pe(self.src_embed(src) * self.embed_scale, pos))
+        for layer in self.encoder:
+            x, w = layer(x, src_mask, pos, need_weights)
+            if attention is not None and w is not None:
+                attention.encoder.append(w)
+        return self.encoder_norm(x), src_mask
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache([({}, {}) for _ in self.decoder])
+
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor,
+        cache: DecoderCache | None = None,
+        attention: Attention | None = None,
+    ) -> torch.Tensor:
+        """tgt ``[B, T]`` (bos first) -> logits ``[B, T, V]``.
+
+        With a ``cache``, ``tgt`` holds only the new tokens, at positions ``cache.length ...``.
+        """
+        start = cache.length if cache is not None else 0
+        pos = torch.arange(start, start + tgt.shape[1], device=tgt.device)
+        src_pos = torch.arange(memory.shape[1], device=tgt.device)
+        x = self.dropout(self.tgt_pe(self.tgt_embed(tgt) * self.embed_scale, pos))
+        need = attention is not None
+        for i, layer in enumerate(self.decoder):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x, w_self, w_cross = layer(x, memory, src_mask, pos, src_pos, layer_cache, need)
+            if need:
+                attention.decoder.append(w_self)
+                attention.cross.append(w_cross)
+        if cache is not None:
+            cache.length += tgt.shape[1]
+        x = self.decoder_norm(x)
+        weight = self.output.weight if self.output is not None else self.tgt_embed.weight
+        return F.linear(x, weight)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits ``[B, T, V]``."""
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt, memory, src_mask)
+
+    def forward_with_attention(self, src: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, Attention]:
+        """Teacher-forced logits plus every layer's attention weights (explicit path)."""
+        attention = Attention()
+        memory, src_mask = self.encode(src, need_weights=True, attention=attention)
+        return self.decode(tgt, memory, src_mask, attention=attention), attention

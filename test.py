@@ -1,0 +1,84 @@
+"""Score a trained model on test sets: sacreBLEU (with signature), chrF and nltk BLEU-4 on word tokens.
+
+    python test.py --config configs/bench_small_rope.yaml --model_path runs/bench_small_rope_latest [--split test] [--beam 5]
+
+--split names a split of the corpus (e.g. validation, test.tatoeba, tst2010); the default "test" means
+every split listed in data.test. Beam 5 by default; --beam 1 is greedy. Hypotheses and a JSON of the
+scores go to RUN_DIR/eval/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from utils.cli import add_alias_args, add_set_arg, run_main, setup_logging
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
+    add_alias_args(parser, "model_path", required=True, help="checkpoint .pt or run directory")
+    parser.add_argument("--split", default="test", help="split to score (default: every split in data.test)")
+    parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
+    parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
+    add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
+    add_alias_args(parser, "max_sentences", type=int, help="score only the first N sentences of each split")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_set_arg(parser)
+    args = parser.parse_args()
+    setup_logging()
+
+    from data.sources import DataError, load_corpus
+    from utils.io import atomic_write_text
+    from utils.metrics import corpus_scores
+    from utils.runs import load_run
+    from utils.translate import translate
+
+    overrides = list(args.overrides) + [f"decode.beam={args.beam}", "decode.nbest=1"]
+    if args.lenpen is not None:
+        overrides.append(f"decode.lenpen={args.lenpen}")
+    if args.batch_size is not None:
+        overrides.append(f"decode.batch_size={args.batch_size}")
+    run = load_run(args.model_path, args.config, overrides, args.device)
+    cfg = run.cfg
+    corpus = load_corpus(cfg.data)
+    if args.split in corpus:
+        names = [args.split]
+    elif args.split == "test":
+        names = cfg.data.test
+    else:
+        raise DataError(f"--split {args.split}: no such split; available: {', '.join(corpus)}")
+
+    out_dir = run.run_dir / "eval"
+    tag = f"{run.checkpoint.stem}.beam{cfg.decode.beam}"
+    report = {}
+    for name in names:
+        split = corpus[name]
+        n = min(len(split), args.max_sentences or len(split))
+        sources, refs = list(split["src"][:n]), list(split["tgt"][:n])
+        start = time.perf_counter()
+        hyps = [nbest[0].text for nbest in translate(run.model, run.tokenizer, sources, cfg.decode, strict=False)]
+        elapsed = time.perf_counter() - start
+        scores = corpus_scores(hyps, refs)
+        entry = {
+            **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": cfg.decode.beam,
+            "lenpen": cfg.decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),
+        }
+        report[name] = entry
+        atomic_write_text(out_dir / f"{name}.{tag}.hyp", "\n".join(hyps) + "\n")
+        atomic_write_text(out_dir / f"{name}.{tag}.json", json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
+        decoder = "greedy" if cfg.decode.beam == 1 else f"beam {cfg.decode.beam}, lenpen {cfg.decode.lenpen}"
+        print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s")
+        print(f"  sacreBLEU {scores.bleu:.2f}   chrF {scores.chrf:.2f}   nltk BLEU-4 {scores.nltk_bleu4:.2f}")
+        print(f"  {scores.bleu_detail}")
+        print(f"  {scores.bleu_signature}")
+    if len(report) > 1:
+        atomic_write_text(out_dir / f"all.{tag}.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    print(f"hypotheses and scores written to {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

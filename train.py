@@ -1,0 +1,57 @@
+"""Train one Transformer per config.
+
+    python train.py --config configs/demo.yaml [--set key=value ...] [--resume RUN_DIR]
+
+Creates runs/<name>_<YYYYmmdd_HHMMSS>/ (config.yaml, tokenizer/, checkpoints/{best,last}.pt, tb/) and
+points runs/<name>_latest at it. --resume continues a run from its checkpoints/last.pt.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from utils.cli import add_set_arg, run_main, setup_logging
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML config (not needed with --resume)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from checkpoints/last.pt")
+    parser.add_argument("--runs", default="runs", help="folder for run directories (default: runs)")
+    add_set_arg(parser)
+    args = parser.parse_args()
+    if not args.config and not args.resume:
+        parser.error("give --config (a new run) or --resume RUN_DIR")
+
+    from utils.config import ConfigError, load_config
+    from utils.runs import CONFIG_FILE, check_compatible, create_run_dir
+    from utils.trainer import train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "checkpoints" / "last.pt").is_file():
+            raise ConfigError(f"--resume {run_dir}: no checkpoints/last.pt to resume from")
+        run_cfg = load_config(run_dir / CONFIG_FILE)
+        cfg = load_config(run_dir / CONFIG_FILE, args.overrides)
+        check_compatible(run_cfg, cfg, "--set")
+        if args.config:
+            check_compatible(run_cfg, load_config(args.config), args.config)
+        if args.overrides:
+            from utils.config import save_config
+            save_config(cfg, run_dir / CONFIG_FILE)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        run_dir = create_run_dir(cfg, args.runs)
+    setup_logging(str(run_dir / "train.log"))
+    import logging
+    logging.getLogger("train").info("run directory: %s", run_dir)
+    metrics = train(cfg, run_dir, resume=bool(args.resume))
+    print(f"run directory: {run_dir}")
+    if metrics:
+        print("final validation: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(metrics.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

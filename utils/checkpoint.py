@@ -1,0 +1,50 @@
+"""Checkpoints: plain dicts of tensors and numbers, written atomically, read with ``weights_only=True``.
+
+The model's configuration is not inside the checkpoint: it lives in the run directory
+(``config.yaml``), and a checkpoint records a fingerprint of the model section and of the tokenizer
+so that pairing it with the wrong settings is caught with a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from utils.config import ModelConfig
+from utils.io import atomic_path
+
+
+#: Model keys that do not shape the parameters and may differ between training and inference.
+INFERENCE_ONLY_KEYS = ("dropout", "attention_dropout")
+
+
+class CheckpointError(ValueError):
+    """Missing, unreadable or mismatched checkpoint."""
+
+
+def model_fingerprint(cfg: ModelConfig, vocab_size: int) -> str:
+    """Hash of everything that shapes the parameters (not dropout, which does not)."""
+    shape = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in INFERENCE_ONLY_KEYS}
+    shape["vocab_size"] = vocab_size
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def save_checkpoint(path: Path | str, state: dict[str, Any]) -> None:
+    """Write ``state`` (tensors, numbers, strings, nested dicts/lists) atomically."""
+    with atomic_path(path, suffix=".pt") as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is reported the same way
+        raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None

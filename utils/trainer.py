@@ -1,0 +1,362 @@
+"""The training recipe: data -> tokenizer -> cache -> model -> Ignite trainer with handlers.
+
+Handlers (all from ``ignite.handlers``): progress bar, TensorBoard logging (train loss, learning rate,
+gradient norm, target tokens/s; validation loss, perplexity, token accuracy, BLEU, chrF), early stopping
+on validation BLEU, ``checkpoints/best.pt`` (best BLEU) and ``checkpoints/last.pt`` (everything needed
+to resume: model, optimizer, LR scheduler, grad scaler, trainer iteration/epoch, RNG state, early
+stopping and best-checkpoint bookkeeping). Ctrl-C or SIGTERM finishes the current step, saves
+``last.pt`` and exits; ``--resume RUN_DIR`` continues from it and, on CPU, repeats exactly the run that
+would have happened without the interruption.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import (
+    Checkpoint,
+    EarlyStopping,
+    ProgressBar,
+    global_step_from_engine,
+)
+from ignite.handlers.checkpoint import BaseSaveHandler
+from ignite.handlers.tensorboard_logger import OptimizerParamsHandler, OutputHandler, TensorboardLogger
+
+from data.batching import Batch, BatchIterable, TokenBatchSampler
+from data.cache import load_or_build
+from data.sources import load_corpus
+from models.transformer import Seq2SeqTransformer
+from tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+from utils.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
+from utils.config import Config
+from utils.evaluation import create_evaluator, token_loss
+from utils.metrics import corpus_scores
+from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, select_device
+from utils.translate import encode_sources, translate_ids
+
+log = logging.getLogger("train")
+
+
+def set_seed(seed: int) -> None:
+    """Seed every generator training uses (Python, NumPy, torch CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class RNGState:
+    """torch CPU (and CUDA) generator state, checkpointed so a resumed run draws the same dropout masks."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(list(state["cuda"]))
+
+
+@dataclass
+class RunMeta:
+    """Fingerprints stored in every checkpoint, checked when it is loaded."""
+
+    model_fingerprint: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("model_fingerprint") != self.model_fingerprint:
+            raise ValueError("checkpoint was saved for a different model configuration")
+        if state.get("tokenizer_fingerprint") != self.tokenizer_fingerprint:
+            raise ValueError("checkpoint was trained with a different tokenizer")
+
+
+class AtomicSaver(BaseSaveHandler):
+    """Ignite save handler writing ``dirname/filename`` atomically (temp file + rename).
+
+    Ignite removes a checkpoint before writing one of the same name; with fixed names (best.pt,
+    last.pt) that would leave a moment with no file, so removal of a name about to be rewritten is
+    skipped: the rename replaces it.
+    """
+
+    def __init__(self, dirname: Path) -> None:
+        self.dirname = Path(dirname)
+        self.fixed_names = {"best.pt", "last.pt"}
+
+    def __call__(self, checkpoint: dict[str, Any], filename: str, metadata: dict | None = None) -> None:
+        save_checkpoint(self.dirname / filename, checkpoint)
+
+    def remove(self, filename: str) -> None:
+        if filename not in self.fixed_names:
+            (self.dirname / filename).unlink(missing_ok=True)
+
+
+def inverse_sqrt(warmup: int) -> Callable[[int], float]:
+    """Vaswani et al. 2017, eq. 3, relative to the peak: min(step / warmup, sqrt(warmup / step))."""
+
+    def factor(step: int) -> float:
+        step = max(step, 1)
+        return min(step / max(warmup, 1), math.sqrt(max(warmup, 1) / step))
+
+    return factor
+
+
+@dataclass
+class Setup:
+    """Everything a training run needs, built from a config and a run directory."""
+
+    cfg: Config
+    run_dir: Path
+    device: torch.device
+    tokenizer: Tokenizer
+    model: Seq2SeqTransformer
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_data: BatchIterable
+    valid_data: BatchIterable
+    valid_sources: list[list[int]]
+    valid_refs: list[str]
+    autocast: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+
+
+def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
+    """Tokenizer (trained, or reloaded on resume), cached data, model, optimizer and schedule."""
+    set_seed(cfg.seed)
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    device = select_device(cfg.train.device)
+
+    corpus = None
+
+    def get_corpus():
+        nonlocal corpus
+        if corpus is None:
+            corpus = load_corpus(cfg.data)
+        return corpus
+
+    tok_dir = run_dir / TOKENIZER_DIR
+    if resume:
+        tokenizer = load_tokenizer(tok_dir)
+    else:
+        tokenizer = build_tokenizer(
+            cfg.tokenizer, lambda: (get_corpus()["train"]["src"], get_corpus()["train"]["tgt"]), seed=cfg.seed
+        )
+        tokenizer.save(tok_dir)
+    log.info("tokenizer: %s, vocabulary %d", cfg.tokenizer.type, tokenizer.vocab_size)
+
+    splits = load_or_build(cfg, tokenizer, get_corpus, ["train", "validation"])
+    train, valid = splits["train"], splits["validation"]
+    log.info("data: %d training pairs, %d validation pairs", len(train), len(valid))
+    if len(train) == 0:
+        raise ValueError("no training pairs left after length filtering (see data.min_len / data.max_len)")
+
+    ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+    train_sampler = TokenBatchSampler(train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed)
+    valid_tokens = cfg.data.valid_max_tokens or cfg.data.max_tokens
+    valid_sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, valid_tokens, False, cfg.seed)
+    train_data = BatchIterable(train, train_sampler, *ids)
+    valid_data = BatchIterable(valid, valid_sampler, *ids)
+
+    raw_valid = get_corpus()["validation"]
+    n_bleu = cfg.train.valid_bleu_sentences or len(raw_valid)
+    src_texts = list(raw_valid["src"][:n_bleu])
+    refs = list(raw_valid["tgt"][:n_bleu])
+
+    model = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
+    valid_sources = encode_sources(tokenizer, src_texts, model.max_length, strict=False)
+    log.info("model: %.2fM parameters on %s", model.num_parameters() / 1e6, device)
+    t = cfg.train
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay
+    )
+    factor = inverse_sqrt(t.warmup_steps) if t.scheduler == "inverse_sqrt" else (lambda step: 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    scaler = torch.amp.GradScaler(device.type, enabled=t.amp == "fp16" and device.type == "cuda")
+    use_amp = t.amp != "none" and (device.type == "cuda" or (t.amp_cpu and t.amp == "bf16"))
+    dtype = torch.bfloat16 if t.amp == "bf16" else torch.float16
+
+    def autocast() -> contextlib.AbstractContextManager:
+        return torch.autocast(device.type, dtype=dtype) if use_amp else contextlib.nullcontext()
+
+    return Setup(
+        cfg, run_dir, device, tokenizer, model, optimizer, scheduler, scaler, train_data, valid_data,
+        valid_sources, refs, autocast,
+    )
+
+
+class StopRequest:
+    """Turns the first SIGINT/SIGTERM into a request honoured at the next iteration boundary."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not in the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.reason is not None:  # second signal: stop now
+            raise KeyboardInterrupt
+        self.reason = signal.Signals(signum).name
+        log.warning("%s received: finishing this step, saving checkpoints/last.pt (again to abort)", self.reason)
+
+
+def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
+    """Train in ``run_dir`` (resuming from its last.pt if ``resume``); returns the last validation metrics."""
+    s = build_setup(cfg, run_dir, resume)
+    t = cfg.train
+    model, optimizer, scheduler, scaler = s.model, s.optimizer, s.scheduler, s.scaler
+    pad_id = s.tokenizer.pad_id
+    ckpt_dir = run_dir / CHECKPOINT_DIR
+
+    def train_step(engine: Engine, batch: Batch) -> dict[str, float]:
+        model.train()
+        batch = batch.to(s.device)
+        with s.autocast():
+            logits = model(batch.src, batch.tgt_in)
+        loss = token_loss(logits, batch.tgt_out, pad_id, t.label_smoothing) / batch.n_tgt_tokens
+        scaler.scale(loss / t.accumulate).backward()
+        grad_norm = float("nan")
+        if engine.state.iteration % t.accumulate == 0:
+            scaler.unscale_(optimizer)
+            max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+        return {"loss": float(loss), "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
+
+    trainer = Engine(train_step)
+    evaluator = create_evaluator(model, pad_id, s.device, s.autocast)
+    decode_cfg = type(cfg.decode)(**{**cfg.decode.__dict__, "beam": t.valid_beam, "nbest": 1})
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def _set_epoch(engine: Engine) -> None:
+        length = len(s.train_data)
+        s.train_data.set_epoch(engine.state.epoch, skip=engine.state.iteration % length)
+
+    # Running training statistics: loss (exponential average), grad norm, target tokens per second.
+    stats = {"tokens": 0, "since": time.perf_counter()}
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def _running_stats(engine: Engine) -> None:
+        out = engine.state.output
+        m = engine.state.metrics
+        m["loss"] = out["loss"] if "loss" not in m else 0.98 * m["loss"] + 0.02 * out["loss"]
+        if not math.isnan(out["grad_norm"]):
+            m["grad_norm"] = out["grad_norm"]
+        stats["tokens"] += out["tokens"]
+        if engine.state.iteration % t.log_every == 0:
+            now = time.perf_counter()
+            m["tokens_per_s"] = stats["tokens"] / max(now - stats["since"], 1e-9)
+            stats["tokens"], stats["since"] = 0, now
+
+    @evaluator.on(Events.COMPLETED)
+    def _bleu(engine: Engine) -> None:
+        translations = translate_ids(model, s.tokenizer, s.valid_sources, decode_cfg)
+        hyps = [nbest[0].text for nbest in translations]
+        scores = corpus_scores(hyps, s.valid_refs)
+        engine.state.metrics["bleu"] = scores.bleu
+        engine.state.metrics["chrf"] = scores.chrf
+        engine.state.metrics["example"] = hyps[0] if hyps else ""
+
+    meta = RunMeta(model_fingerprint(cfg.model, s.tokenizer.vocab_size), s.tokenizer.fingerprint, s.tokenizer.vocab_size)
+    saver = AtomicSaver(ckpt_dir)
+    best = Checkpoint(
+        {"model": model, "meta": meta}, saver, filename_pattern="best.{ext}", n_saved=1,
+        score_function=lambda e: e.state.metrics["bleu"], score_name="bleu",
+        global_step_transform=global_step_from_engine(trainer),
+    )
+    stopper = EarlyStopping(t.patience, lambda e: e.state.metrics["bleu"], trainer)
+    rng = RNGState()
+    to_save = {
+        "model": model, "optimizer": optimizer, "lr_scheduler": scheduler, "scaler": scaler, "trainer": trainer,
+        "rng": rng, "meta": meta, "early_stopping": stopper, "best_checkpoint": best,
+    }
+    last = Checkpoint(to_save, saver, filename_pattern="last.{ext}", n_saved=1)
+
+    tb = TensorboardLogger(log_dir=str(run_dir / "tb"))
+    tb.attach(trainer, OutputHandler("train", metric_names=["loss", "grad_norm", "tokens_per_s"]),
+              Events.ITERATION_COMPLETED(every=t.log_every))
+    tb.attach(trainer, OptimizerParamsHandler(optimizer, "lr", "train"), Events.ITERATION_COMPLETED(every=t.log_every))
+    tb.attach(evaluator, OutputHandler("valid", metric_names=["loss", "ppl", "accuracy", "bleu", "chrf"],
+                                       global_step_transform=global_step_from_engine(trainer)), Events.COMPLETED)
+    evaluator.add_event_handler(Events.COMPLETED, best)
+    evaluator.add_event_handler(Events.COMPLETED, stopper)
+
+    last_eval = {"iteration": -1}
+
+    def run_validation(engine: Engine) -> None:
+        if last_eval["iteration"] == engine.state.iteration:
+            return
+        last_eval["iteration"] = engine.state.iteration
+        evaluator.run(s.valid_data)
+        m = evaluator.state.metrics
+        log.info(
+            "epoch %d step %d | valid loss %.3f ppl %.2f acc %.3f BLEU %.2f chrF %.2f | %r",
+            engine.state.epoch, engine.state.iteration, m["loss"], m["ppl"], m["accuracy"], m["bleu"], m["chrf"],
+            m["example"][:80],
+        )
+        last(engine)
+
+    eval_event = Events.ITERATION_COMPLETED(every=t.eval_every) if t.eval_every > 0 else Events.EPOCH_COMPLETED
+    trainer.add_event_handler(eval_event, run_validation)
+
+    start = time.monotonic()
+    with StopRequest() as stop:
+
+        @trainer.on(Events.ITERATION_COMPLETED)
+        def _maybe_stop(engine: Engine) -> None:
+            reason = stop.reason
+            if t.max_steps is not None and engine.state.iteration >= t.max_steps:
+                reason = f"train.max_steps={t.max_steps} reached"
+            elif t.max_minutes is not None and time.monotonic() - start >= 60 * t.max_minutes:
+                reason = f"train.max_minutes={t.max_minutes} reached"
+            if reason is None:
+                return
+            log.info("stopping at step %d: %s", engine.state.iteration, reason)
+            if stop.reason is None:
+                run_validation(engine)
+            last(engine)
+            engine.terminate()
+
+        ProgressBar(persist=False).attach(trainer, metric_names=["loss"])
+        if resume:
+            state = load_checkpoint(ckpt_dir / "last.pt")
+            Checkpoint.load_objects(to_load=to_save, checkpoint=state)
+            log.info("resumed from %s at epoch %d, step %d", ckpt_dir / "last.pt",
+                     trainer.state.epoch, trainer.state.iteration)
+        trainer.run(s.train_data, max_epochs=t.epochs)
+        if trainer.state.iteration > last_eval["iteration"] and stop.reason is None:
+            run_validation(trainer)  # the epochs ran out between evaluations
+    tb.close()
+    return {k: v for k, v in evaluator.state.metrics.items() if isinstance(v, float)} if evaluator.state else {}
