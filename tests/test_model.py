@@ -1,0 +1,189 @@
+"""Model maths: masks, fast vs explicit attention, cached incremental decoding, positional encodings."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from models.attention import MultiHeadAttention, build_mask
+from models.positional import REGISTRY, PositionLimitError, build_input_pe
+from models.positional.absolute import sinusoid_table
+from models.positional.rotary import RotaryPE, apply_rotary, rope_inv_freq
+from models.transformer import Seq2SeqTransformer
+from utils.config import ModelConfig, RopeConfig
+
+INPUT = list(REGISTRY["input"])
+ATTENTION = list(REGISTRY["attention"])
+PAD = 0
+
+
+def small_cfg(**kw) -> ModelConfig:
+    base = dict(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0, max_positions=64)
+    return ModelConfig(**{**base, **kw})
+
+
+def make_model(input_pe: str = "sinusoidal", attention_pe: str = "none", seed: int = 0, **kw) -> Seq2SeqTransformer:
+    torch.manual_seed(seed)
+    return Seq2SeqTransformer(small_cfg(input_pe=input_pe, attention_pe=attention_pe, **kw), 40, PAD).eval()
+
+
+def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (3, 9), generator=g)
+    src[1, 6:] = PAD  # a padded sentence
+    tgt = torch.randint(4, 40, (3, 7), generator=g)
+    return src, tgt
+
+
+def test_build_mask_padding_and_causal() -> None:
+    key_mask = torch.tensor([[True, True, False]])
+    pos = torch.arange(3)
+    m = build_mask(key_mask, pos, pos, causal=True)[0, 0]
+    expected = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    assert torch.equal(m, expected)
+    # A query at offset 5 (incremental step) sees keys 0..5.
+    step = build_mask(None, torch.tensor([5]), torch.arange(8), causal=True)[0, 0, 0]
+    assert step.tolist() == [True] * 6 + [False] * 2
+
+
+def test_padding_does_not_change_encoder_outputs() -> None:
+    model = make_model("sinusoidal", "rope")
+    src, _ = batch()
+    memory, mask = model.encode(src)
+    alone, _ = model.encode(src[1:2, :6])  # same sentence without its padding
+    assert mask[1].sum() == 6
+    torch.testing.assert_close(memory[1, :6], alone[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("input_pe,attention_pe", list(itertools.product(INPUT, ATTENTION)))
+def test_cached_incremental_decoding_equals_full(input_pe: str, attention_pe: str) -> None:
+    model = make_model(input_pe, attention_pe)
+    src, tgt = batch()
+    full = model(src, tgt)
+    memory, src_mask = model.encode(src)
+    cache = model.new_cache()
+    steps = [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.length == tgt.shape[1]
+
+
+@pytest.mark.parametrize("input_pe,attention_pe", list(itertools.product(INPUT, ATTENTION)))
+def test_forward_backward_and_explicit_path_matches_fused(input_pe: str, attention_pe: str) -> None:
+    model = make_model(input_pe, attention_pe)
+    src, tgt = batch()
+    logits = model(src, tgt)
+    assert logits.shape == (3, 7, 40)
+    logits.sum().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    explicit, attn = model.forward_with_attention(src, tgt)
+    torch.testing.assert_close(explicit, logits, atol=1e-5, rtol=1e-5)
+    assert len(attn.encoder) == 2 and len(attn.decoder) == 2 and len(attn.cross) == 2
+    # Rows are distributions; decoder self-attention is zero above the diagonal; no weight on pad keys.
+    for w in attn.encoder + attn.decoder + attn.cross:
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+    assert attn.decoder[0].triu(1).abs().max() == 0
+    assert attn.encoder[0][1, :, :, 6:].abs().max() == 0
+    assert attn.cross[0][1, :, :, 6:].abs().max() == 0
+
+
+def test_encoder_without_positions_is_permutation_equivariant() -> None:
+    model = make_model("none", "none")
+    src = torch.randint(4, 40, (1, 8))
+    perm = torch.randperm(8)
+    out, _ = model.encode(src)
+    out_perm, _ = model.encode(src[:, perm])
+    torch.testing.assert_close(out_perm, out[:, perm], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("input_pe,attention_pe", [("sinusoidal", "none"), ("learnable", "none"), ("none", "rope")])
+def test_position_aware_encoders_are_not_permutation_equivariant(input_pe: str, attention_pe: str) -> None:
+    model = make_model(input_pe, attention_pe)
+    if input_pe == "learnable":  # a fresh table is tiny; make positions clearly distinct
+        torch.nn.init.normal_(model.src_pe.weight, std=1.0)
+    src = torch.randint(4, 40, (1, 8))
+    perm = torch.tensor([7, 6, 5, 4, 3, 2, 1, 0])
+    out, _ = model.encode(src)
+    out_perm, _ = model.encode(src[:, perm])
+    assert (out_perm - out[:, perm]).abs().max() > 1e-3
+
+
+def test_sinusoidal_shift_is_a_fixed_linear_map() -> None:
+    """Vaswani et al.: PE(t + k) = M_k PE(t), M_k block-diagonal rotations by k * w_i, the same for every t."""
+    d, k = 16, 5
+    table = sinusoid_table(80, d).double()
+    w = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    m = torch.zeros(d, d, dtype=torch.float64)
+    for i, wi in enumerate(w):  # [sin, cos](t + k) = [[cos kw, sin kw], [-sin kw, cos kw]] [sin, cos](t)
+        c, s = torch.cos(k * wi), torch.sin(k * wi)
+        m[2 * i, 2 * i], m[2 * i, 2 * i + 1], m[2 * i + 1, 2 * i], m[2 * i + 1, 2 * i + 1] = c, s, -s, c
+    torch.testing.assert_close(table[:-k] @ m.T, table[k:], atol=1e-5, rtol=1e-5)
+    assert table[0, 0::2].abs().max() == 0 and torch.all(table[0, 1::2] == 1)
+
+
+def test_rope_scores_depend_only_on_relative_position() -> None:
+    cfg = small_cfg(attention_pe="rope")
+    rope = RotaryPE(cfg, "encoder")
+    torch.manual_seed(0)
+    q = torch.randn(1, 1, 1, 8).expand(1, 1, 6, 8).contiguous()
+    k = torch.randn(1, 1, 1, 8).expand(1, 1, 6, 8).contiguous()
+    pos = torch.arange(6)
+    rq, rk = rope.rotate(q, k, pos, pos)
+    scores = (rq @ rk.transpose(-1, -2))[0, 0]  # same content at every position
+    for shift in range(-5, 6):
+        diag = torch.diagonal(scores, offset=shift)
+        torch.testing.assert_close(diag, diag[0].expand_as(diag), atol=1e-5, rtol=1e-5)
+    # Shifting every position by a constant leaves all scores unchanged.
+    rq2, rk2 = rope.rotate(q, k, pos + 37, pos + 37)
+    torch.testing.assert_close(rq2 @ rk2.transpose(-1, -2), rq @ rk.transpose(-1, -2), atol=1e-4, rtol=1e-4)
+    # Rotation preserves norms.
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+
+
+def test_rope_frequencies_and_partial_rotary() -> None:
+    inv = rope_inv_freq(8, 10000.0)
+    torch.testing.assert_close(inv, torch.tensor([1.0, 0.1, 0.01, 0.001], dtype=torch.float64))
+    cfg = small_cfg(attention_pe="rope", rope=RopeConfig(theta=10000.0, dim=4))
+    rope = RotaryPE(cfg, "encoder")
+    q = torch.randn(1, 1, 3, 8)
+    rq, _ = rope.rotate(q, q, torch.arange(3), torch.arange(3))
+    torch.testing.assert_close(rq[..., 4:], q[..., 4:])  # un-rotated tail passes through
+    assert not torch.allclose(rq[..., 1:, :4], q[..., 1:, :4])
+    cos, sin = rope.angles(torch.tensor([0]))
+    torch.testing.assert_close(apply_rotary(q[..., :1, :], cos, sin), q[..., :1, :])  # position 0 = identity
+
+
+def test_learnable_table_has_a_clear_length_limit() -> None:
+    model = make_model("learnable", "none", max_positions=10)
+    with pytest.raises(PositionLimitError, match="model.max_positions=10"):
+        model.encode(torch.randint(4, 40, (1, 11)))
+    model.encode(torch.randint(4, 40, (1, 10)))  # exactly at the limit is fine
+    assert model.max_length == 10
+
+
+def test_sinusoidal_has_no_length_limit() -> None:
+    pe = build_input_pe(small_cfg(input_pe="sinusoidal", max_positions=8))
+    x = torch.zeros(1, 20, 32)
+    out = pe(x, torch.arange(20))
+    torch.testing.assert_close(out[0], sinusoid_table(20, 32))
+
+
+def test_cross_attention_kv_are_computed_once_and_cached() -> None:
+    attn = MultiHeadAttention(small_cfg(), "cross").eval()
+    memory = torch.randn(2, 5, 32)
+    cache: dict[str, torch.Tensor] = {}
+    x = torch.randn(2, 1, 32)
+    out1, _ = attn(x, memory=memory, q_pos=torch.tensor([0]), cache=cache)
+    k_id = id(cache["k"])
+    out2, _ = attn(x, memory=None, q_pos=torch.tensor([1]), cache=cache)  # memory not needed any more
+    assert id(cache["k"]) == k_id
+    torch.testing.assert_close(out1, out2)
+
+
+def test_tied_embeddings_share_one_table() -> None:
+    model = make_model()
+    assert model.src_embed.weight is model.tgt_embed.weight and model.output is None
+    untied = Seq2SeqTransformer(small_cfg(tie_embeddings=False), 40, PAD)
+    assert untied.src_embed.weight is not untied.tgt_embed.weight and untied.output is not None
