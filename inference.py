@@ -25,7 +25,9 @@ def main() -> int:
     add_alias_args(parser, "src_text", help="one sentence to translate")
     parser.add_argument("--input", help="file with one sentence per line ('-' = standard input)")
     parser.add_argument("--beam", type=int, help="beam size (default: decode.beam of the config)")
-    parser.add_argument("--nbest", type=int, help="hypotheses to show per sentence (default: decode.nbest, or all with --src_text)")
+    parser.add_argument(
+        "--nbest", type=int, help="hypotheses per sentence (default: decode.nbest; with --src_text the whole beam)"
+    )
     parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -78,6 +80,7 @@ def main() -> int:
         else:
             for hyp in nbest:
                 print(f"{i}\t{hyp.score:.4f}\t{hyp.text}")
+    sys.stdout.flush()
     print(f"translated {len(lines)} sentences in {elapsed:.1f}s ({len(lines) / max(elapsed, 1e-9):.1f} sentences/s)",
           file=sys.stderr)
     return 0

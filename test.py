@@ -1,6 +1,7 @@
 """Score a trained model on test sets: sacreBLEU (with signature), chrF and nltk BLEU-4 on word tokens.
 
-    python test.py --config configs/bench_small_rope.yaml --model_path runs/bench_small_rope_latest [--split test] [--beam 5]
+    python test.py --config configs/bench_small_rope.yaml --model_path runs/bench_small_rope_latest \
+        [--split test] [--beam 5]
 
 --split names a split of the corpus (e.g. validation, test.tatoeba, tst2010); the default "test" means
 every split listed in data.test. Beam 5 by default; --beam 1 is greedy. Hypotheses and a JSON of the

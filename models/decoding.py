@@ -48,7 +48,12 @@ def max_lengths(src_mask: torch.Tensor, a: float, b: int, model: Seq2SeqTransfor
 
 
 def _step_logprobs(
-    model: Seq2SeqTransformer, last: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache, eos: int,
+    model: Seq2SeqTransformer,
+    last: torch.Tensor,
+    memory: torch.Tensor,
+    src_mask: torch.Tensor,
+    cache,
+    eos: int,
     force_eos: torch.Tensor,
 ) -> torch.Tensor:
     """Log-probabilities ``[N, V]`` of the next token; rows in ``force_eos`` may only emit EOS."""

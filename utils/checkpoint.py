@@ -18,7 +18,6 @@ import torch
 from utils.config import ModelConfig
 from utils.io import atomic_path
 
-
 #: Model keys that do not shape the parameters and may differ between training and inference.
 INFERENCE_ONLY_KEYS = ("dropout", "attention_dropout")
 

@@ -16,13 +16,14 @@ from data.batching import Batch
 from models.transformer import Seq2SeqTransformer
 
 
-def token_loss(
-    logits: torch.Tensor, target: torch.Tensor, pad_id: int, label_smoothing: float = 0.0
-) -> torch.Tensor:
+def token_loss(logits: torch.Tensor, target: torch.Tensor, pad_id: int, label_smoothing: float = 0.0) -> torch.Tensor:
     """Summed cross-entropy over non-pad targets. logits ``[B, T, V]``, target ``[B, T]`` -> scalar."""
     return F.cross_entropy(
-        logits.float().flatten(0, 1), target.flatten(), ignore_index=pad_id,
-        label_smoothing=label_smoothing, reduction="sum",
+        logits.float().flatten(0, 1),
+        target.flatten(),
+        ignore_index=pad_id,
+        label_smoothing=label_smoothing,
+        reduction="sum",
     )
 
 
@@ -53,7 +54,10 @@ class TokenLossAccuracy(Metric):
 
 
 def create_evaluator(
-    model: Seq2SeqTransformer, pad_id: int, device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager]
+    model: Seq2SeqTransformer,
+    pad_id: int,
+    device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager],
 ) -> Engine:
     """An Ignite engine computing validation loss, perplexity and token accuracy."""
 

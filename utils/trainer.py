@@ -198,8 +198,19 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
         return torch.autocast(device.type, dtype=dtype) if use_amp else contextlib.nullcontext()
 
     return Setup(
-        cfg, run_dir, device, tokenizer, model, optimizer, scheduler, scaler, train_data, valid_data,
-        valid_sources, refs, autocast,
+        cfg,
+        run_dir,
+        device,
+        tokenizer,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        train_data,
+        valid_data,
+        valid_sources,
+        refs,
+        autocast,
     )
 
 
@@ -253,7 +264,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
-        return {"loss": float(loss), "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
+        return {"loss": float(loss.detach()), "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
 
     trainer = Engine(train_step)
     evaluator = create_evaluator(model, pad_id, s.device, s.autocast)
@@ -289,27 +300,50 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         engine.state.metrics["chrf"] = scores.chrf
         engine.state.metrics["example"] = hyps[0] if hyps else ""
 
-    meta = RunMeta(model_fingerprint(cfg.model, s.tokenizer.vocab_size), s.tokenizer.fingerprint, s.tokenizer.vocab_size)
+    meta = RunMeta(
+        model_fingerprint(cfg.model, s.tokenizer.vocab_size), s.tokenizer.fingerprint, s.tokenizer.vocab_size
+    )
     saver = AtomicSaver(ckpt_dir)
     best = Checkpoint(
-        {"model": model, "meta": meta}, saver, filename_pattern="best.{ext}", n_saved=1,
-        score_function=lambda e: e.state.metrics["bleu"], score_name="bleu",
+        {"model": model, "meta": meta},
+        saver,
+        filename_pattern="best.{ext}",
+        n_saved=1,
+        score_function=lambda e: e.state.metrics["bleu"],
+        score_name="bleu",
         global_step_transform=global_step_from_engine(trainer),
     )
     stopper = EarlyStopping(t.patience, lambda e: e.state.metrics["bleu"], trainer)
     rng = RNGState()
     to_save = {
-        "model": model, "optimizer": optimizer, "lr_scheduler": scheduler, "scaler": scaler, "trainer": trainer,
-        "rng": rng, "meta": meta, "early_stopping": stopper, "best_checkpoint": best,
+        "model": model,
+        "optimizer": optimizer,
+        "lr_scheduler": scheduler,
+        "scaler": scaler,
+        "trainer": trainer,
+        "rng": rng,
+        "meta": meta,
+        "early_stopping": stopper,
+        "best_checkpoint": best,
     }
     last = Checkpoint(to_save, saver, filename_pattern="last.{ext}", n_saved=1)
 
     tb = TensorboardLogger(log_dir=str(run_dir / "tb"))
-    tb.attach(trainer, OutputHandler("train", metric_names=["loss", "grad_norm", "tokens_per_s"]),
-              Events.ITERATION_COMPLETED(every=t.log_every))
+    tb.attach(
+        trainer,
+        OutputHandler("train", metric_names=["loss", "grad_norm", "tokens_per_s"]),
+        Events.ITERATION_COMPLETED(every=t.log_every),
+    )
     tb.attach(trainer, OptimizerParamsHandler(optimizer, "lr", "train"), Events.ITERATION_COMPLETED(every=t.log_every))
-    tb.attach(evaluator, OutputHandler("valid", metric_names=["loss", "ppl", "accuracy", "bleu", "chrf"],
-                                       global_step_transform=global_step_from_engine(trainer)), Events.COMPLETED)
+    tb.attach(
+        evaluator,
+        OutputHandler(
+            "valid",
+            metric_names=["loss", "ppl", "accuracy", "bleu", "chrf"],
+            global_step_transform=global_step_from_engine(trainer),
+        ),
+        Events.COMPLETED,
+    )
     evaluator.add_event_handler(Events.COMPLETED, best)
     evaluator.add_event_handler(Events.COMPLETED, stopper)
 
@@ -323,7 +357,13 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         m = evaluator.state.metrics
         log.info(
             "epoch %d step %d | valid loss %.3f ppl %.2f acc %.3f BLEU %.2f chrF %.2f | %r",
-            engine.state.epoch, engine.state.iteration, m["loss"], m["ppl"], m["accuracy"], m["bleu"], m["chrf"],
+            engine.state.epoch,
+            engine.state.iteration,
+            m["loss"],
+            m["ppl"],
+            m["accuracy"],
+            m["bleu"],
+            m["chrf"],
             m["example"][:80],
         )
         last(engine)
@@ -353,8 +393,12 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         if resume:
             state = load_checkpoint(ckpt_dir / "last.pt")
             Checkpoint.load_objects(to_load=to_save, checkpoint=state)
-            log.info("resumed from %s at epoch %d, step %d", ckpt_dir / "last.pt",
-                     trainer.state.epoch, trainer.state.iteration)
+            log.info(
+                "resumed from %s at epoch %d, step %d",
+                ckpt_dir / "last.pt",
+                trainer.state.epoch,
+                trainer.state.iteration,
+            )
         trainer.run(s.train_data, max_epochs=t.epochs)
         if trainer.state.iteration > last_eval["iteration"] and stop.reason is None:
             run_validation(trainer)  # the epochs ran out between evaluations

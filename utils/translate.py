@@ -67,7 +67,10 @@ def encode_sources(
 
 @torch.no_grad()
 def translate_ids(
-    model: Seq2SeqTransformer, tokenizer: Tokenizer, sources: Sequence[list[int]], decode: DecodeConfig,
+    model: Seq2SeqTransformer,
+    tokenizer: Tokenizer,
+    sources: Sequence[list[int]],
+    decode: DecodeConfig,
 ) -> list[list[Translation]]:
     """Decode already-encoded sources (eos included); empty sources give one empty translation."""
     model.eval()
@@ -80,7 +83,9 @@ def translate_ids(
         for r, i in enumerate(rows):
             src[r, : len(sources[i])] = torch.tensor(sources[i])
         src = src.to(model.device)
-        common = dict(bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b)
+        common = dict(
+            bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b
+        )
         if decode.beam == 1:
             nbest = [[h] for h in greedy_search(model, src, **common)]
         else:

@@ -1,0 +1,266 @@
+"""Corpus sources: every loader returns a ``datasets.DatasetDict`` of string columns ``src`` and ``tgt``.
+
+Sources (``data.source``):
+
+- ``demo``: the small corpus shipped in ``data/demo/`` ({train,valid,test}.{src,tgt}).
+- ``text``: a folder of aligned plain-text files ``{name}.{lang}`` or ``{name}.{lang}.gz``.
+- ``wit3``: a local WIT3 (IWSLT) archive or folder, see :mod:`data.wit3`.
+- ``iwslt2017``: the raw WIT3 archive hosted by the Hub repo ``IWSLT/iwslt2017``, parsed like ``wit3``.
+
+Empty lines: in the ``train`` split a pair with an empty side (after stripping) is dropped and the
+number dropped is logged. Evaluation splits are kept whole, so that row ``i`` always matches line
+``i`` of the reference file; their empty pairs are only counted in a warning.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import datasets
+
+    from utils.config import DataConfig
+
+logger = logging.getLogger("data")
+
+DEMO_DIR = Path(__file__).resolve().parent / "demo"
+HUB_REPO_ID = "IWSLT/iwslt2017"
+HUB_FILENAME = "data/2017-01-trnted/texts/fr/en/fr-en.zip"
+HUB_REVISION = "main"
+TRAIN_SPLIT = "train"
+
+
+class DataError(ValueError):
+    """Bad or missing corpus input, reported as one line."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers shared by the sources
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """Split UTF-8 ``data`` into lines on ``\\n`` only (``\\r`` and other breaks stay inside a line).
+
+    A final newline does not add an empty line. Lines are returned unstripped.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{name}: not valid UTF-8 at byte {e.start}") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def read_lines(path: Path) -> list[str]:
+    """Lines of a UTF-8 text file, plain or gzip (by a ``.gz`` suffix), unstripped."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                data = f.read()
+        else:
+            data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"file not found: {path}") from None
+    except (OSError, EOFError) as e:
+        raise DataError(f"cannot read {path}: {e}") from None
+    return decode_lines(data, str(path))
+
+
+def make_split(name: str, src: Sequence[str], tgt: Sequence[str], origin: str) -> datasets.Dataset:
+    """One split as a Dataset with columns ``src``/``tgt`` (stripped); ``origin`` names it in messages.
+
+    The train split drops pairs with an empty side; other splits keep them (a warning counts them).
+    """
+    import datasets
+
+    if len(src) != len(tgt):
+        raise DataError(f"{origin}: {len(src)} source lines but {len(tgt)} target lines")
+    src = [s.strip() for s in src]
+    tgt = [t.strip() for t in tgt]
+    empty = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if not s or not t]
+    if empty and name == TRAIN_SPLIT:
+        keep = set(range(len(src))).difference(empty)
+        src = [s for i, s in enumerate(src) if i in keep]
+        tgt = [t for i, t in enumerate(tgt) if i in keep]
+        logger.info("%s: dropped %d training pairs with an empty side", origin, len(empty))
+    elif empty:
+        logger.warning("%s: %d of %d pairs have an empty side (kept, split %s stays aligned; first at row %d)",
+                       origin, len(empty), len(src), name, empty[0])
+    return datasets.Dataset.from_dict({"src": src, "tgt": tgt})
+
+
+def _stat_entry(path: Path) -> dict[str, object]:
+    path = path.resolve()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise DataError(f"file not found: {path}") from None
+    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _sha256_json(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=True).encode("utf-8")).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# Plain-text folders (text and demo sources)
+
+
+def _text_file(folder: Path, name: str, lang: str) -> Path:
+    """``folder/name.lang``, else ``folder/name.lang.gz``; DataError naming the plain path if neither."""
+    plain = folder / f"{name}.{lang}"
+    if plain.is_file():
+        return plain
+    gz = folder / f"{name}.{lang}.gz"
+    if gz.is_file():
+        return gz
+    raise DataError(f"file not found: {plain} (nor {gz.name})")
+
+
+def _text_splits(cfg: DataConfig) -> tuple[Path, dict[str, str]]:
+    """(folder, {split name: file prefix}) for the text and demo sources."""
+    if cfg.source == "demo":
+        return DEMO_DIR, {"train": "train", "validation": "valid", "test": "test"}
+    if not cfg.path:
+        raise DataError("data.path: required when data.source is 'text'")
+    folder = Path(cfg.path).expanduser()
+    if not folder.is_dir():
+        raise DataError(f"data.path: folder not found: {folder}")
+    splits = {"train": cfg.train, "validation": cfg.validation}
+    for name in cfg.test:
+        if name in splits:
+            raise DataError(f"data.test: split name {name!r} clashes with the train/validation split")
+        splits[name] = name
+    return folder, splits
+
+
+def _load_text(cfg: DataConfig) -> datasets.DatasetDict:
+    import datasets
+
+    folder, splits = _text_splits(cfg)
+    out = {}
+    for split, prefix in splits.items():
+        src_path = _text_file(folder, prefix, cfg.src_lang)
+        tgt_path = _text_file(folder, prefix, cfg.tgt_lang)
+        src, tgt = read_lines(src_path), read_lines(tgt_path)
+        if len(src) != len(tgt):
+            raise DataError(f"line counts differ: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}")
+        out[split] = make_split(split, src, tgt, origin=f"{folder / prefix}.{{{cfg.src_lang},{cfg.tgt_lang}}}")
+    return datasets.DatasetDict(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hugging Face Hub (IWSLT 2017)
+
+
+def hub_unavailable_message(reason: str) -> str:
+    """The one-line error shown when the IWSLT2017 archive cannot be fetched."""
+    return (
+        f"cannot download IWSLT2017 from the Hugging Face Hub ({reason}); use data.source=wit3 with "
+        "data.path=<fr-en.tgz or folder> (a local WIT3 archive) or data.source=text with "
+        "data.path=<folder of {split}.fr/.en files>"
+    )
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the Hub cannot be reached" for the installed huggingface_hub."""
+    from huggingface_hub import errors
+
+    names = ("LocalEntryNotFoundError", "OfflineModeIsEnabled", "HfHubHTTPError", "EntryNotFoundError")
+    found: list[type[BaseException]] = [getattr(errors, n) for n in names if hasattr(errors, n)]
+    for module in ("httpx2", "httpx", "requests"):
+        try:
+            mod = __import__(module)
+        except ImportError:
+            continue
+        exc = getattr(mod, "HTTPError", None) or getattr(getattr(mod, "exceptions", None), "RequestException", None)
+        if isinstance(exc, type) and issubclass(exc, BaseException):
+            found.append(exc)
+    found.append(OSError)  # socket/connection errors and a read-only cache
+    return tuple(found)
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` is set to a true value (read now, not at import time)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def download_iwslt2017() -> Path:
+    """Local path of ``fr-en.zip`` from the Hub (a cached copy is used offline); DataError if unavailable."""
+    from huggingface_hub import hf_hub_download
+
+    offline = hub_offline()
+    try:
+        path = hf_hub_download(repo_id=HUB_REPO_ID, repo_type="dataset", filename=HUB_FILENAME,
+                               revision=HUB_REVISION, local_files_only=offline)
+    except _hub_errors() as e:
+        reason = "offline" if offline else f"Hub unreachable: {type(e).__name__}"
+        raise DataError(hub_unavailable_message(reason)) from None
+    return Path(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def load_corpus(cfg: DataConfig) -> datasets.DatasetDict:
+    """All splits of the corpus described by ``cfg``; each split has string columns ``src``, ``tgt``.
+
+    Split names: ``train``, ``validation`` and the test splits (``test`` for demo; the names in
+    ``cfg.test`` for text; ``test`` plus ``tst2010``... for wit3/iwslt2017).
+    """
+    from data.wit3 import load_wit3
+
+    if cfg.source in ("demo", "text"):
+        return _load_text(cfg)
+    if cfg.source == "wit3":
+        if not cfg.path:
+            raise DataError("data.path: required when data.source is 'wit3'")
+        return load_wit3(cfg.path, cfg.src_lang, cfg.tgt_lang)
+    if cfg.source == "iwslt2017":
+        if (cfg.src_lang, cfg.tgt_lang) != ("fr", "en"):
+            raise DataError(f"data.source=iwslt2017 supports fr->en only, got {cfg.src_lang}->{cfg.tgt_lang}")
+        return load_wit3(download_iwslt2017(), cfg.src_lang, cfg.tgt_lang)
+    raise DataError(f"data.source: unknown source {cfg.source!r}")
+
+
+def corpus_fingerprint(cfg: DataConfig) -> str:
+    """sha256 hex of what defines the corpus, from file metadata only (path, size, mtime_ns).
+
+    Covers the source kind, languages, split names and every input file, so editing a file changes it.
+    """
+    desc: dict[str, object] = {"source": cfg.source, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang}
+    if cfg.source in ("demo", "text"):
+        folder, splits = _text_splits(cfg)
+        desc["splits"] = splits
+        desc["files"] = [
+            _stat_entry(_text_file(folder, prefix, lang))
+            for prefix in splits.values()
+            for lang in (cfg.src_lang, cfg.tgt_lang)
+        ]
+    elif cfg.source == "wit3":
+        from data.wit3 import wit3_inputs
+
+        if not cfg.path:
+            raise DataError("data.path: required when data.source is 'wit3'")
+        files, splits = wit3_inputs(cfg.path, cfg.src_lang, cfg.tgt_lang)
+        desc["splits"] = splits
+        desc["files"] = [_stat_entry(p) for p in files]
+    elif cfg.source == "iwslt2017":
+        desc["hub"] = {"repo_id": HUB_REPO_ID, "filename": HUB_FILENAME, "revision": HUB_REVISION}
+    else:
+        raise DataError(f"data.source: unknown source {cfg.source!r}")
+    return _sha256_json(desc)

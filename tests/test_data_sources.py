@@ -1,0 +1,317 @@
+"""Corpus sources: WIT3 archives/folders, the Hub path (offline), text folders, the demo corpus."""
+
+from __future__ import annotations
+
+import gzip
+import html
+import os
+import re
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+
+import datasets
+import pytest
+
+from data.sources import DEMO_DIR, DataError, corpus_fingerprint, load_corpus
+from data.wit3 import load_wit3, parse_train_tags, parse_xml
+from utils.config import DataConfig
+
+YEARS = {"tst2010": 1664, "tst2011": 818, "tst2012": 1124, "tst2013": 1026, "tst2014": 1305}
+
+# Two made-up talks in the train.tags layout: metadata lines (some indented) around the segments.
+META = [
+    '<doc docid="{id}" genre="lectures">',
+    "<url>http://www.ted.com/talks/talk_{id}.html</url>",
+    "<keywords>talks, science, {lang}</keywords>",
+    "<speaker>Speaker {id}</speaker>",
+    "<talkid>{id}</talkid>",
+    "<title>Title {id} {lang}</title>",
+    "<description>TED Talk Subtitles and Transcript: talk {id} ({lang})</description>",
+    '  <reviewer href="http://www.ted.com/profiles/1">Reviewer {lang}</reviewer>',
+    '<translator href="http://www.ted.com/profiles/2">Translator {lang}</translator>',
+]
+FR_SEGS = [f"Phrase numéro {i} du discours, avec R&amp;D et 3 < 4." for i in range(1, 21)]
+EN_SEGS = [f"Sentence number {i} of the talk, with R&amp;D and 3 < 4." for i in range(1, 21)]
+
+
+def _train_tags(segs: list[str], lang: str) -> str:
+    lines = []
+    for talk, chunk in ((1, segs[:12]), (2, segs[12:])):
+        lines += [m.format(id=talk, lang=lang) for m in META]
+        lines += [f"  {s} " for s in chunk]
+        lines.append("</doc>")
+    return "\n".join(lines) + "\n"
+
+
+def _make_wit3_dir(root: Path, shared: Path) -> Path:
+    folder = root / "fr-en"
+    folder.mkdir(parents=True)
+    for f in sorted((shared / "iwslt" / "2016-01" / "fr-en").glob("IWSLT16.TED.*.xml")):
+        shutil.copy(f, folder / f.name.replace("IWSLT16", "IWSLT17"))
+    (folder / "train.tags.fr-en.fr").write_text(_train_tags(FR_SEGS, "fr"), encoding="utf-8")
+    (folder / "train.tags.fr-en.en").write_text(_train_tags(EN_SEGS, "en"), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture
+def wit3(tmp_path: Path, shared_data: Path) -> dict[str, Path]:
+    """The same WIT3 release as an unpacked folder, fr-en.tgz and fr-en.zip (both holding fr-en/)."""
+    unpacked = tmp_path / "unpacked"
+    folder = _make_wit3_dir(unpacked, shared_data)
+    tgz = tmp_path / "fr-en.tgz"
+    with tarfile.open(tgz, "w:gz") as tf:
+        tf.add(folder, arcname="fr-en")
+    zpath = tmp_path / "fr-en.zip"
+    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in sorted(folder.iterdir()):
+            zf.write(f, f"fr-en/{f.name}")
+    return {"parent": unpacked, "folder": folder, "tgz": tgz, "zip": zpath, "shared": shared_data}
+
+
+def _regex_segments(path: Path) -> list[str]:
+    """Independent reading of a WIT3 XML file: every <seg> text, unescaped and stripped."""
+    text = path.read_text(encoding="utf-8")
+    return [html.unescape(m).strip() for m in re.findall(r"<seg id=\"\d+\">(.*?)</seg>", text)]
+
+
+def _as_dict(dd: datasets.DatasetDict) -> dict[str, dict[str, list[str]]]:
+    return {name: ds.to_dict() for name, ds in dd.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# WIT3
+
+
+def test_wit3_splits_and_contents(wit3: dict[str, Path]) -> None:
+    dd = load_wit3(wit3["tgz"])
+    assert list(dd) == ["train", "validation", "test", *YEARS]
+    assert {name: len(ds) for name, ds in dd.items()} == {
+        "train": 20, "validation": 887, "test": sum(YEARS.values()), **YEARS}
+    # train: the made-up segments, stripped, metadata never a segment, no XML unescaping of plain text
+    assert dd["train"]["src"] == [s.strip() for s in FR_SEGS]
+    assert dd["train"]["tgt"] == [s.strip() for s in EN_SEGS]
+    for side in ("src", "tgt"):
+        assert not any(s.startswith("<") or "talkid" in s or "Reviewer" in s for s in dd["train"][side])
+    # validation is dev2010 exactly, compared with an independent parse of the XML
+    src_dir = wit3["shared"] / "iwslt" / "2016-01" / "fr-en"
+    assert dd["validation"]["src"] == _regex_segments(src_dir / "IWSLT16.TED.dev2010.fr-en.fr.xml")
+    assert dd["validation"]["tgt"] == _regex_segments(src_dir / "IWSLT16.TED.dev2010.fr-en.en.xml")
+    assert dd["validation"][0]["src"].startswith("Vous savez, un des plaisirs intenses du voyage")
+    assert dd["validation"][0]["tgt"].startswith("You know, one of the intense pleasures of travel")
+    assert dd["tst2010"][0] == {"src": "Aujourd'hui tout le monde parle du bonheur.",
+                                "tgt": "Everybody talks about happiness these days."}
+    assert any("R&D" in s for s in dd["tst2010"]["tgt"]) and not any("&amp;" in s for s in dd["tst2010"]["tgt"])
+    # test = tst2010..tst2014 concatenated in year order
+    for side in ("src", "tgt"):
+        assert dd["test"][side] == [s for year in YEARS for s in dd[year][side]]
+        year_files = [src_dir / f"IWSLT16.TED.{y}.fr-en.{'fr' if side == 'src' else 'en'}.xml" for y in YEARS]
+        assert dd["test"][side] == [s for f in year_files for s in _regex_segments(f)]
+
+
+def test_wit3_archive_and_folder_forms_agree(wit3: dict[str, Path]) -> None:
+    ref = _as_dict(load_wit3(wit3["zip"]))
+    for key in ("tgz", "parent", "folder"):
+        assert _as_dict(load_wit3(wit3[key])) == ref, key
+
+
+def test_wit3_missing_train_file(wit3: dict[str, Path]) -> None:
+    (wit3["folder"] / "train.tags.fr-en.en").unlink()
+    with pytest.raises(DataError, match=r"train\.tags\.fr-en\.en"):
+        load_wit3(wit3["folder"])
+    (wit3["folder"] / "train.tags.fr-en.fr").unlink()
+    with pytest.raises(DataError, match=r"train\.tags\.fr-en\.fr"):
+        load_wit3(wit3["folder"])
+
+
+def test_wit3_bad_path(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not found"):
+        load_wit3(tmp_path / "nope.tgz")
+    bad = tmp_path / "broken.zip"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(DataError, match="broken.zip"):
+        load_wit3(bad)
+
+
+def test_parse_train_tags() -> None:
+    fr = ["<url>u</url>", "  Bonjour  ", "   <talkid>3</talkid>", "a < b", "</doc>"]
+    en = ["<url>u</url>", " Hello", "<talkid>3</talkid>", "a < b ", "</doc>"]
+    assert parse_train_tags(fr, en) == [("Bonjour", "Hello"), ("a < b", "a < b")]
+    with pytest.raises(DataError, match="misaligned at line 1"):
+        parse_train_tags(["<url>u</url>", "x"], ["Hello", "<url>u</url>"])
+    with pytest.raises(DataError, match="differ in length"):
+        parse_train_tags(["a"], ["a", "b"])
+
+
+def test_parse_xml_keys_and_escapes(tmp_path: Path) -> None:
+    xml = (b'<?xml version="1.0" encoding="UTF-8"?>\n<mteval><srcset setid="x" srclang="french">\n'
+           b'<doc docid="7" genre="lectures"><url>u</url><talkid>7</talkid>\n'
+           b'<seg id="1">  R&amp;D &lt;ok&gt;  </seg>\n<seg id="2"> deux </seg></doc>\n'
+           b'<doc docid="8"><seg id="1"> autre </seg></doc></srcset></mteval>\n')
+    expected = {("7", "1"): "R&D <ok>", ("7", "2"): "deux", ("8", "1"): "autre"}
+    assert parse_xml(xml) == expected
+    (tmp_path / "f.xml").write_bytes(xml)
+    assert parse_xml(tmp_path / "f.xml") == expected
+    with pytest.raises(DataError, match="invalid XML"):
+        parse_xml(b"<mteval><doc docid='1'><seg id='1'>x</doc>")
+
+
+def test_wit3_pairs_by_docid_and_seg_id(wit3: dict[str, Path]) -> None:
+    """Reordering the English segments of a talk must not change the pairing."""
+    en = wit3["folder"] / "IWSLT17.TED.tst2011.fr-en.en.xml"
+    text = en.read_text(encoding="utf-8")
+    segs = re.findall(r"<seg id=\"\d+\">.*?</seg>\n", text)
+    text = text.replace(segs[0] + segs[1], segs[1] + segs[0], 1)
+    en.write_text(text, encoding="utf-8")
+    dd = load_wit3(wit3["folder"])
+    first = parse_xml(wit3["folder"] / "IWSLT17.TED.tst2011.fr-en.en.xml")
+    docid = next(iter(first))[0]
+    assert dd["tst2011"][0]["tgt"] == first[(docid, "1")]
+    assert dd["tst2011"][1]["tgt"] == first[(docid, "2")]
+
+
+# ----------------------------------------------------------------------------------------------
+# iwslt2017 (Hub)
+
+
+def test_iwslt2017_offline_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError) as info:
+        load_corpus(DataConfig(source="iwslt2017"))
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "offline" in msg and "data.source=wit3" in msg and "data.source=text" in msg
+
+
+def test_iwslt2017_unreachable_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def fail(**kwargs: object) -> str:
+        raise LocalEntryNotFoundError("connection error")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    with pytest.raises(DataError, match=r"^cannot download IWSLT2017 .*unreachable.*data\.source=wit3"):
+        load_corpus(DataConfig(source="iwslt2017"))
+
+
+def test_iwslt2017_hub_archive(wit3: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    calls = []
+
+    def fake_download(**kwargs: object) -> str:
+        calls.append(kwargs)
+        return str(wit3["zip"])
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    dd = load_corpus(DataConfig(source="iwslt2017"))
+    assert len(calls) == 1
+    assert calls[0]["repo_id"] == "IWSLT/iwslt2017" and calls[0]["repo_type"] == "dataset"
+    assert calls[0]["filename"] == "data/2017-01-trnted/texts/fr/en/fr-en.zip"
+    assert _as_dict(dd) == _as_dict(load_wit3(wit3["zip"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# text folders
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+
+
+@pytest.fixture
+def text_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "corpus"
+    d.mkdir()
+    _write(d / "train.fr", ["un chat", "", "deux\u2028chats", "  trois chats \r"])
+    _write(d / "train.en", ["a cat", "nothing", "two\u2028cats", "three cats"])
+    _write(d / "valid.fr.gz", ["bonjour", ""])
+    _write(d / "valid.en.gz", ["hello", "empty"])
+    _write(d / "test.tatoeba.fr", ["au revoir"])
+    _write(d / "test.tatoeba.en", ["goodbye"])
+    return d
+
+
+def test_text_source(text_dir: Path) -> None:
+    cfg = DataConfig(source="text", path=str(text_dir), test=["test.tatoeba"])
+    dd = load_corpus(cfg)
+    assert list(dd) == ["train", "validation", "test.tatoeba"]
+    # train: the pair with an empty side is dropped; U+2028 stays inside its line; \r stripped
+    assert dd["train"].to_dict() == {"src": ["un chat", "deux\u2028chats", "trois chats"],
+                                     "tgt": ["a cat", "two\u2028cats", "three cats"]}
+    # evaluation splits stay aligned with their files: the empty pair is kept
+    assert dd["validation"].to_dict() == {"src": ["bonjour", ""], "tgt": ["hello", "empty"]}
+    assert dd["test.tatoeba"].to_dict() == {"src": ["au revoir"], "tgt": ["goodbye"]}
+
+
+def test_text_source_errors(text_dir: Path) -> None:
+    _write(text_dir / "test.tatoeba.en", ["goodbye", "extra"])
+    cfg = DataConfig(source="text", path=str(text_dir), test=["test.tatoeba"])
+    with pytest.raises(DataError, match=r"test\.tatoeba\.fr has 1 lines but .*test\.tatoeba\.en has 2"):
+        load_corpus(cfg)
+    cfg = DataConfig(source="text", path=str(text_dir), test=["test.missing"])
+    with pytest.raises(DataError, match=r"file not found: .*test\.missing\.fr"):
+        load_corpus(cfg)
+    with pytest.raises(DataError, match="folder not found"):
+        load_corpus(DataConfig(source="text", path=str(text_dir / "nope")))
+
+
+def test_text_source_bench(shared_data: Path) -> None:
+    cfg = DataConfig(source="text", path=str(shared_data / "bench" / "fr-en"),
+                     test=["test.tatoeba", "test.iwslt-tst2010", "test.multi30k-2016"])
+    dd = load_corpus(cfg)
+    assert len(dd["validation"]) == 2640
+    assert len(dd["test.tatoeba"]) == 1670
+    assert len(dd["test.iwslt-tst2010"]) == 1664
+    assert len(dd["test.multi30k-2016"]) == 1000
+    assert len(dd["train"]) > 190_000
+
+
+# ----------------------------------------------------------------------------------------------
+# demo corpus and fingerprints
+
+
+def test_demo_source() -> None:
+    dd = load_corpus(DataConfig(source="demo"))
+    assert list(dd) == ["train", "validation", "test"]
+    for split, prefix in (("train", "train"), ("validation", "valid"), ("test", "test")):
+        fr = (DEMO_DIR / f"{prefix}.fr").read_text(encoding="utf-8").rstrip("\n").split("\n")
+        en = (DEMO_DIR / f"{prefix}.en").read_text(encoding="utf-8").rstrip("\n").split("\n")
+        assert len(fr) == len(en) > 0, prefix
+        pairs = [(f.strip(), e.strip()) for f, e in zip(fr, en, strict=True)]
+        if split == "train":
+            pairs = [(f, e) for f, e in pairs if f and e]
+        ds = dd[split]
+        assert len(ds) > 0
+        assert list(zip(ds["src"], ds["tgt"], strict=True)) == pairs
+
+
+def test_fingerprint_tracks_files(text_dir: Path) -> None:
+    cfg = DataConfig(source="text", path=str(text_dir), test=["test.tatoeba"])
+    fp = corpus_fingerprint(cfg)
+    assert len(fp) == 64 and fp == corpus_fingerprint(cfg)
+    assert corpus_fingerprint(DataConfig(source="text", path=str(text_dir), test=[])) != fp
+    assert corpus_fingerprint(DataConfig(source="text", path=str(text_dir), test=["test.tatoeba"],
+                                         tgt_lang="fr", src_lang="en")) != fp
+    f = text_dir / "train.en"
+    st = f.stat()
+    _write(f, ["a cat", "nothing", "two cats", "four cats"])  # same line count, new content
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert corpus_fingerprint(cfg) != fp
+    assert len(corpus_fingerprint(DataConfig(source="demo"))) == 64
+    hub = corpus_fingerprint(DataConfig(source="iwslt2017"))
+    assert hub == corpus_fingerprint(DataConfig(source="iwslt2017")) != corpus_fingerprint(DataConfig(source="demo"))
+
+
+def test_fingerprint_wit3(wit3: dict[str, Path]) -> None:
+    cfg = DataConfig(source="wit3", path=str(wit3["parent"]))
+    fp = corpus_fingerprint(cfg)
+    assert corpus_fingerprint(DataConfig(source="wit3", path=str(wit3["tgz"]))) != fp
+    xml = wit3["folder"] / "IWSLT17.TED.tst2012.fr-en.en.xml"
+    xml.write_text(xml.read_text(encoding="utf-8").replace("the", "teh", 1), encoding="utf-8")
+    assert corpus_fingerprint(cfg) != fp
