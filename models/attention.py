@@ -121,8 +121,12 @@ class MultiHeadAttention(nn.Module):
                 out = out + extra
         else:
             use_causal = causal and mask is not None and key_mask is None and bias is None and cache is None
+            dtype = q.dtype
+            if q.device.type == "cpu" and dtype == torch.bfloat16:  # CPU SDPA kernels are ~5x slower in bf16
+                q, k, v = q.float().contiguous(), k.float().contiguous(), v.float().contiguous()
+                mask = mask.float() if mask is not None and mask.dtype != torch.bool else mask
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=None if use_causal else mask, dropout_p=dropout, is_causal=use_causal
-            )
+            ).to(dtype)
         out = out.transpose(1, 2).reshape(b, tq, d)
         return self.out_proj(out), weights

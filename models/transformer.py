@@ -21,14 +21,14 @@ from utils.config import ModelConfig
 
 
 class FeedForward(nn.Module):
-    """Position-wise FFN: Linear(D, F) -> activation -> dropout -> Linear(F, D)."""
+    """Position-wise FFN: Linear(D, F) -> activation -> activation_dropout -> Linear(F, D)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.act = F.gelu if cfg.activation == "gelu" else F.relu
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.dropout(self.act(self.fc1(x))))

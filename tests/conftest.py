@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
+
+from utils.config import Config, from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SHARED_DATA = Path(os.environ.get("FR2EN_SHARED_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 
@@ -25,3 +31,20 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA} (set FR2EN_SHARED_DATA)")
     return SHARED_DATA.resolve()
+
+
+def make_tiny_config(tmp: Path, **train_kw) -> Config:
+    """The demo config shrunk to a model that trains in seconds; cache under ``tmp``."""
+    raw = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    raw["name"] = "tiny"
+    raw["data"].update(cache_dir=str(tmp / "cache"), max_tokens=300)
+    raw["tokenizer"]["vocab_size"] = 400
+    raw["model"].update(d_model=32, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=64, attention_pe="rope")
+    raw["train"].update({"epochs": 3, "log_every": 2, "valid_bleu_sentences": 8, "warmup_steps": 10, **train_kw})
+    raw["decode"].update(beam=2, batch_size=16)
+    return from_dict(raw)
+
+
+@pytest.fixture
+def tiny_config() -> Callable[..., Config]:
+    return make_tiny_config

@@ -19,7 +19,7 @@ from utils.config import ModelConfig
 from utils.io import atomic_path
 
 #: Model keys that do not shape the parameters and may differ between training and inference.
-INFERENCE_ONLY_KEYS = ("dropout", "attention_dropout")
+INFERENCE_ONLY_KEYS = ("dropout", "attention_dropout", "activation_dropout")
 
 
 class CheckpointError(ValueError):

@@ -86,6 +86,7 @@ class ModelConfig:
     d_ff: int = 2048
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    activation_dropout: float = 0.0  # on the FFN hidden layer (fairseq's activation_dropout; 0 in the paper)
     activation: Literal["relu", "gelu"] = "relu"
     norm: Literal["pre", "post"] = "pre"
     tie_embeddings: bool = True
@@ -280,6 +281,7 @@ def validate(cfg: Config) -> Config:
         if value < 1:
             raise ConfigError(f"{key}: must be >= 1, got {value}")
     for key, value in {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout,
+                       "model.activation_dropout": m.activation_dropout,
                        "train.label_smoothing": cfg.train.label_smoothing}.items():
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"{key}: must be in [0, 1), got {value}")

@@ -311,7 +311,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         n_saved=1,
         score_function=lambda e: e.state.metrics["bleu"],
         score_name="bleu",
-        global_step_transform=global_step_from_engine(trainer),
+        global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),
     )
     stopper = EarlyStopping(t.patience, lambda e: e.state.metrics["bleu"], trainer)
     rng = RNGState()
@@ -340,7 +340,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         OutputHandler(
             "valid",
             metric_names=["loss", "ppl", "accuracy", "bleu", "chrf"],
-            global_step_transform=global_step_from_engine(trainer),
+            global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),
         ),
         Events.COMPLETED,
     )

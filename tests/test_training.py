@@ -1,0 +1,139 @@
+"""Training end to end on the demo corpus: run directory contents, exact resume, Ctrl-C, checkpoints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from data.batching import TokenBatchSampler
+from data.cache import load_or_build
+from data.sources import load_corpus
+from tokenizer import load_tokenizer
+from utils.checkpoint import CheckpointError, load_checkpoint
+from utils.runs import create_run_dir, load_run
+from utils.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def weights(run: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
+    return load_checkpoint(run / "checkpoints" / name)["model"]
+
+
+def test_run_directory_holds_everything_to_reload(tmp_path: Path, tiny_config) -> None:
+    cfg = tiny_config(tmp_path, max_steps=6, eval_every=3)
+    run = create_run_dir(cfg, tmp_path / "runs")
+    metrics = train(cfg, run)
+    assert {"loss", "ppl", "accuracy", "bleu", "chrf"} <= set(metrics)
+    assert (tmp_path / "runs" / "tiny_latest").resolve() == run.resolve()
+    for path in ("config.yaml", "tokenizer/meta.json", "checkpoints/best.pt", "checkpoints/last.pt", "train.log"):
+        assert (run / path).is_file() or path == "train.log", path
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    last = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert {"model", "optimizer", "lr_scheduler", "scaler", "trainer", "rng", "meta", "early_stopping"} <= set(last)
+    assert last["trainer"]["iteration"] == 6
+    loaded = load_run(run)  # config + tokenizer + best weights, as inference does
+    assert loaded.cfg == cfg and loaded.checkpoint.name == "best.pt"
+    assert loaded.tokenizer.fingerprint == load_tokenizer(run / "tokenizer").fingerprint
+    # TensorBoard holds the training and validation curves.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run / "tb"))
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    assert {"train/loss", "train/grad_norm", "train/tokens_per_s", "train/lr/group_0", "valid/loss",
+            "valid/accuracy", "valid/bleu"} <= tags
+    assert [e.step for e in ea.Scalars("valid/bleu")] == [3, 6]
+
+
+def test_same_seed_repeats_exactly_on_cpu(tmp_path: Path, tiny_config) -> None:
+    runs = []
+    for i in range(2):
+        cfg = tiny_config(tmp_path, max_steps=4, eval_every=4)
+        run = create_run_dir(cfg, tmp_path / f"runs{i}")
+        train(cfg, run)
+        runs.append(weights(run))
+    for name, tensor in runs[0].items():
+        assert torch.equal(tensor, runs[1][name]), name
+
+
+def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path: Path, tiny_config) -> None:
+    # The interrupted point must fall inside an epoch, so the resumed epoch skips the batches already seen.
+    cfg = tiny_config(tmp_path, max_steps=24, eval_every=10)
+    corpus = load_corpus(cfg.data)
+    straight = create_run_dir(cfg, tmp_path / "a")
+    train(cfg, straight)
+    tok = load_tokenizer(straight / "tokenizer")
+    split = load_or_build(cfg, tok, lambda: corpus, ["train"])["train"]
+    per_epoch = len(TokenBatchSampler(split.src_lengths, split.tgt_lengths, cfg.data.max_tokens, True, cfg.seed))
+    assert 10 % per_epoch != 0 and per_epoch < 24, per_epoch  # stop mid-epoch, finish in a later epoch
+
+    first = tiny_config(tmp_path, max_steps=10, eval_every=10)
+    resumed = create_run_dir(first, tmp_path / "b")
+    train(first, resumed)
+    assert load_checkpoint(resumed / "checkpoints" / "last.pt")["trainer"]["iteration"] == 10
+    train(cfg, resumed, resume=True)
+    final = load_checkpoint(resumed / "checkpoints" / "last.pt")
+    assert final["trainer"]["iteration"] == 24
+    reference = weights(straight)
+    for name, tensor in final["model"].items():
+        assert torch.equal(tensor, reference[name]), name
+    for a, b in zip(final["optimizer"]["state"].values(), load_checkpoint(straight / "checkpoints" / "last.pt")[
+            "optimizer"]["state"].values(), strict=True):
+        assert torch.equal(a["exp_avg"], b["exp_avg"])
+
+
+def test_ctrl_c_saves_last_checkpoint_and_resume_continues(tmp_path: Path, tiny_config) -> None:
+    cfg = tiny_config(tmp_path, epochs=500, eval_every=1000)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(cfg.to_dict()))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "train.py", "--config", str(config), "--runs", str(tmp_path / "runs")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "runs" / "tiny_latest"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "tb").is_dir():
+        time.sleep(0.5)
+    time.sleep(4)  # let it take some steps
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "SIGINT received" in out
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    saved = state["trainer"]["iteration"]
+    assert saved > 0
+    # Resume for two more steps: it starts from the saved iteration, not from zero.
+    res = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--set", f"train.max_steps={saved + 2}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert f"step {saved}" in res.stderr  # "resumed from ... at epoch E, step N"
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] == saved + 2
+
+
+def test_resume_refuses_a_model_change_and_a_missing_checkpoint(tmp_path: Path, tiny_config) -> None:
+    cfg = tiny_config(tmp_path, max_steps=2, eval_every=2)
+    run = create_run_dir(cfg, tmp_path / "runs")
+    train(cfg, run)
+    res = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--set", "model.d_model=64"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("error: --set has model.d_model=64")
+    res = subprocess.run([sys.executable, "train.py", "--resume", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "no checkpoints/last.pt" in res.stderr
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path, tiny_config) -> None:
+    bad = tmp_path / "checkpoints" / "best.pt"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        load_checkpoint(bad)
