@@ -187,3 +187,16 @@ def test_tied_embeddings_share_one_table() -> None:
     assert model.src_embed.weight is model.tgt_embed.weight and model.output is None
     untied = Seq2SeqTransformer(small_cfg(tie_embeddings=False), 40, PAD)
     assert untied.src_embed.weight is not untied.tgt_embed.weight and untied.output is not None
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_pre_and_post_layer_norm(norm: str) -> None:
+    model = make_model("sinusoidal", "rope", norm=norm)
+    src, tgt = batch()
+    full = model(src, tgt)
+    memory, src_mask = model.encode(src)
+    cache = model.new_cache()
+    steps = [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    has_final_norm = isinstance(model.encoder_norm, torch.nn.LayerNorm)
+    assert has_final_norm == (norm == "pre")

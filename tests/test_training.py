@@ -137,3 +137,15 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path, tiny_config) -> Non
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         load_checkpoint(bad)
+
+
+def test_training_with_a_pretrained_marian_tokenizer(tmp_path: Path, tiny_config, shared_data: Path) -> None:
+    """Marian has no BOS: its pad id starts the decoder, as in MarianMTModel."""
+    cfg = tiny_config(tmp_path, max_steps=2, eval_every=2)
+    cfg.tokenizer.type, cfg.tokenizer.path = "marian", str(shared_data / "opus-mt-tc-big-fr-en")
+    run = create_run_dir(cfg, tmp_path / "runs")
+    metrics = train(cfg, run)
+    loaded = load_run(run)
+    assert loaded.tokenizer.vocab_size == 53017 and loaded.tokenizer.bos_id == loaded.tokenizer.pad_id
+    assert loaded.model.src_embed.weight.shape == (53017, 32)
+    assert metrics["loss"] > 0
