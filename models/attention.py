@@ -115,8 +115,9 @@ class MultiHeadAttention(nn.Module):
             if mask is not None:
                 scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, float("-inf"))
             weights = scores.float().softmax(dim=-1).to(q.dtype)
-            out = F.dropout(weights, dropout, self.training) @ v
-            extra = None if self.pe is None else self.pe.values(weights, q_pos, k_pos)
+            dropped = F.dropout(weights, dropout, self.training)
+            out = dropped @ v
+            extra = None if self.pe is None else self.pe.values(dropped, q_pos, k_pos)
             if extra is not None:
                 out = out + extra
         else:

@@ -18,8 +18,20 @@ import torch
 from utils.config import ModelConfig
 from utils.io import atomic_path
 
-#: Model keys that do not shape the parameters and may differ between training and inference.
-INFERENCE_ONLY_KEYS = ("dropout", "attention_dropout", "activation_dropout")
+#: Model keys (dotted) that shape no parameter and may differ between training and inference.
+INFERENCE_ONLY_KEYS = (
+    "dropout", "attention_dropout", "activation_dropout",
+    "rope.scaling", "rope.factor", "rope.original_max_len", "rope.beta_fast", "rope.beta_slow",
+)
+
+
+def model_shape_items(cfg: ModelConfig) -> dict[str, object]:
+    """Flattened model config (``rope.theta``, ...) without the inference-only keys."""
+    flat: dict[str, object] = {}
+    for key, value in dataclasses.asdict(cfg).items():
+        items = {f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value}
+        flat.update({k: v for k, v in items.items() if k not in INFERENCE_ONLY_KEYS})
+    return flat
 
 
 class CheckpointError(ValueError):
@@ -28,7 +40,7 @@ class CheckpointError(ValueError):
 
 def model_fingerprint(cfg: ModelConfig, vocab_size: int) -> str:
     """Hash of everything that shapes the parameters (not dropout, which does not)."""
-    shape = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in INFERENCE_ONLY_KEYS}
+    shape = model_shape_items(cfg)
     shape["vocab_size"] = vocab_size
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 

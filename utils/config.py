@@ -69,10 +69,35 @@ class TokenizerConfig:
 
 @dataclass
 class RopeConfig:
-    """Rotary position embedding (Su et al. 2021)."""
+    """Rotary position embedding (Su et al. 2021) and its length-extension scalings.
+
+    ``scaling``/``factor``/``original_max_len``/``beta_*`` change no parameter: set them at inference
+    (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
+    """
 
     theta: float = 10000.0
     dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
+    scaling: Literal["none", "linear", "ntk", "yarn"] = "none"
+    factor: float = 1.0  # s: how many times longer than the training length
+    original_max_len: int = 128  # L: the training length (tokens) the scaling starts from
+    beta_fast: float = 32.0  # YaRN: dims with more than beta_fast rotations over L are left unchanged
+    beta_slow: float = 1.0  # YaRN: dims with fewer than beta_slow rotations over L are fully interpolated
+
+
+@dataclass
+class ShawConfig:
+    """Relative position representations (Shaw et al. 2018)."""
+
+    max_distance: int = 16  # k: relative distances are clipped to [-k, k]
+    values: bool = False  # also add a_V to the values (needs the explicit attention path)
+
+
+@dataclass
+class T5BiasConfig:
+    """T5's bucketed relative attention bias (Raffel et al. 2020)."""
+
+    num_buckets: int = 32
+    max_distance: int = 128
 
 
 @dataclass
@@ -95,7 +120,10 @@ class ModelConfig:
     attention_pe: str = "none"
     cross_attention_pe: str = "none"
     max_positions: int = 1024  # size of learned position tables; longer inputs are an error
+    gaussian_sigma: float = 2.0  # input_pe=gaussian: width of the window around each position
     rope: RopeConfig = field(default_factory=RopeConfig)
+    shaw: ShawConfig = field(default_factory=ShawConfig)
+    t5: T5BiasConfig = field(default_factory=T5BiasConfig)
 
 
 @dataclass
@@ -268,6 +296,14 @@ def validate(cfg: Config) -> Config:
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model: {m.d_model} is not divisible by model.n_heads={m.n_heads}")
     head_dim = m.d_model // m.n_heads
+    if m.rope.factor < 1.0:
+        raise ConfigError(f"model.rope.factor: must be >= 1, got {m.rope.factor}")
+    if m.rope.beta_fast <= m.rope.beta_slow:
+        raise ConfigError("model.rope.beta_fast: must be larger than model.rope.beta_slow")
+    if m.shaw.max_distance < 1 or m.t5.num_buckets < 2 or m.t5.max_distance < 1:
+        raise ConfigError("model.shaw.max_distance, model.t5.max_distance (>= 1) and model.t5.num_buckets (>= 2) are too small")
+    if m.gaussian_sigma <= 0:
+        raise ConfigError(f"model.gaussian_sigma: must be > 0, got {m.gaussian_sigma}")
     if m.rope.dim is not None and (m.rope.dim % 2 or not 0 < m.rope.dim <= head_dim):
         raise ConfigError(f"model.rope.dim: must be even and in 2..{head_dim} (the head dim), got {m.rope.dim}")
     positive = {

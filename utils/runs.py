@@ -23,7 +23,7 @@ import torch
 
 from models.transformer import Seq2SeqTransformer
 from tokenizer import Tokenizer, load_tokenizer
-from utils.checkpoint import INFERENCE_ONLY_KEYS, CheckpointError, load_checkpoint, model_fingerprint
+from utils.checkpoint import CheckpointError, load_checkpoint, model_fingerprint, model_shape_items
 from utils.config import Config, ConfigError, load_config, save_config
 
 CONFIG_FILE = "config.yaml"
@@ -71,10 +71,10 @@ def resolve_checkpoint(model_path: Path | str) -> tuple[Path, Path]:
 
 def check_compatible(run_cfg: Config, cfg: Config, source: str) -> None:
     """The user's config must describe the same model and tokenizer as the run's."""
-    run_model = dataclasses.asdict(run_cfg.model)
-    user_model = dataclasses.asdict(cfg.model)
+    run_model = model_shape_items(run_cfg.model)
+    user_model = model_shape_items(cfg.model)
     for key, value in run_model.items():
-        if key not in INFERENCE_ONLY_KEYS and user_model[key] != value:
+        if user_model[key] != value:
             raise ConfigError(
                 f"{source} has model.{key}={user_model[key]!r} but the checkpoint was trained with {value!r}"
             )
