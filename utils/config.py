@@ -300,8 +300,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.rope.factor: must be >= 1, got {m.rope.factor}")
     if m.rope.beta_fast <= m.rope.beta_slow:
         raise ConfigError("model.rope.beta_fast: must be larger than model.rope.beta_slow")
-    if m.shaw.max_distance < 1 or m.t5.num_buckets < 2 or m.t5.max_distance < 1:
-        raise ConfigError("model.shaw.max_distance, model.t5.max_distance (>= 1) and model.t5.num_buckets (>= 2) are too small")
+    for key, value, low in (("model.shaw.max_distance", m.shaw.max_distance, 1),
+                            ("model.t5.num_buckets", m.t5.num_buckets, 2), ("model.t5.max_distance", m.t5.max_distance, 1)):
+        if value < low:
+            raise ConfigError(f"{key}: must be >= {low}, got {value}")
     if m.gaussian_sigma <= 0:
         raise ConfigError(f"model.gaussian_sigma: must be > 0, got {m.gaussian_sigma}")
     if m.rope.dim is not None and (m.rope.dim % 2 or not 0 < m.rope.dim <= head_dim):
