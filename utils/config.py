@@ -300,8 +300,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.rope.factor: must be >= 1, got {m.rope.factor}")
     if m.rope.beta_fast <= m.rope.beta_slow:
         raise ConfigError("model.rope.beta_fast: must be larger than model.rope.beta_slow")
-    for key, value, low in (("model.shaw.max_distance", m.shaw.max_distance, 1),
-                            ("model.t5.num_buckets", m.t5.num_buckets, 2), ("model.t5.max_distance", m.t5.max_distance, 1)):
+    for key, value, low in (
+        ("model.shaw.max_distance", m.shaw.max_distance, 1),
+        ("model.t5.num_buckets", m.t5.num_buckets, 2),
+        ("model.t5.max_distance", m.t5.max_distance, 1),
+    ):
         if value < low:
             raise ConfigError(f"{key}: must be >= {low}, got {value}")
     if m.gaussian_sigma <= 0:
@@ -309,18 +312,28 @@ def validate(cfg: Config) -> Config:
     if m.rope.dim is not None and (m.rope.dim % 2 or not 0 < m.rope.dim <= head_dim):
         raise ConfigError(f"model.rope.dim: must be even and in 2..{head_dim} (the head dim), got {m.rope.dim}")
     positive = {
-        "model.d_model": m.d_model, "model.n_heads": m.n_heads, "model.d_ff": m.d_ff,
-        "model.max_positions": m.max_positions, "data.max_len": d.max_len, "data.max_tokens": d.max_tokens,
-        "tokenizer.vocab_size": cfg.tokenizer.vocab_size, "decode.beam": cfg.decode.beam,
-        "decode.nbest": cfg.decode.nbest, "decode.batch_size": cfg.decode.batch_size,
-        "train.accumulate": cfg.train.accumulate, "train.valid_beam": cfg.train.valid_beam,
+        "model.d_model": m.d_model,
+        "model.n_heads": m.n_heads,
+        "model.d_ff": m.d_ff,
+        "model.max_positions": m.max_positions,
+        "data.max_len": d.max_len,
+        "data.max_tokens": d.max_tokens,
+        "tokenizer.vocab_size": cfg.tokenizer.vocab_size,
+        "decode.beam": cfg.decode.beam,
+        "decode.nbest": cfg.decode.nbest,
+        "decode.batch_size": cfg.decode.batch_size,
+        "train.accumulate": cfg.train.accumulate,
+        "train.valid_beam": cfg.train.valid_beam,
     }
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key}: must be >= 1, got {value}")
-    for key, value in {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout,
-                       "model.activation_dropout": m.activation_dropout,
-                       "train.label_smoothing": cfg.train.label_smoothing}.items():
+    for key, value in {
+        "model.dropout": m.dropout,
+        "model.attention_dropout": m.attention_dropout,
+        "model.activation_dropout": m.activation_dropout,
+        "train.label_smoothing": cfg.train.label_smoothing,
+    }.items():
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"{key}: must be in [0, 1), got {value}")
     if cfg.decode.nbest > cfg.decode.beam:
