@@ -26,6 +26,7 @@ def main() -> int:
     parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
     add_alias_args(parser, "max_sentences", type=int, help="score only the first N sentences of each split")
+    parser.add_argument("--buckets", help="source-length bucket edges in tokens, e.g. 10,20,40 (eval.length_buckets)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_set_arg(parser)
     args = parser.parse_args()
@@ -33,7 +34,7 @@ def main() -> int:
 
     from data.sources import DataError, load_corpus
     from utils.io import atomic_write_text
-    from utils.metrics import corpus_scores
+    from utils.metrics import corpus_scores, scores_by_length
     from utils.runs import load_run
     from utils.translate import translate
 
@@ -42,6 +43,8 @@ def main() -> int:
         overrides.append(f"decode.lenpen={args.lenpen}")
     if args.batch_size is not None:
         overrides.append(f"decode.batch_size={args.batch_size}")
+    if args.buckets:
+        overrides.append(f"eval.length_buckets=[{args.buckets}]")
     run = load_run(args.model_path, args.config, overrides, args.device)
     cfg = run.cfg
     corpus = load_corpus(cfg.data)
@@ -63,9 +66,12 @@ def main() -> int:
         hyps = [nbest[0].text for nbest in translate(run.model, run.tokenizer, sources, cfg.decode, strict=False)]
         elapsed = time.perf_counter() - start
         scores = corpus_scores(hyps, refs)
+        lengths = [len(ids) for ids in run.tokenizer.encode_src(sources)]
+        by_length = scores_by_length(hyps, refs, lengths, cfg.eval.length_buckets)
         entry = {
             **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": cfg.decode.beam,
             "lenpen": cfg.decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),
+            "by_source_length": by_length,
         }
         report[name] = entry
         atomic_write_text(out_dir / f"{name}.{tag}.hyp", "\n".join(hyps) + "\n")
@@ -75,6 +81,9 @@ def main() -> int:
         print(f"  sacreBLEU {scores.bleu:.2f}   chrF {scores.chrf:.2f}   nltk BLEU-4 {scores.nltk_bleu4:.2f}")
         print(f"  {scores.bleu_detail}")
         print(f"  {scores.bleu_signature}")
+        print("  by source length (tokens):  " + "  ".join(
+            f"{r['bucket']}: {r['bleu']:.1f} (n={r['n']})" if r["n"] else f"{r['bucket']}: - (n=0)" for r in by_length
+        ))
     if len(report) > 1:
         atomic_write_text(out_dir / f"all.{tag}.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     print(f"hypotheses and scores written to {out_dir}")

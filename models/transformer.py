@@ -146,10 +146,13 @@ class Seq2SeqTransformer(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
+        """Token embeddings N(0, d^-0.5), linear weights Xavier, biases 0; positional modules keep their own init."""
         for name, p in self.named_parameters():
-            if "embed" in name:
+            if name.startswith(("src_pe.", "tgt_pe.")) or ".pe." in name:
+                continue
+            if name.startswith(("src_embed", "tgt_embed")):
                 nn.init.normal_(p, 0.0, self.cfg.d_model**-0.5)
-            elif p.dim() > 1 and not name.startswith(("src_pe", "tgt_pe")):
+            elif p.dim() > 1:
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)

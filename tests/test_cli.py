@@ -81,9 +81,14 @@ def test_test_py_scores_and_writes_hypotheses_and_json(run_dir: Path) -> None:
     for key in ("bleu", "chrf", "nltk_bleu4"):
         assert 0.0 <= scores[key] <= 100.0
     assert scores["bleu_signature"].startswith("nrefs:1") and scores["beam"] == 2
-    greedy = cli("test.py", "--model_path", str(run_dir), "--beam", "1", "--split", "validation")
+    assert sum(row["n"] for row in scores["by_source_length"]) == 40
+    assert [row["bucket"] for row in scores["by_source_length"]] == ["0-9", "10-19", "20-29", "30-39", "40-59", "60+"]
+    assert "by source length (tokens):  0-9: " in res.stdout
+    greedy = cli("test.py", "--model_path", str(run_dir), "--beam", "1", "--split", "validation", "--buckets", "5,8")
     assert greedy.returncode == 0, greedy.stderr
     assert "validation: 40 sentences, greedy" in greedy.stdout
+    by_length = json.loads((run_dir / "eval" / "validation.best.beam1.json").read_text())["by_source_length"]
+    assert [row["bucket"] for row in by_length] == ["0-4", "5-7", "8+"]
 
 
 def test_user_errors_are_one_line(run_dir: Path, tmp_path: Path) -> None:

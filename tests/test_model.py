@@ -98,16 +98,31 @@ def test_encoder_without_positions_is_permutation_equivariant() -> None:
     torch.testing.assert_close(out_perm, out[:, perm], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("input_pe,attention_pe", [("sinusoidal", "none"), ("learnable", "none"), ("none", "rope")])
+ORDER_AWARE = [(name, "none") for name in INPUT if name != "none"]
+ORDER_AWARE += [("none", name) for name in ATTENTION if name != "none"]
+
+
+@pytest.mark.parametrize("input_pe,attention_pe", ORDER_AWARE)
 def test_position_aware_encoders_are_not_permutation_equivariant(input_pe: str, attention_pe: str) -> None:
+    """Every encoding but `none` makes the encoder's output depend on word order."""
     model = make_model(input_pe, attention_pe)
-    if input_pe == "learnable":  # a fresh table is tiny; make positions clearly distinct
-        torch.nn.init.normal_(model.src_pe.weight, std=1.0)
+    for name, p in model.named_parameters():  # fresh learned tables/biases are tiny: make positions distinct
+        if name.startswith(("src_pe", "tgt_pe")) or ".pe." in name:
+            torch.nn.init.normal_(p, std=1.0)
     src = torch.randint(4, 40, (1, 8))
-    perm = torch.tensor([7, 6, 5, 4, 3, 2, 1, 0])
+    perm = torch.tensor([3, 0, 6, 1, 7, 2, 5, 4])  # not a reversal (see the ALiBi test below)
     out, _ = model.encode(src)
     out_perm, _ = model.encode(src[:, perm])
     assert (out_perm - out[:, perm]).abs().max() > 1e-3
+
+
+def test_symmetric_alibi_encoder_cannot_tell_a_sentence_from_its_reverse() -> None:
+    """ALiBi's encoder bias depends only on |i - j|, which reversal preserves."""
+    model = make_model("none", "alibi")
+    src = torch.randint(4, 40, (1, 8))
+    out, _ = model.encode(src)
+    out_rev, _ = model.encode(src.flip(1))
+    torch.testing.assert_close(out_rev, out.flip(1), atol=1e-5, rtol=1e-5)
 
 
 def test_sinusoidal_shift_is_a_fixed_linear_map() -> None:

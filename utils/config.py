@@ -166,6 +166,14 @@ class DecodeConfig:
 
 
 @dataclass
+class EvalConfig:
+    """test.py reporting."""
+
+    # Source-length bucket edges in subword tokens: [1, 10), [10, 20), ..., [60, inf) by default.
+    length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
+
+
+@dataclass
 class Config:
     """A whole experiment. ``name`` defaults to the config file's stem."""
 
@@ -176,6 +184,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -344,6 +353,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.path: required when data.source is {d.source!r}")
     if cfg.tokenizer.type == "marian" and not cfg.tokenizer.path:
         raise ConfigError("tokenizer.path: required for a marian tokenizer (Hub id or local folder)")
+    edges = cfg.eval.length_buckets
+    if any(e < 1 for e in edges) or edges != sorted(set(edges)):
+        raise ConfigError(f"eval.length_buckets: expected increasing positive token counts, got {edges}")
     if len(cfg.train.betas) != 2:
         raise ConfigError(f"train.betas: expected two numbers, got {cfg.train.betas}")
     return cfg

@@ -51,3 +51,30 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
         bleu_signature=str(bleu.get_signature()), chrf_signature=str(chrf.get_signature()),
         bleu_detail=str(b), n_sentences=len(hypotheses),
     )
+
+
+def bucket_label(lo: int, hi: int | None) -> str:
+    return f"{lo}-{hi - 1}" if hi is not None else f"{lo}+"
+
+
+def scores_by_length(
+    hypotheses: list[str], references: list[str], lengths: list[int], edges: list[int]
+) -> list[dict[str, float | int | str]]:
+    """Corpus sacreBLEU and chrF of the sentences in each source-length bucket.
+
+    ``edges`` [e1, e2, ...] make buckets [0, e1), [e1, e2), ..., [e_last, inf); empty buckets are
+    reported with n = 0 and no scores. Lengths are source subword tokens (what ``data.max_train_len``
+    counts), so a train-short/test-long study reads off how quality falls with length.
+    """
+    bounds = [0, *edges]
+    rows = []
+    for i, lo in enumerate(bounds):
+        hi = bounds[i + 1] if i + 1 < len(bounds) else None
+        idx = [j for j, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
+        row: dict[str, float | int | str] = {"bucket": bucket_label(lo, hi), "n": len(idx)}
+        if idx:
+            hyps, refs = [hypotheses[j] for j in idx], [references[j] for j in idx]
+            row["bleu"] = BLEU().corpus_score(hyps, [refs]).score
+            row["chrf"] = CHRF().corpus_score(hyps, [refs]).score
+        rows.append(row)
+    return rows

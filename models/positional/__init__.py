@@ -7,9 +7,13 @@ line in ``REGISTRY`` below. ``model.input_pe`` names an input-level entry; ``mod
 
 from __future__ import annotations
 
-from models.positional.absolute import LearnablePE, PositionLimitError, SinusoidalPE
+from models.positional.absolute import LearnableLNPE, LearnablePE, PositionLimitError, SinusoidalPE
+from models.positional.alibi import ALiBiPE
 from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
+from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.rotary import RotaryPE
+from models.positional.shaw import ShawPE
+from models.positional.t5 import T5BiasPE
 from utils.config import ModelConfig
 
 REGISTRY: dict[str, dict[str, type | None]] = {
@@ -17,10 +21,17 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "none": NoInputPE,
         "sinusoidal": SinusoidalPE,
         "learnable": LearnablePE,
+        "learnable_ln": LearnableLNPE,
+        "onehot": OneHotPE,
+        "gaussian": GaussianPE,
+        "binary": BinaryPE,
     },
     "attention": {
         "none": None,
         "rope": RotaryPE,
+        "alibi": ALiBiPE,
+        "t5": T5BiasPE,
+        "shaw": ShawPE,
     },
 }
 

@@ -61,3 +61,19 @@ class LearnablePE(InputPE):
                 f"(model.max_positions={limit})"
             )
         return x + self.weight[positions].to(x.dtype)
+
+
+class LearnableLNPE(LearnablePE):
+    """Learned, pre-layer-normalised positions: ``LayerNorm(x) + P[pos]`` for ``x [B, T, D]`` -> ``[B, T, D]``.
+
+    The token embeddings are layer-normalised (affine, over D) before the learned table ``P``
+    (``max_positions`` rows, N(0, 0.02) init, as in ``LearnablePE``) is added, so content and position
+    enter at comparable scales (the "learned pre-LN" variant, cf. Wang et al.).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return super().embed(self.norm(x), positions)

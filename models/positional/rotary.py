@@ -4,19 +4,46 @@ Each pair of dimensions (j, j + d/2) of q and k at position m is rotated by the 
 theta_j = base^(-2j/d) (the "rotate-half" layout, a fixed permutation of the paper's interleaved
 pairs). Then <R_m q, R_n k> depends on m and n only through m - n. With ``model.rope.dim`` only the
 first ``dim`` dimensions of each head rotate (partial rotary, as in GPT-NeoX); the rest pass through.
+
+Length extension (``model.rope.scaling``, factor s, original length L), all parameter-free, so a
+trained model can use them at inference:
+
+- ``linear``: position interpolation (Chen et al. 2023): theta_j / s, i.e. positions m -> m / s.
+- ``ntk``: NTK-aware base scaling (bloc97 2023): base' = base * s^(d / (d - 2)).
+- ``yarn``: NTK-by-parts with attention temperature (Peng et al. 2023, eqs. 17-22): with
+  r_j = L / lambda_j the rotations of dim j over L (lambda_j = 2 pi / theta_j) and the ramp
+  gamma(r) = clamp((r - beta_slow) / (beta_fast - beta_slow), 0, 1),
+  theta'_j = (1 - gamma) theta_j / s + gamma theta_j; q and k are scaled by sqrt(1/t) = 0.1 ln(s) + 1.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from models.positional.base import AttentionKind, AttentionPE
-from utils.config import ModelConfig
+from utils.config import ModelConfig, RopeConfig
 
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
     """theta_j = base^(-2j/dim), j = 0 .. dim/2 - 1 -> [dim/2] (float64 for exact angles)."""
     return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def scaled_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
+    """(theta'_j [dim/2] float64, q/k scale) for ``rope.scaling`` at ``rope.factor``."""
+    s = rope.factor
+    inv = rope_inv_freq(dim, rope.theta)
+    if rope.scaling == "none":
+        return inv, 1.0
+    if rope.scaling == "linear":
+        return inv / s, 1.0
+    if rope.scaling == "ntk":
+        return rope_inv_freq(dim, rope.theta * s ** (dim / (dim - 2))), 1.0
+    rotations = rope.original_max_len * inv / (2 * math.pi)  # r_j = L / lambda_j
+    gamma = ((rotations - rope.beta_slow) / (rope.beta_fast - rope.beta_slow)).clamp(0.0, 1.0)
+    return (1 - gamma) * inv / s + gamma * inv, 0.1 * math.log(s) + 1.0
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -39,13 +66,14 @@ class RotaryPE(AttentionPE):
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)
         self.rot_dim = cfg.rope.dim or self.head_dim
-        self.register_buffer("inv_freq", rope_inv_freq(self.rot_dim, cfg.rope.theta), persistent=False)
+        inv_freq, self.scale = scaled_inv_freq(cfg.rope, self.rot_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``."""
+        """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``, times the YaRN scale (1 otherwise)."""
         freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().float(), emb.sin().float()
+        return (emb.cos() * self.scale).float(), (emb.sin() * self.scale).float()
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor

@@ -1,0 +1,43 @@
+"""ALiBi, attention with linear biases (Press et al. 2022, "Train Short, Test Long", sec. 3).
+
+No parameters: head h adds -m_h * distance to its attention scores, softmax(q_i k^T + m_h * [-(i-1), ..., -1, 0])
+in the paper's causal notation. Slopes are geometric (the official ``get_slopes``): for n heads, n a power of 2,
+m_h = 2^(-8h/n), h = 1..n; otherwise the slopes for the closest power of 2 below n, followed by every other slope
+for twice that power until there are n. Encoder self- and cross-attention use the symmetric -m_h |i - j|; the
+decoder uses the paper's causal -m_h (i - j) (keys after the query are masked anyway).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from models.positional.base import AttentionKind, AttentionPE
+from utils.config import ModelConfig
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """Head slopes m_1 .. m_n (Press et al.'s ``get_slopes``), e.g. 8 heads -> 1/2, 1/4, ..., 1/256."""
+    if n_heads <= 0:
+        raise ValueError(f"n_heads must be positive, got {n_heads}")
+    if n_heads & (n_heads - 1) == 0:  # a power of 2
+        return [2.0 ** (-8.0 * h / n_heads) for h in range(1, n_heads + 1)]
+    closest = 2 ** math.floor(math.log2(n_heads))
+    return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][: n_heads - closest]
+
+
+class ALiBiPE(AttentionPE):
+    """Fixed linear distance penalty per head, given to the fused attention as a float mask."""
+
+    def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
+        super().__init__(cfg, kind)
+        slopes = torch.tensor(alibi_slopes(cfg.n_heads), dtype=torch.float32)
+        self.register_buffer("slopes", slopes, persistent=False)  # [H]
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+        """q_pos ``[Tq]``, k_pos ``[Tk]`` -> ``[1, H, Tq, Tk]``: -m_h |i - j| (decoder: -m_h (i - j))."""
+        dist = (q_pos[:, None] - k_pos[None, :]).to(self.slopes.dtype)  # i - j, [Tq, Tk]
+        if self.kind != "decoder":
+            dist = dist.abs()
+        return -self.slopes[None, :, None, None] * dist[None, None]

@@ -1,0 +1,114 @@
+"""Fixed (untrained) input-level encodings with a hard length limit: one-hot, Gaussian window, binary code.
+
+All are deterministic functions of the config, kept as non-persistent buffers (or computed on the fly),
+so they add no parameters and nothing to checkpoints.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.positional.absolute import PositionLimitError
+from models.positional.base import InputPE
+from utils.config import ModelConfig
+
+
+def check_length(length: int, limit: int, what: str) -> None:
+    """Raise ``PositionLimitError`` (one line) if ``length > limit``; ``what`` names the limit and its config key."""
+    if length > limit:
+        raise PositionLimitError(f"sequence of {length} tokens exceeds {what}")
+
+
+def gaussian_table(length: int, dim: int, sigma: float) -> torch.Tensor:
+    """PE[i, j] = exp(-(j - i)^2 / (2 sigma^2)): the one-hot row i smoothed by a normal window. -> [length, dim]."""
+    i = torch.arange(length, dtype=torch.float64)[:, None]
+    j = torch.arange(dim, dtype=torch.float64)[None, :]
+    return torch.exp(-((j - i) ** 2) / (2.0 * sigma**2)).float()
+
+
+def binary_bits(positions: torch.Tensor, n_bits: int) -> torch.Tensor:
+    """positions ``[T]`` -> their bits ``[T, n_bits]`` (0/1, least significant first), as float."""
+    shifts = torch.arange(n_bits, device=positions.device)
+    return ((positions[:, None] >> shifts) & 1).float()
+
+
+class _FixedTablePE(InputPE):
+    """A fixed ``[d_model, d_model]`` table (row i = position i) added to the embeddings; limit ``d_model``."""
+
+    name: str = ""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.max_length = cfg.d_model
+        self.register_buffer("cached", self.build(cfg), persistent=False)
+
+    def build(self, cfg: ModelConfig) -> torch.Tensor:
+        raise NotImplementedError
+
+    def limit_message(self) -> str:
+        return f"the {self.name} position table (model.d_model={self.max_length} positions)"
+
+    def table(self, length: int) -> torch.Tensor:
+        check_length(length, self.max_length, self.limit_message())
+        return self.cached[:length]
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        check_length(int(positions.max()) + 1, self.max_length, self.limit_message())
+        return x + self.cached[positions].to(x.dtype)
+
+
+class OneHotPE(_FixedTablePE):
+    """One-hot positions: PE[i] = e_i (dimension i set to 1), added to ``x [B, T, D]``; needs T <= d_model."""
+
+    name = "one-hot"
+
+    def build(self, cfg: ModelConfig) -> torch.Tensor:
+        return torch.eye(cfg.d_model)
+
+
+class GaussianPE(_FixedTablePE):
+    """One-hot positions smoothed by a normal window of width ``model.gaussian_sigma``.
+
+    PE[i, j] = exp(-(j - i)^2 / (2 sigma^2)) (peak 1 at j = i), added to ``x [B, T, D]``; needs T <= d_model.
+    """
+
+    name = "Gaussian"
+
+    def build(self, cfg: ModelConfig) -> torch.Tensor:
+        return gaussian_table(cfg.d_model, cfg.d_model, cfg.gaussian_sigma)
+
+
+class BinaryPE(InputPE):
+    """Binary position code concatenated to a narrowed token embedding.
+
+    n_bits = ceil(log2(max_positions)); ``x [B, T, D]`` -> ``cat(x[..., :D - n_bits], bits(pos))`` ``[B, T, D]``,
+    bits least significant first, values 0/1. Represents positions < 2**n_bits (>= ``model.max_positions``).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.n_bits = (cfg.max_positions - 1).bit_length()  # = ceil(log2(max_positions)), exactly
+        if self.n_bits >= cfg.d_model:
+            raise ValueError(
+                f"input_pe=binary needs {self.n_bits} bits for model.max_positions={cfg.max_positions}, "
+                f"which leaves no room in model.d_model={cfg.d_model}"
+            )
+        self.max_length = 2**self.n_bits
+
+    def limit_message(self) -> str:
+        return (
+            f"the {self.n_bits}-bit binary position code ({self.max_length} positions, "
+            f"from model.max_positions={self.cfg.max_positions})"
+        )
+
+    def table(self, length: int) -> torch.Tensor:
+        """The position part ``[length, D]`` (zeros, then the bits): it *replaces* the last n_bits dims, not added."""
+        check_length(length, self.max_length, self.limit_message())
+        out = torch.zeros(length, self.cfg.d_model)
+        out[:, self.cfg.d_model - self.n_bits :] = binary_bits(torch.arange(length), self.n_bits)
+        return out
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        check_length(int(positions.max()) + 1, self.max_length, self.limit_message())
+        bits = binary_bits(positions, self.n_bits).to(x.dtype).expand(*x.shape[:-1], self.n_bits)
+        return torch.cat([x[..., : x.shape[-1] - self.n_bits], bits], dim=-1)

@@ -1,0 +1,64 @@
+"""Relative position representations (Shaw et al. 2018, "Self-Attention with Relative Position
+Representations", eqs. 3-5).
+
+Learned vectors a_ij^K = w^K_clip(j - i, k) and a_ij^V = w^V_clip(j - i, k), clip(x, k) = max(-k, min(k, x)),
+k = ``model.shaw.max_distance``: 2k + 1 vectors of size Dh each, shared across heads, one set per layer.
+
+    e_ij = q_i (k_j + a_ij^K)^T / sqrt(Dh)              (eq. 5; the a^K part is returned by ``bias``)
+    z_i  = sum_j alpha_ij (v_j + a_ij^V)                (eq. 3; the a^V part is returned by ``values``)
+
+The a^K term depends on q, so ``bias`` is ``[B, H, Tq, Tk]`` (still the fused path). The a^V term
+(``model.shaw.values``) needs the attention weights, hence the explicit path; without it there is no a^V.
+Both are computed per relative distance (q @ w^K^T, then a gather; weights summed per distance, then @ w^V),
+which equals the paper's einsums over a_ij without building the [Tq, Tk, Dh] tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from models.positional.base import AttentionKind, AttentionPE
+from utils.config import ModelConfig
+
+
+class ShawPE(AttentionPE):
+    """Clipped relative key (and optionally value) embeddings ``key_embed``/``value_embed`` [2k+1, Dh].
+
+    Initialised N(0, d_model^-0.5) (the model's ``_init_weights`` applies that to any ``*embed*`` parameter).
+    """
+
+    def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
+        super().__init__(cfg, kind)
+        self.max_distance = cfg.shaw.max_distance
+        size = 2 * self.max_distance + 1
+        self.key_embed = nn.Embedding(size, self.head_dim)
+        nn.init.normal_(self.key_embed.weight, 0.0, cfg.d_model**-0.5)
+        self.value_embed: nn.Embedding | None = None
+        if cfg.shaw.values:
+            self.needs_explicit = True  # instance attribute: shadows the ClassVar default
+            self.value_embed = nn.Embedding(size, self.head_dim)
+            nn.init.normal_(self.value_embed.weight, 0.0, cfg.d_model**-0.5)
+
+    def relative_index(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """q_pos ``[Tq]``, k_pos ``[Tk]`` -> clip(j - i, -k, k) + k in [0, 2k], ``[Tq, Tk]``."""
+        rel = k_pos[None, :].long() - q_pos[:, None].long()
+        return rel.clamp(-self.max_distance, self.max_distance) + self.max_distance
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+        """q ``[B, H, Tq, Dh]`` -> ``[B, H, Tq, Tk]`` = einsum('bhqd,qkd->bhqk', q, a^K) / sqrt(Dh)."""
+        assert q is not None, "Shaw's key term needs q"
+        per_distance = q @ self.key_embed.weight.to(q.dtype).T  # [B, H, Tq, 2k+1]
+        index = self.relative_index(q_pos, k_pos).expand(*q.shape[:2], -1, -1)
+        return per_distance.gather(-1, index) / math.sqrt(self.head_dim)
+
+    def values(self, attn: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """attn ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, Dh]`` = einsum('bhqk,qkd->bhqd', attn, a^V); None without a^V."""
+        if self.value_embed is None:
+            return None
+        index = self.relative_index(q_pos, k_pos).expand(*attn.shape[:2], -1, -1)
+        per_distance = attn.new_zeros(*attn.shape[:3], self.value_embed.num_embeddings)
+        per_distance = per_distance.scatter_add(-1, index, attn)  # weight summed per clipped distance
+        return per_distance @ self.value_embed.weight.to(attn.dtype)

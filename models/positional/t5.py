@@ -1,0 +1,67 @@
+"""T5 relative attention bias (Raffel et al. 2020, sec. 2.1; ``_relative_position_bucket`` of the T5 code).
+
+Each head adds a learned scalar b_h(bucket(j - i)) to the score of query i and key j. The relative position
+j - i is mapped to one of ``num_buckets`` buckets: bidirectionally (encoder self- and cross-attention) half of
+them serve j > i and half j <= i; unidirectionally (decoder, causal) all of them serve j <= i and any j > i
+falls in bucket 0. Within a direction, with B buckets and n = |j - i|, the first B/2 buckets are exact
+(bucket n for n < B/2); larger n are log-spaced up to ``max_distance``:
+B/2 + floor(log(n / (B/2)) / log(max_distance / (B/2)) * (B - B/2)), capped at B - 1.
+
+T5 shares one table across all layers of a stack; here every attention layer has its own (one module per layer).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from models.positional.base import AttentionKind, AttentionPE
+from utils.config import ModelConfig
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """relative_position (j - i, any shape, long) -> bucket ids in [0, num_buckets), same shape.
+
+    As in T5 (and Hugging Face's port), the log is taken in float32 and truncated toward zero.
+    """
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        n = relative_position.abs()
+    else:
+        n = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    log_ratio = torch.log(n.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
+    if_large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, n, if_large)
+
+
+class T5BiasPE(AttentionPE):
+    """Learned per-head scalar bias indexed by a bucketed relative position (``model.t5``).
+
+    The table is ``rel_embed`` [num_buckets, H], initialised N(0, d_model^-0.5) as in T5 (the model's
+    ``_init_weights`` re-applies that init to any parameter named ``*embed*``).
+    """
+
+    def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
+        super().__init__(cfg, kind)
+        self.num_buckets = cfg.t5.num_buckets
+        self.max_distance = cfg.t5.max_distance
+        self.bidirectional = kind != "decoder"
+        self.rel_embed = nn.Embedding(self.num_buckets, cfg.n_heads)
+        nn.init.normal_(self.rel_embed.weight, 0.0, cfg.d_model**-0.5)
+
+    def buckets(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """q_pos ``[Tq]``, k_pos ``[Tk]`` -> bucket ids ``[Tq, Tk]`` of j - i."""
+        rel = k_pos[None, :].long() - q_pos[:, None].long()
+        return relative_position_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+        """-> ``[1, H, Tq, Tk]``: b_h(bucket(j - i))."""
+        return self.rel_embed(self.buckets(q_pos, k_pos)).permute(2, 0, 1)[None]

@@ -1,0 +1,49 @@
+"""Metrics: sacreBLEU/chrF as sacrebleu computes them, nltk BLEU-4 on words (not characters), buckets."""
+
+from __future__ import annotations
+
+import pytest
+import sacrebleu
+
+from utils.metrics import corpus_scores, scores_by_length, word_tokens
+
+HYP = ["The cat is sleeping on the sofa.", "I would like a coffee, please.", "He eats an apple."]
+REF = ["The cat sleeps on the sofa.", "I would like a coffee, please.", "He is eating an apple."]
+
+
+def test_sacrebleu_and_chrf_match_the_library() -> None:
+    s = corpus_scores(HYP, REF)
+    assert s.bleu == pytest.approx(sacrebleu.corpus_bleu(HYP, [REF]).score)
+    assert s.chrf == pytest.approx(sacrebleu.corpus_chrf(HYP, [REF]).score)
+    assert s.bleu_signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert s.chrf_signature.startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")
+    assert s.n_sentences == 3 and s.bleu_detail.startswith("BLEU = ")
+
+
+def test_perfect_and_disjoint_translations() -> None:
+    assert corpus_scores(REF, REF).bleu == pytest.approx(100.0)
+    assert corpus_scores(REF, REF).nltk_bleu4 == pytest.approx(100.0)
+    assert corpus_scores(["xyz qqq www"], ["The cat sleeps."]).bleu == pytest.approx(0.0)
+
+
+def test_nltk_bleu_counts_words_not_characters() -> None:
+    assert word_tokens("I'd like a coffee, please.") == ["I", "'d", "like", "a", "coffee", ",", "please", "."]
+    # Same characters in another word order: character n-grams overlap a lot, word 4-grams hardly.
+    hyp, ref = ["please a coffee like I would ."], ["I would like a coffee please ."]
+    assert corpus_scores(hyp, ref).nltk_bleu4 < 30.0
+
+
+def test_length_mismatch_is_an_error() -> None:
+    with pytest.raises(ValueError, match="2 hypotheses but 3 references"):
+        corpus_scores(HYP[:2], REF)
+
+
+def test_scores_by_length_buckets() -> None:
+    hyps = ["a b c", "x y", "the same sentence here", "the same sentence here"]
+    refs = ["a b c", "p q", "the same sentence here", "the same sentence here"]
+    rows = scores_by_length(hyps, refs, [3, 12, 25, 70], [10, 20, 60])
+    assert [r["bucket"] for r in rows] == ["0-9", "10-19", "20-59", "60+"]
+    assert [r["n"] for r in rows] == [1, 1, 1, 1]
+    assert rows[1]["bleu"] == pytest.approx(0.0) and rows[2]["bleu"] == pytest.approx(100.0)
+    empty = scores_by_length(hyps, refs, [3, 3, 3, 3], [10, 20])
+    assert empty[1] == {"bucket": "10-19", "n": 0}

@@ -1,0 +1,175 @@
+"""Attention-level encodings ALiBi, T5 bias and Shaw et al.: the maths, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models.attention import MultiHeadAttention
+from models.positional import build_attention_pe
+from models.positional.alibi import ALiBiPE, alibi_slopes
+from models.positional.shaw import ShawPE
+from models.positional.t5 import T5BiasPE, relative_position_bucket
+from utils.config import ModelConfig, ShawConfig, T5BiasConfig
+
+
+def cfg(**kw) -> ModelConfig:
+    base = dict(d_model=32, n_heads=4, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.0)
+    return ModelConfig(**{**base, **kw})
+
+
+# ALiBi ---------------------------------------------------------------------------------------------------------------
+
+
+def test_alibi_slopes_match_the_paper() -> None:
+    assert alibi_slopes(4) == pytest.approx([1 / 4, 1 / 16, 1 / 64, 1 / 256])
+    assert alibi_slopes(8) == pytest.approx([1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256])
+    # 12 heads: the 8 slopes for 8 heads, then every other slope for 16 heads (2^-0.5, 2^-1.5, ...), first 4.
+    r = 2**-0.5
+    expected_12 = [1 / 2, 1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64, 1 / 128, 1 / 256, r, r / 2, r / 4, r / 8]
+    assert alibi_slopes(12) == pytest.approx(expected_12)
+
+
+def test_alibi_bias_symmetric_in_encoder_and_causal_in_decoder() -> None:
+    pos = torch.arange(6)
+    m = torch.tensor([1 / 4, 1 / 16, 1 / 64, 1 / 256])
+    i, j = pos[:, None], pos[None, :]
+    for kind in ("encoder", "cross"):
+        b = ALiBiPE(cfg(), kind).bias(pos, pos)
+        assert b.shape == (1, 4, 6, 6)
+        torch.testing.assert_close(b, b.transpose(-1, -2))
+        torch.testing.assert_close(b[0], -m[:, None, None] * (i - j).abs().float())
+    b = ALiBiPE(cfg(), "decoder").bias(pos, pos)[0]
+    lower = (j <= i).expand(4, -1, -1)
+    expected = -m[:, None, None] * (i - j).float()
+    torch.testing.assert_close(b[lower], expected[lower])
+    assert b[0, 5, 0] == -5 / 4 and b[3, 2, 2] == 0
+    # An incremental step (query 5 against keys 0..5) is the last row of the full bias.
+    torch.testing.assert_close(ALiBiPE(cfg(), "decoder").bias(torch.tensor([5]), pos)[0], b[:, 5:6])
+
+
+def test_alibi_has_no_parameters() -> None:
+    assert list(ALiBiPE(cfg(), "encoder").parameters()) == []
+
+
+# T5 ------------------------------------------------------------------------------------------------------------------
+
+T5_RELATIVE = [0, 1, -1, 7, 8, -8, 15, 16, 20, 50, 127, 128, 500, -500, -15, -16, -20, -32, -50, -64, -100, -127, -128]
+# Bidirectional, 32 buckets: 16 per direction (+16 when j > i), exact below 8, then 8 + floor(2 log2(n / 8)), max 15.
+T5_BIDIRECTIONAL = [0, 17, 1, 23, 24, 8, 25, 26, 26, 29, 31, 31, 31, 15, 9, 10, 10, 12, 13, 14, 15, 15, 15]
+# Unidirectional, 32 buckets for n = max(i - j, 0): exact below 16, then 16 + floor(16/3 log2(n / 16)), max 31.
+T5_UNIDIRECTIONAL = [0, 0, 1, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 31, 15, 16, 17, 21, 24, 26, 30, 31, 31]
+
+
+def test_t5_buckets_match_hand_computed_values() -> None:
+    rel = torch.tensor(T5_RELATIVE)
+    assert relative_position_bucket(rel, True, 32, 128).tolist() == T5_BIDIRECTIONAL
+    assert relative_position_bucket(rel, False, 32, 128).tolist() == T5_UNIDIRECTIONAL
+
+
+def test_t5_bias_reads_the_table_by_bucket() -> None:
+    c = cfg(t5=T5BiasConfig(num_buckets=32, max_distance=128))
+    q_pos, k_pos = torch.tensor([0, 3, 140]), torch.arange(150)
+    for kind, expected in (("encoder", T5_BIDIRECTIONAL), ("cross", T5_BIDIRECTIONAL), ("decoder", T5_UNIDIRECTIONAL)):
+        pe = T5BiasPE(c, kind)
+        b = pe.bias(q_pos, k_pos)
+        assert b.shape == (1, 4, 3, 150)
+        for rel, bucket in zip(T5_RELATIVE, expected, strict=True):
+            for qi, i in enumerate(q_pos.tolist()):
+                if 0 <= i + rel < 150:
+                    torch.testing.assert_close(b[0, :, qi, i + rel], pe.rel_embed.weight[bucket])
+
+
+# Shaw ----------------------------------------------------------------------------------------------------------------
+
+
+def shaw_reference_bias(pe: ShawPE, q: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Eq. 5's a^K term, literally: q_i . a_ij^K / sqrt(Dh), a_ij^K = w^K[clip(j - i, -k, k)]."""
+    k = pe.max_distance
+    rel = (k_pos[None, :] - q_pos[:, None]).clamp(-k, k) + k
+    return torch.einsum("bhqd,qkd->bhqk", q, pe.key_embed.weight[rel]) / math.sqrt(pe.head_dim)
+
+
+def test_shaw_bias_and_values_equal_the_paper_einsums() -> None:
+    pe = ShawPE(cfg(shaw=ShawConfig(max_distance=3, values=True)), "encoder")
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 5, 8)
+    q_pos, k_pos = torch.arange(2, 7), torch.arange(9)
+    torch.testing.assert_close(pe.bias(q_pos, k_pos, q), shaw_reference_bias(pe, q, q_pos, k_pos))
+    w = torch.randn(2, 4, 5, 9).softmax(-1)
+    rel = (k_pos[None, :] - q_pos[:, None]).clamp(-3, 3) + 3
+    expected = torch.einsum("bhqk,qkd->bhqd", w, pe.value_embed.weight[rel])
+    torch.testing.assert_close(pe.values(w, q_pos, k_pos), expected)
+
+
+def test_shaw_clips_distances_beyond_k() -> None:
+    pe = ShawPE(cfg(shaw=ShawConfig(max_distance=2)), "encoder")
+    idx = pe.relative_index(torch.tensor([5]), torch.arange(11))[0]
+    assert idx.tolist() == [0, 0, 0, 0, 1, 2, 3, 4, 4, 4, 4]  # j - i = -5 .. 5
+    q = torch.randn(1, 4, 1, 8)
+    b = pe.bias(torch.tensor([5]), torch.arange(11), q)[0, :, 0]
+    for far in (0, 1, 2):  # j - i <= -2 share w^K[-2]; j - i >= 2 share w^K[2]
+        torch.testing.assert_close(b[:, far], b[:, 3])
+        torch.testing.assert_close(b[:, 10 - far], b[:, 7])
+    assert not torch.allclose(b[:, 3], b[:, 4])
+
+
+def test_shaw_values_flag() -> None:
+    off = ShawPE(cfg(shaw=ShawConfig(values=False)), "encoder")
+    on = ShawPE(cfg(shaw=ShawConfig(values=True)), "encoder")
+    pos = torch.arange(2)
+    assert not off.needs_explicit and off.value_embed is None and off.values(torch.ones(1, 4, 2, 2), pos, pos) is None
+    assert on.needs_explicit and not ShawPE.needs_explicit  # the instance, not the class
+    assert sum(p.numel() for p in on.parameters()) == 2 * sum(p.numel() for p in off.parameters())
+
+
+def test_shaw_values_use_the_explicit_path_and_change_the_output() -> None:
+    outs = {}
+    x = torch.randn(2, 5, 32)
+    for values in (False, True):
+        torch.manual_seed(0)  # same projections and w^K (built before w^V)
+        attn = MultiHeadAttention(cfg(attention_pe="shaw", shaw=ShawConfig(values=values)), "encoder").eval()
+        assert attn.pe.needs_explicit == values
+        out, weights = attn(x, q_pos=torch.arange(5))
+        assert (weights is not None) == values  # only the explicit path returns weights
+        outs[values] = out
+        if values:
+            with torch.no_grad():
+                attn.pe.value_embed.weight.zero_()  # a^V = 0 gives back the keys-only layer
+            torch.testing.assert_close(attn(x, q_pos=torch.arange(5))[0], outs[False])
+    assert (outs[True] - outs[False]).abs().max() > 1e-4
+
+
+# All three -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "shaw"])
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
+def test_bias_is_invariant_to_shifting_all_positions(name: str, kind: str) -> None:
+    c = cfg(attention_pe=name, cross_attention_pe=name, shaw=ShawConfig(max_distance=4, values=True))
+    torch.manual_seed(0)
+    pe = build_attention_pe(c, kind)
+    q = torch.randn(2, 4, 6, 8)
+    q_pos, k_pos = torch.arange(6), torch.arange(9)
+    base = pe.bias(q_pos, k_pos, q)
+    w = torch.randn(2, 4, 6, 9).softmax(-1)
+    for shift in (1, 37, 300):
+        torch.testing.assert_close(pe.bias(q_pos + shift, k_pos + shift, q), base)
+        if name == "shaw":
+            torch.testing.assert_close(pe.values(w, q_pos + shift, k_pos + shift), pe.values(w, q_pos, k_pos))
+    if name != "alibi":
+        assert (pe.bias(q_pos + 5, k_pos, q) - base).abs().max() > 0  # but not to a relative shift
+
+
+@pytest.mark.parametrize("name", ["t5", "shaw"])
+def test_gradient_reaches_the_tables(name: str) -> None:
+    c = cfg(attention_pe=name, shaw=ShawConfig(values=True))
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(c, "encoder")
+    out, _ = attn(torch.randn(2, 5, 32), q_pos=torch.arange(5))
+    out.square().sum().backward()
+    tables = [p for n, p in attn.pe.named_parameters() if "embed" in n]
+    assert len(tables) == (1 if name == "t5" else 2)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tables)
