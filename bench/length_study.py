@@ -1,0 +1,64 @@
+"""Train-short/test-long study: train several encodings for the same wall time, score by source length.
+
+    python bench/length_study.py --minutes 8 --encodings sinusoidal learnable rope alibi t5
+
+For each encoding it trains ``configs/bench_short_<encoding>.yaml`` (training pairs capped at 16
+tokens) for ``--minutes`` of wall time, scores ``--split`` (default ``test.iwslt-tst2010``: long TED
+sentences) with test.py, and prints one Markdown table of BLEU per source-length bucket, also saved
+as ``runs/length_study.{md,json}``. Extra ``--set`` options go to every training run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--encodings", nargs="+", default=["sinusoidal", "learnable", "rope", "alibi", "t5"])
+    parser.add_argument("--minutes", type=float, default=8.0, help="training wall time per encoding")
+    parser.add_argument("--split", default="test.iwslt-tst2010")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+
+    results = {}
+    for enc in args.encodings:
+        config = ROOT / "configs" / f"bench_short_{enc}.yaml"
+        sets = [f"train.max_minutes={args.minutes}", *args.overrides]
+        cmd = [sys.executable, "train.py", "--config", str(config), *(x for s in sets for x in ("--set", s))]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        run = (ROOT / "runs" / f"bench_short_{enc}_latest").resolve()
+        cmd = [sys.executable, "test.py", "--model_path", str(run), "--split", args.split, "--beam", str(args.beam)]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        results[enc] = json.loads((run / "eval" / f"{args.split}.best.beam{args.beam}.json").read_text())
+
+    buckets = [row["bucket"] for row in next(iter(results.values()))["by_source_length"]]
+    counts = [row["n"] for row in next(iter(results.values()))["by_source_length"]]
+    lines = [
+        f"BLEU on {args.split} by source length (subword tokens), beam {args.beam}, "
+        f"{args.minutes:g} min of training each, training pairs <= 16 tokens",
+        "",
+        "| encoding | all | " + " | ".join(f"{b} (n={n})" for b, n in zip(buckets, counts, strict=True)) + " |",
+        "|---|---|" + "---|" * len(buckets),
+    ]
+    for enc, r in results.items():
+        cells = [f"{row['bleu']:.1f}" if row["n"] else "-" for row in r["by_source_length"]]
+        lines.append(f"| {enc} | {r['bleu']:.1f} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print(table)
+    (ROOT / "runs" / "length_study.md").write_text(table + "\n")
+    (ROOT / "runs" / "length_study.json").write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
