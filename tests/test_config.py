@@ -47,8 +47,9 @@ def test_overrides_are_typed() -> None:
 
 
 @pytest.mark.parametrize("override,message", [
-    ("model.attention_pe=rpoe", "model.attention_pe: 'rpoe' is not one of: none, rope"),
-    ("model.input_pe=fourier", "model.input_pe: 'fourier' is not one of: none, sinusoidal, learnable"),
+    ("model.attention_pe=rpoe", "model.attention_pe: 'rpoe' is not one of: none, rope, alibi, t5, shaw"),
+    ("model.input_pe=fourier",
+     "model.input_pe: 'fourier' is not one of: none, sinusoidal, learnable, learnable_ln, onehot, gaussian, binary"),
     ("model.dmodel=3", "unknown config key model.dmodel; allowed keys in model: d_model,"),
     ("trian.lr=1", "unknown config key trian; allowed keys in the top level: name, seed, data,"),
     ("model.norm=middle", "model.norm: 'middle' is not one of: pre, post"),

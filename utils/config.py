@@ -147,6 +147,7 @@ class TrainConfig:
     valid_bleu_sentences: int | None = None  # score BLEU on the first N validation pairs (speed)
     valid_beam: int = 1  # beam used for validation BLEU (1 = greedy)
     log_every: int = 50
+    log_attention_every: int = 0  # epochs between attention-map images in TensorBoard; 0 = off
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU
     amp_cpu: bool = False  # allow bf16 autocast when running on CPU
