@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from data.sources import DataError, corpus_fingerprint
 if TYPE_CHECKING:
     import datasets
 
+    from tokenizer import Tokenizer
     from utils.config import Config, DataConfig
 
 logger = logging.getLogger("data")
@@ -52,21 +53,6 @@ ARRAYS: dict[str, type[np.integer[Any]]] = {
 }
 CHUNK = 4096  # sentences per tokenizer call
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
-
-
-class Tokenizer(Protocol):
-    """What the cache needs from a tokenizer (see ``tokenizer/``)."""
-
-    pad_id: int
-    bos_id: int
-    eos_id: int
-    unk_id: int
-    vocab_size: int
-    fingerprint: str
-
-    def encode_src(self, texts: list[str]) -> list[list[int]]: ...
-
-    def encode_tgt(self, texts: list[str]) -> list[list[int]]: ...
 
 
 class CacheCorrupt(Exception):

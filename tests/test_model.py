@@ -57,9 +57,8 @@ def test_padding_does_not_change_encoder_outputs() -> None:
     torch.testing.assert_close(memory[1, :6], alone[0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("input_pe,attention_pe", list(itertools.product(INPUT, ATTENTION)))
-def test_cached_incremental_decoding_equals_full(input_pe: str, attention_pe: str) -> None:
-    model = make_model(input_pe, attention_pe)
+def assert_incremental_equals_full(model: Seq2SeqTransformer) -> None:
+    """Decoding one token at a time through the KV cache gives the teacher-forced logits."""
     src, tgt = batch()
     full = model(src, tgt)
     memory, src_mask = model.encode(src)
@@ -67,6 +66,11 @@ def test_cached_incremental_decoding_equals_full(input_pe: str, attention_pe: st
     steps = [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(tgt.shape[1])]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.length == tgt.shape[1]
+
+
+@pytest.mark.parametrize("input_pe,attention_pe", list(itertools.product(INPUT, ATTENTION)))
+def test_cached_incremental_decoding_equals_full(input_pe: str, attention_pe: str) -> None:
+    assert_incremental_equals_full(make_model(input_pe, attention_pe))
 
 
 @pytest.mark.parametrize("input_pe,attention_pe", list(itertools.product(INPUT, ATTENTION)))
@@ -207,11 +211,6 @@ def test_tied_embeddings_share_one_table() -> None:
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_pre_and_post_layer_norm(norm: str) -> None:
     model = make_model("sinusoidal", "rope", norm=norm)
-    src, tgt = batch()
-    full = model(src, tgt)
-    memory, src_mask = model.encode(src)
-    cache = model.new_cache()
-    steps = [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(tgt.shape[1])]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert_incremental_equals_full(model)
     has_final_norm = isinstance(model.encoder_norm, torch.nn.LayerNorm)
     assert has_final_norm == (norm == "pre")

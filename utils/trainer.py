@@ -135,6 +135,7 @@ class Setup:
     valid_data: BatchIterable
     valid_sources: list[list[int]]
     valid_refs: list[str]
+    attention_sentence: str  # the validation sentence whose attention maps are logged
     autocast: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
 
 
@@ -183,6 +184,10 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
 
     model = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
     valid_sources = encode_sources(tokenizer, src_texts, model.max_length, strict=False)
+    # A readable sentence for attention maps: the first of 6 to 20 tokens (else the first non-empty one).
+    candidates = [i for i, ids in enumerate(valid_sources) if ids] or [0]
+    pick = next((i for i in candidates if 6 <= len(valid_sources[i]) <= 20), candidates[0])
+    attention_sentence = src_texts[pick] if src_texts else ""
     log.info("model: %.2fM parameters on %s", model.num_parameters() / 1e6, device)
     t = cfg.train
     optimizer = torch.optim.AdamW(
@@ -210,6 +215,7 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
         valid_data,
         valid_sources,
         refs,
+        attention_sentence,
         autocast,
     )
 
@@ -346,6 +352,15 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     )
     evaluator.add_event_handler(Events.COMPLETED, best)
     evaluator.add_event_handler(Events.COMPLETED, stopper)
+
+    if t.log_attention_every > 0 and s.attention_sentence:
+
+        @trainer.on(Events.EPOCH_COMPLETED(every=t.log_attention_every))
+        def _log_attention(engine: Engine) -> None:
+            from utils.visualization import attention_figures, write_figures
+
+            figures = attention_figures(model, s.tokenizer, s.attention_sentence)
+            write_figures(figures, None, tb.writer, engine.state.iteration)
 
     last_eval = {"iteration": -1}
 
