@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.transformer import Seq2SeqTransformer
+from models.transformer import DecoderCache, Seq2SeqTransformer
 
 
 @dataclass
@@ -49,15 +49,19 @@ def max_lengths(src_mask: torch.Tensor, a: float, b: int, model: Seq2SeqTransfor
 
 def _step_logprobs(
     model: Seq2SeqTransformer,
-    last: torch.Tensor,
+    prefix: torch.Tensor,
     memory: torch.Tensor,
     src_mask: torch.Tensor,
-    cache,
+    cache: DecoderCache | None,
     eos: int,
     force_eos: torch.Tensor,
 ) -> torch.Tensor:
-    """Log-probabilities ``[N, V]`` of the next token; rows in ``force_eos`` may only emit EOS."""
-    logits = model.decode(last[:, None], memory, src_mask, cache=cache)[:, -1]
+    """Log-probabilities ``[N, V]`` of the token after ``prefix [N, t]``; rows in ``force_eos`` may only emit EOS.
+
+    With a cache only the last token is run; without one the whole prefix is (for comparison).
+    """
+    step_input = prefix[:, -1:] if cache is not None else prefix
+    logits = model.decode(step_input, memory, src_mask, cache=cache)[:, -1]
     logp = F.log_softmax(logits.float(), dim=-1)
     if force_eos.any():
         forced = torch.full_like(logp[0], float("-inf"))
@@ -68,21 +72,28 @@ def _step_logprobs(
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float = 1.5, max_len_b: int = 10
+    model: Seq2SeqTransformer,
+    src: torch.Tensor,
+    *,
+    bos: int,
+    eos: int,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    use_cache: bool = True,
 ) -> list[Hypothesis]:
     """src ``[B, S]`` -> one hypothesis per sentence (argmax at each step)."""
     memory, src_mask = model.encode(src)
     n = src.shape[0]
     cap = max_lengths(src_mask, max_len_a, max_len_b, model)
     alive = torch.arange(n, device=src.device)  # original sentence index of each row
-    last = torch.full((n,), bos, dtype=torch.long, device=src.device)
+    prefix = torch.full((n, 1), bos, dtype=torch.long, device=src.device)
     logprob = torch.zeros(n, device=src.device)
     out: list[list[int]] = [[] for _ in range(n)]
     done: list[Hypothesis | None] = [None] * n
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
     step = 0
     while alive.numel():
-        logp = _step_logprobs(model, last, memory, src_mask, cache, eos, cap[alive] <= step)
+        logp = _step_logprobs(model, prefix, memory, src_mask, cache, eos, cap[alive] <= step)
         best, token = logp.max(dim=-1)
         logprob = logprob + best
         finished = token == eos
@@ -92,13 +103,13 @@ def greedy_search(
                 done[sent] = Hypothesis(out[sent], lp, lp)
             else:
                 out[sent].append(tok)
+        prefix = torch.cat((prefix, token[:, None]), dim=1)
         keep = (~finished).nonzero().squeeze(1)
         if keep.numel() < alive.numel():
-            alive, last, logprob = alive[keep], token[keep], logprob[keep]
+            alive, prefix, logprob = alive[keep], prefix[keep], logprob[keep]
             memory, src_mask = memory[keep], src_mask[keep]
-            cache.reorder(keep)
-        else:
-            last = token
+            if cache is not None:
+                cache.reorder(keep)
         step += 1
     return [h for h in done if h is not None]
 
@@ -115,6 +126,7 @@ def beam_search(
     lenpen: float = 0.6,
     max_len_a: float = 1.5,
     max_len_b: int = 10,
+    use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
     """src ``[B, S]`` -> for each sentence its ``nbest`` best hypotheses, best first."""
     device = src.device
@@ -126,12 +138,12 @@ def beam_search(
     width = 1  # beams per alive sentence: 1 at the first step (all beams would be identical)
     scores = torch.zeros(n, 1, device=device)  # [n_alive, width] summed log-probs
     prefix = torch.full((n, 1), bos, dtype=torch.long, device=device)  # [n_alive*width, step+1]
-    cache = model.new_cache()
+    cache = model.new_cache() if use_cache else None
     step = 0
     while alive.numel():
         n_alive = alive.numel()
         force = (cap[alive] <= step).repeat_interleave(width)
-        logp = _step_logprobs(model, prefix[:, -1], memory, src_mask, cache, eos, force)
+        logp = _step_logprobs(model, prefix, memory, src_mask, cache, eos, force)
         vocab = logp.shape[-1]
         cand = (scores[:, :, None] + logp.view(n_alive, width, vocab)).view(n_alive, width * vocab)
         top_score, top_idx = cand.topk(min(2 * beam, width * vocab), dim=-1)  # [n_alive, 2K]
@@ -171,7 +183,8 @@ def beam_search(
         else:
             memory = memory.view(n_alive, width, *memory.shape[1:])[keep].flatten(0, 1)
             src_mask = src_mask.view(n_alive, width, -1)[keep].flatten(0, 1)
-        cache.reorder(rows)
+        if cache is not None:
+            cache.reorder(rows)
         alive = alive[keep]
         width = new_width
         step += 1

@@ -16,8 +16,16 @@ V = 24
 def trained_copy_model() -> Seq2SeqTransformer:
     """A tiny model fitted for a few hundred steps to reverse-copy sequences: peaked but imperfect."""
     torch.manual_seed(0)
-    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=1, decoder_layers=1, d_ff=64, dropout=0.0,
-                      input_pe="sinusoidal", attention_pe="rope")
+    cfg = ModelConfig(
+        d_model=32,
+        n_heads=4,
+        encoder_layers=1,
+        decoder_layers=1,
+        d_ff=64,
+        dropout=0.0,
+        input_pe="sinusoidal",
+        attention_pe="rope",
+    )
     model = Seq2SeqTransformer(cfg, V, PAD)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
@@ -114,8 +122,9 @@ def test_length_cap_is_a_times_src_len_plus_b() -> None:
         caps = (a * src_len + b).long().tolist()
         for h, cap in zip(greedy_search(model, src, bos=BOS, eos=EOS, max_len_a=a, max_len_b=b), caps, strict=True):
             assert len(h.tokens) == cap
-        for nb, cap in zip(beam_search(model, src, bos=BOS, eos=EOS, beam=3, max_len_a=a, max_len_b=b), caps,
-                           strict=True):
+        for nb, cap in zip(
+            beam_search(model, src, bos=BOS, eos=EOS, beam=3, max_len_a=a, max_len_b=b), caps, strict=True
+        ):
             assert len(nb[0].tokens) == cap
 
 
@@ -133,3 +142,16 @@ def test_batch_results_match_single_sentence_decoding(model: Seq2SeqTransformer)
         row = row[:, : int((row != PAD).sum())]
         single = beam_search(model, row, bos=BOS, eos=EOS, beam=3, nbest=2)[0]
         assert [h.tokens for h in single] == [h.tokens for h in batched[i]]
+
+
+def test_decoding_without_the_cache_gives_the_same_hypotheses(model: Seq2SeqTransformer) -> None:
+    src = sources(6)
+    for cached, uncached in zip(
+        greedy_search(model, src, bos=BOS, eos=EOS),
+        greedy_search(model, src, bos=BOS, eos=EOS, use_cache=False),
+        strict=True,
+    ):
+        assert cached.tokens == uncached.tokens and cached.logprob == pytest.approx(uncached.logprob, abs=1e-4)
+    with_cache = beam_search(model, src, bos=BOS, eos=EOS, beam=3, nbest=3)
+    without = beam_search(model, src, bos=BOS, eos=EOS, beam=3, nbest=3, use_cache=False)
+    assert [[h.tokens for h in nb] for nb in with_cache] == [[h.tokens for h in nb] for nb in without]
