@@ -1,9 +1,12 @@
 """Train one Transformer per config.
 
     python train.py --config configs/demo.yaml [--set key=value ...] [--resume RUN_DIR]
+    torchrun --nproc_per_node=N train.py --config ...      # data-parallel on N GPUs (or N CPU processes)
 
 Creates runs/<name>_<YYYYmmdd_HHMMSS>/ (config.yaml, tokenizer/, checkpoints/{best,last}.pt, tb/) and
-points runs/<name>_latest at it. --resume continues a run from its checkpoints/last.pt.
+points runs/<name>_latest at it. --resume continues a run from its checkpoints/last.pt. Under torchrun
+each process trains on a disjoint shard of the batches (NCCL on GPUs, gloo on CPU) and only rank 0
+writes logs and checkpoints.
 """
 
 from __future__ import annotations
@@ -12,6 +15,17 @@ import argparse
 from pathlib import Path
 
 from utils.cli import add_set_arg, run_main, setup_logging
+
+
+def distributed_backend() -> str | None:
+    """nccl/gloo when launched by torchrun with more than one process, else None (a plain process)."""
+    import os
+
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def main() -> int:
@@ -24,10 +38,24 @@ def main() -> int:
     if not args.config and not args.resume:
         parser.error("give --config (a new run) or --resume RUN_DIR")
 
+    import ignite.distributed as idist
+
+    with idist.Parallel(backend=distributed_backend()) as parallel:
+        parallel.run(run, args)
+    return 0
+
+
+def run(local_rank: int, args: argparse.Namespace) -> None:
+    """One training process (rank ``idist.get_rank()``)."""
+    import logging
+
+    import ignite.distributed as idist
+
     from utils.config import ConfigError, load_config
     from utils.runs import CONFIG_FILE, check_compatible, create_run_dir
     from utils.trainer import train
 
+    rank = idist.get_rank()
     if args.resume:
         run_dir = Path(args.resume)
         if not (run_dir / "checkpoints" / "last.pt").is_file():
@@ -37,20 +65,26 @@ def main() -> int:
         check_compatible(run_cfg, cfg, "--set")
         if args.config:
             check_compatible(run_cfg, load_config(args.config), args.config)
-        if args.overrides:
+        if args.overrides and rank == 0:
             from utils.config import save_config
+
             save_config(cfg, run_dir / CONFIG_FILE)
     else:
         cfg = load_config(args.config, args.overrides)
-        run_dir = create_run_dir(cfg, args.runs)
-    setup_logging(str(run_dir / "train.log"))
-    import logging
-    logging.getLogger("train").info("run directory: %s", run_dir)
+        run_dir = create_run_dir(cfg, args.runs) if rank == 0 else None
+        if idist.get_world_size() > 1:  # every rank trains in rank 0's run directory
+            run_dir = Path(idist.broadcast(str(run_dir) if rank == 0 else "", src=0, safe_mode=True))
+    if rank == 0:
+        setup_logging(str(run_dir / "train.log"))
+        logging.getLogger("train").info("run directory: %s", run_dir)
+    else:
+        setup_logging()
+        logging.getLogger().setLevel(logging.WARNING)
     metrics = train(cfg, run_dir, resume=bool(args.resume))
-    print(f"run directory: {run_dir}")
-    if metrics:
-        print("final validation: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(metrics.items())))
-    return 0
+    if rank == 0:
+        print(f"run directory: {run_dir}")
+        if metrics:
+            print("final validation: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(metrics.items())))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ would have happened without the interruption.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import random
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 import numpy as np
 import torch
 from ignite.engine import Engine, Events
@@ -102,10 +104,11 @@ class AtomicSaver(BaseSaveHandler):
         self.fixed_names = {"best.pt", "last.pt"}
 
     def __call__(self, checkpoint: dict[str, Any], filename: str, metadata: dict | None = None) -> None:
-        save_checkpoint(self.dirname / filename, checkpoint)
+        if idist.get_rank() == 0:  # in data-parallel training only rank 0 writes
+            save_checkpoint(self.dirname / filename, checkpoint)
 
     def remove(self, filename: str) -> None:
-        if filename not in self.fixed_names:
+        if filename not in self.fixed_names and idist.get_rank() == 0:
             (self.dirname / filename).unlink(missing_ok=True)
 
 
@@ -127,7 +130,8 @@ class Setup:
     run_dir: Path
     device: torch.device
     tokenizer: Tokenizer
-    model: Seq2SeqTransformer
+    model: torch.nn.Module  # the Seq2SeqTransformer, wrapped in DistributedDataParallel when world size > 1
+    core: Seq2SeqTransformer  # the unwrapped model (decoding, checkpoints)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -140,11 +144,16 @@ class Setup:
 
 
 def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
-    """Tokenizer (trained, or reloaded on resume), cached data, model, optimizer and schedule."""
-    set_seed(cfg.seed)
+    """Tokenizer (trained, or reloaded on resume), cached data, model, optimizer and schedule.
+
+    Data-parallel (``idist`` world size > 1): rank 0 trains the tokenizer and builds the cache first;
+    every rank gets a disjoint shard of the batches; the model is wrapped in DistributedDataParallel.
+    """
+    rank, world = idist.get_rank(), idist.get_world_size()
+    set_seed(cfg.seed + rank)  # different dropout masks per rank; DDP broadcasts rank 0's initial weights
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
-    device = select_device(cfg.train.device)
+    device = idist.device() if world > 1 else select_device(cfg.train.device)
 
     corpus = None
 
@@ -155,25 +164,29 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
         return corpus
 
     tok_dir = run_dir / TOKENIZER_DIR
-    if resume:
-        tokenizer = load_tokenizer(tok_dir)
-    else:
+    if not resume and rank == 0:
         tokenizer = build_tokenizer(
             cfg.tokenizer, lambda: (get_corpus()["train"]["src"], get_corpus()["train"]["tgt"]), seed=cfg.seed
         )
         tokenizer.save(tok_dir)
+    idist.barrier()
+    if resume or rank != 0:
+        tokenizer = load_tokenizer(tok_dir)
     log.info("tokenizer: %s, vocabulary %d", cfg.tokenizer.type, tokenizer.vocab_size)
 
-    splits = load_or_build(cfg, tokenizer, get_corpus, ["train", "validation"])
+    with idist.one_rank_first():  # rank 0 builds the cache, the others then find it
+        splits = load_or_build(cfg, tokenizer, get_corpus, ["train", "validation"])
     train, valid = splits["train"], splits["validation"]
     log.info("data: %d training pairs, %d validation pairs", len(train), len(valid))
     if len(train) == 0:
         raise ValueError("no training pairs left after length filtering (see data.min_len / data.max_len)")
 
     ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
-    train_sampler = TokenBatchSampler(train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed)
+    train_sampler = TokenBatchSampler(
+        train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed, rank, world
+    )
     valid_tokens = cfg.data.valid_max_tokens or cfg.data.max_tokens
-    valid_sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, valid_tokens, False, cfg.seed)
+    valid_sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, valid_tokens, False, cfg.seed, rank, world)
     train_data = BatchIterable(train, train_sampler, *ids)
     valid_data = BatchIterable(valid, valid_sampler, *ids)
 
@@ -182,13 +195,14 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
     src_texts = list(raw_valid["src"][:n_bleu])
     refs = list(raw_valid["tgt"][:n_bleu])
 
-    model = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
-    valid_sources = encode_sources(tokenizer, src_texts, model.max_length, strict=False)
+    core = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
+    model = idist.auto_model(core) if world > 1 else core
+    valid_sources = encode_sources(tokenizer, src_texts, core.max_length, strict=False)
     # A readable sentence for attention maps: the first of 6 to 20 tokens (else the first non-empty one).
     candidates = [i for i, ids in enumerate(valid_sources) if ids] or [0]
     pick = next((i for i in candidates if 6 <= len(valid_sources[i]) <= 20), candidates[0])
     attention_sentence = src_texts[pick] if src_texts else ""
-    log.info("model: %.2fM parameters on %s", model.num_parameters() / 1e6, device)
+    log.info("model: %.2fM parameters on %s (world size %d)", core.num_parameters() / 1e6, device, world)
     t = cfg.train
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay
@@ -208,6 +222,7 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
         device,
         tokenizer,
         model,
+        core,
         optimizer,
         scheduler,
         scaler,
@@ -273,7 +288,9 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         return {"loss": float(loss.detach()), "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
 
     trainer = Engine(train_step)
-    evaluator = create_evaluator(model, pad_id, s.device, s.autocast)
+    core = s.core
+    rank, world = idist.get_rank(), idist.get_world_size()
+    evaluator = create_evaluator(core, pad_id, s.device, s.autocast)
     decode_cfg = type(cfg.decode)(**{**cfg.decode.__dict__, "beam": t.valid_beam, "nbest": 1})
 
     @trainer.on(Events.EPOCH_STARTED)
@@ -294,13 +311,18 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         stats["tokens"] += out["tokens"]
         if engine.state.iteration % t.log_every == 0:
             now = time.perf_counter()
-            m["tokens_per_s"] = stats["tokens"] / max(now - stats["since"], 1e-9)
+            tokens = idist.all_reduce(stats["tokens"]) if world > 1 else stats["tokens"]  # all ranks together
+            m["tokens_per_s"] = tokens / max(now - stats["since"], 1e-9)
             stats["tokens"], stats["since"] = 0, now
 
     @evaluator.on(Events.COMPLETED)
     def _bleu(engine: Engine) -> None:
-        translations = translate_ids(model, s.tokenizer, s.valid_sources, decode_cfg)
-        hyps = [nbest[0].text for nbest in translations]
+        # Each rank decodes every world-th sentence; the gathered hypotheses give every rank the same BLEU.
+        mine = translate_ids(core, s.tokenizer, s.valid_sources[rank::world], decode_cfg)
+        hyps = [nbest[0].text for nbest in mine]
+        if world > 1:
+            shards = [json.loads(x) for x in idist.all_gather(json.dumps(hyps))]
+            hyps = [shards[i % world][i // world] for i in range(len(s.valid_sources))]
         scores = corpus_scores(hyps, s.valid_refs)
         engine.state.metrics["bleu"] = scores.bleu
         engine.state.metrics["chrf"] = scores.chrf
@@ -311,7 +333,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     )
     saver = AtomicSaver(ckpt_dir)
     best = Checkpoint(
-        {"model": model, "meta": meta},
+        {"model": core, "meta": meta},
         saver,
         filename_pattern="best.{ext}",
         n_saved=1,
@@ -322,7 +344,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     stopper = EarlyStopping(t.patience, lambda e: e.state.metrics["bleu"], trainer)
     rng = RNGState()
     to_save = {
-        "model": model,
+        "model": core,
         "optimizer": optimizer,
         "lr_scheduler": scheduler,
         "scaler": scaler,
@@ -334,32 +356,31 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     }
     last = Checkpoint(to_save, saver, filename_pattern="last.{ext}", n_saved=1)
 
-    tb = TensorboardLogger(log_dir=str(run_dir / "tb"))
-    tb.attach(
-        trainer,
-        OutputHandler("train", metric_names=["loss", "grad_norm", "tokens_per_s"]),
-        Events.ITERATION_COMPLETED(every=t.log_every),
-    )
-    tb.attach(trainer, OptimizerParamsHandler(optimizer, "lr", "train"), Events.ITERATION_COMPLETED(every=t.log_every))
-    tb.attach(
-        evaluator,
-        OutputHandler(
-            "valid",
-            metric_names=["loss", "ppl", "accuracy", "bleu", "chrf"],
-            global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),
-        ),
-        Events.COMPLETED,
-    )
+    tb = TensorboardLogger(log_dir=str(run_dir / "tb")) if rank == 0 else None  # only rank 0 logs
+    if tb is not None:
+        every = Events.ITERATION_COMPLETED(every=t.log_every)
+        tb.attach(trainer, OutputHandler("train", metric_names=["loss", "grad_norm", "tokens_per_s"]), every)
+        tb.attach(trainer, OptimizerParamsHandler(optimizer, "lr", "train"), every)
+        tb.attach(
+            evaluator,
+            OutputHandler(
+                "valid",
+                metric_names=["loss", "ppl", "accuracy", "bleu", "chrf"],
+                global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),
+            ),
+            Events.COMPLETED,
+        )
+        ProgressBar(persist=False).attach(trainer, metric_names=["loss"])
     evaluator.add_event_handler(Events.COMPLETED, best)
     evaluator.add_event_handler(Events.COMPLETED, stopper)
 
-    if t.log_attention_every > 0 and s.attention_sentence:
+    if t.log_attention_every > 0 and s.attention_sentence and tb is not None:
 
         @trainer.on(Events.EPOCH_COMPLETED(every=t.log_attention_every))
         def _log_attention(engine: Engine) -> None:
             from utils.visualization import attention_figures, write_figures
 
-            figures = attention_figures(model, s.tokenizer, s.attention_sentence)
+            figures = attention_figures(core, s.tokenizer, s.attention_sentence)
             write_figures(figures, None, tb.writer, engine.state.iteration)
 
     last_eval = {"iteration": -1}
@@ -387,24 +408,34 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     trainer.add_event_handler(eval_event, run_validation)
 
     start = time.monotonic()
+    reasons = {
+        1: f"train.max_steps={t.max_steps} reached",
+        2: f"train.max_minutes={t.max_minutes} reached",
+        3: "stop requested by a signal",
+    }
+    stopped = {"code": 0}
     with StopRequest() as stop:
 
         @trainer.on(Events.ITERATION_COMPLETED)
         def _maybe_stop(engine: Engine) -> None:
-            reason = stop.reason
-            if t.max_steps is not None and engine.state.iteration >= t.max_steps:
-                reason = f"train.max_steps={t.max_steps} reached"
+            code = 0
+            if stop.reason is not None:
+                code = 3
+            elif t.max_steps is not None and engine.state.iteration >= t.max_steps:
+                code = 1
             elif t.max_minutes is not None and time.monotonic() - start >= 60 * t.max_minutes:
-                reason = f"train.max_minutes={t.max_minutes} reached"
-            if reason is None:
+                code = 2
+            if world > 1:  # every rank stops at the same step
+                code = int(idist.all_reduce(code, op="MAX"))
+            if code == 0:
                 return
-            log.info("stopping at step %d: %s", engine.state.iteration, reason)
-            if stop.reason is None:
+            stopped["code"] = code
+            log.info("stopping at step %d: %s", engine.state.iteration, reasons[code])
+            if code != 3:
                 run_validation(engine)
             last(engine)
             engine.terminate()
 
-        ProgressBar(persist=False).attach(trainer, metric_names=["loss"])
         if resume:
             state = load_checkpoint(ckpt_dir / "last.pt")
             Checkpoint.load_objects(to_load=to_save, checkpoint=state)
@@ -415,7 +446,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
                 trainer.state.iteration,
             )
         trainer.run(s.train_data, max_epochs=t.epochs)
-        if trainer.state.iteration > last_eval["iteration"] and stop.reason is None:
+        if trainer.state.iteration > last_eval["iteration"] and stopped["code"] != 3:
             run_validation(trainer)  # the epochs ran out between evaluations
-    tb.close()
+    if tb is not None:
+        tb.close()
     return {k: v for k, v in evaluator.state.metrics.items() if isinstance(v, float)} if evaluator.state else {}

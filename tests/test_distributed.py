@@ -1,0 +1,62 @@
+"""Data-parallel training with ignite.distributed: 2 gloo CPU processes under torchrun."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from conftest import ROOT, make_tiny_config
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def write_config(tmp: Path, **train_kw) -> Path:
+    cfg = make_tiny_config(tmp, **train_kw)
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    return path
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    return res
+
+
+def test_two_ranks_see_disjoint_batches_and_keep_identical_weights(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    run([*TORCHRUN, "tests/ddp_worker.py", str(tmp_path), str(config)])
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert r0["world"] == r1["world"] == 2
+    seen0 = {i for batch in r0["epoch"] for i in batch}
+    seen1 = {i for batch in r1["epoch"] for i in batch}
+    assert seen0 and seen1 and not seen0 & seen1  # disjoint shards
+    assert len(r0["epoch"]) == len(r1["epoch"])  # same number of steps per rank
+    changed = 0
+    for name, weight in r0["after"].items():
+        assert torch.equal(r0["before"][name], r1["before"][name]), name  # DDP broadcast rank 0's init
+        assert torch.equal(weight, r1["after"][name]), name  # gradients were averaged
+        changed += not torch.equal(weight, r0["before"][name])
+    assert changed > 0
+
+
+def test_torchrun_train_writes_one_run_from_rank_zero(tmp_path: Path) -> None:
+    config = write_config(tmp_path, max_steps=3, eval_every=3)
+    res = run([*TORCHRUN, "train.py", "--config", str(config), "--runs", str(tmp_path / "runs")])
+    runs = [p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]
+    assert len(runs) == 1, runs  # rank 1 used rank 0's directory
+    run_dir = runs[0]
+    assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
+    assert len(list((run_dir / "tb").glob("events.out.tfevents.*"))) == 1
+    assert "world size 2" in (run_dir / "train.log").read_text()
+    assert res.stdout.count("run directory:") == 1
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert state["trainer"]["iteration"] == 3
+    shutil.rmtree(tmp_path / "runs")
