@@ -1,0 +1,186 @@
+"""visualize.py and utils/visualization.py: attention maps and positional-encoding figures for every encoding."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, make_tiny_config
+from matplotlib.image import imread
+
+from models.positional import names
+from models.transformer import Seq2SeqTransformer
+from utils import plots
+from utils.config import from_dict
+from utils.runs import create_run_dir, load_run
+from utils.trainer import train
+from utils.visualization import attention_maps, position_figures, tag_filename, write_figures
+
+SRC = "Le chat dort sur le canapé."
+ATTENTION_TAGS = {"attention/encoder/layer_0", "attention/decoder/layer_0", "attention/cross/layer_0"}
+#: One tiny model per family of encodings (``--set`` overrides) and the position figures it must produce.
+FAMILIES: dict[str, tuple[list[str], set[str]]] = {
+    "sinusoidal": (["model.input_pe=sinusoidal", "model.attention_pe=none"],
+                   {"position/input/heatmap", "position/input/cosine", "position/decay"}),
+    "learnable": (["model.input_pe=learnable", "model.attention_pe=none", "model.max_positions=128"],
+                  {f"position/input/{side}/{kind}" for side in ("encoder", "decoder")
+                   for kind in ("heatmap", "cosine", "mds")}),
+    "rope": (["model.input_pe=none", "model.attention_pe=rope"], {"position/decay", "position/rope_scaling"}),
+    "alibi": (["model.input_pe=none", "model.attention_pe=alibi"], {"position/bias/encoder", "position/bias/decoder"}),
+    "t5": (["model.input_pe=none", "model.attention_pe=t5"], {"position/bias/encoder", "position/bias/decoder"}),
+    "shaw": (["model.input_pe=none", "model.attention_pe=shaw", "model.shaw.values=true"],
+             {"position/shaw/encoder", "position/shaw/decoder"}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Train each family for 4 steps (1+1 layers, d 32): enough for real checkpoints and run directories."""
+    tmp = tmp_path_factory.mktemp("visualize")
+    out = {}
+    for family, (overrides, _) in FAMILIES.items():
+        base = make_tiny_config(tmp, max_steps=4, eval_every=4, valid_bleu_sentences=2)
+        short = ["decode.max_len_a=0", "decode.max_len_b=12"]  # untrained models decode to the length cap
+        cfg = from_dict(base.to_dict(), [f"name={family}", *short, *overrides])
+        out[family] = create_run_dir(cfg, tmp / "runs")
+        train(cfg, out[family])
+    return out
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "visualize.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def image_tags(tb_dir: Path) -> dict[str, list[int]]:
+    """TensorBoard image tags in ``tb_dir`` -> the steps they were written at."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir), size_guidance={"images": 0})
+    acc.Reload()
+    return {tag: [event.step for event in acc.Images(tag)] for tag in acc.Tags()["images"]}
+
+
+def assert_not_blank(path: Path) -> None:
+    pixels = imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100, path
+    assert float(pixels[..., :3].var()) > 1e-3, f"{path} looks blank"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], family: str, tmp_path: Path) -> None:
+    run = runs[family]
+    expected = ATTENTION_TAGS | FAMILIES[family][1]
+    if family == "rope":  # a checkpoint file (last.pt records the step), the kebab-case spellings, teacher forcing
+        out = tmp_path / "figs"
+        res = cli("--model-path", str(run / "checkpoints" / "last.pt"), "--src-text", SRC,
+                  "--tgt-text", "The cat sleeps.", "--out", str(out), "--set", "model.rope.scaling=yarn")
+        step = 4
+    else:
+        out = run / "visualize"
+        res = cli("--model_path", str(run), "--src_text", SRC)
+        step = 0  # best.pt holds no trainer state
+    assert res.returncode == 0, res.stderr
+    assert f"source: {SRC}" in res.stdout
+    assert ("target (teacher-forced): The cat sleeps." if family == "rope" else "greedy: ") in res.stdout
+    assert "source tokens: " in res.stdout and "target tokens: <s>" in res.stdout
+    assert f"wrote {len(expected)} PNG files to {out}" in res.stdout
+    if family in ("rope", "alibi", "t5", "shaw"):
+        assert "note: input_pe=none: no input positional encoding to plot" in res.stdout
+    pngs = {p.name for p in out.glob("*.png")}
+    assert pngs == {tag_filename(tag) for tag in expected}
+    for name in pngs:
+        assert_not_blank(out / name)
+    tags = image_tags(run / "tb" / "visualize")
+    assert set(tags) == expected
+    assert all(steps == [step] for steps in tags.values()), tags
+
+
+@pytest.mark.parametrize("tgt_text", [None, "The cat sleeps on the sofa."])
+def test_attention_rows_sum_to_one_and_decoder_is_causal(runs: dict[str, Path], tgt_text: str | None) -> None:
+    loaded = load_run(runs["alibi"], device="cpu")
+    maps = attention_maps(loaded.model, loaded.tokenizer, SRC, tgt_text, decode=loaded.cfg.decode)
+    src_tokens, tgt_tokens, att = maps
+    assert src_tokens[-1] == "</s>" and tgt_tokens[0] == "<s>"
+    s, t = len(src_tokens), len(tgt_tokens)
+    heads = loaded.cfg.model.n_heads
+    for kind, shape in (("encoder", (1, heads, s, s)), ("decoder", (1, heads, t, t)), ("cross", (1, heads, t, s))):
+        assert len(getattr(att, kind)) == 1, kind
+        for w in getattr(att, kind):
+            assert w.shape == shape, kind
+            torch.testing.assert_close(w.sum(-1), torch.ones(shape[:-1]))
+    for w in att.decoder:
+        assert float(w[0].triu(diagonal=1).abs().max()) == 0.0
+        assert float(w[0].diagonal(dim1=-2, dim2=-1).min()) > 0.0
+    if tgt_text is not None:
+        assert t > 5
+
+
+def test_teacher_forced_target_gives_its_tokens(runs: dict[str, Path]) -> None:
+    loaded = load_run(runs["sinusoidal"], device="cpu")
+    tok = loaded.tokenizer
+    loaded.model.train()  # the caller's mode is restored
+    src_tokens, tgt_tokens, att = attention_maps(loaded.model, tok, SRC, "The cat is sleeping on the sofa.")
+    assert loaded.model.training
+    assert tgt_tokens == ["<s>", *tok.id_to_token(tok.encode_tgt(["The cat is sleeping on the sofa."])[0])]
+    assert src_tokens == [*tok.id_to_token(tok.encode_src([SRC])[0]), "</s>"]
+    assert att.decoder[0].shape[-1] == len(tgt_tokens) > 5
+    assert att.decoder[0].shape[-2] == att.cross[0].shape[-2] == len(tgt_tokens)
+
+
+@pytest.mark.parametrize("level,name", [(level, name) for level in ("input", "attention") for name in names(level)])
+def test_position_figures_for_every_registered_encoding(level: str, name: str, tmp_path: Path) -> None:
+    model_cfg = make_tiny_config(tmp_path).model
+    if level == "input":
+        model_cfg = dataclasses.replace(model_cfg, input_pe=name, attention_pe="none")
+    else:
+        model_cfg = dataclasses.replace(model_cfg, input_pe="none", attention_pe=name, cross_attention_pe=name)
+    model = Seq2SeqTransformer(model_cfg, 100, 0)
+    figs, notes = position_figures(model, model_cfg, length=24, bias_length=12)
+    if name == "none":
+        assert not figs
+        line = {"input": "input_pe=none: no input positional encoding to plot",
+                "attention": "attention_pe=none: no attention-level positional encoding in self-attention"}[level]
+        assert line in notes, notes
+        assert all("\n" not in note for note in notes)
+        return
+    assert figs, f"{level}_pe={name} produced no figure"
+    if level == "attention" and name != "rope":
+        assert {tag.rsplit("/", 1)[1] for tag in figs} == {"encoder", "decoder", "cross"}
+    paths = write_figures(figs, tmp_path / "png", dpi=40)
+    assert [p.name for p in paths] == [tag_filename(tag) for tag in figs]
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_classical_mds_recovers_planar_points() -> None:
+    rng = np.random.default_rng(0)
+    points = rng.normal(size=(20, 2))
+    embedded = np.concatenate([points @ np.array([[0.6, 0.8], [-0.8, 0.6]]), np.zeros((20, 3))], axis=1) + 5.0
+    xy = plots.classical_mds(embedded)
+    dist = lambda p: np.linalg.norm(p[:, None] - p[None], axis=-1)
+    np.testing.assert_allclose(dist(xy), dist(points), atol=1e-8)
+
+
+def test_decay_curves_are_normalised() -> None:
+    k = np.arange(5, dtype=np.float64)
+    from models.positional.absolute import sinusoid_table
+
+    table = sinusoid_table(5, 16).double()
+    score = plots.cos_score(plots.rope_inv_freq(16, 10000.0), k)
+    np.testing.assert_allclose(score, (table[0] @ table.T / (table[0] @ table[0])).numpy(), atol=1e-6)
+    assert plots.rope_relative_bound(plots.rope_inv_freq(16, 10000.0), k)[0] == pytest.approx((8 + 1) / 2)
+
+
+def test_user_errors_are_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    for args, message in (
+        (["--model_path", str(tmp_path / "x.pt"), "--src_text", SRC], "checkpoint not found"),
+        (["--model_path", str(runs["t5"]), "--src_text", " "], "--src_text is empty"),
+    ):
+        res = cli(*args)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert message in res.stderr.strip().splitlines()[-1]

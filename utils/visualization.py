@@ -1,0 +1,236 @@
+"""What each positional encoding does, as figures: attention maps of one sentence pair, and the encodings themselves.
+
+Used by ``visualize.py`` (PNG files + TensorBoard images) and by the trainer (TensorBoard images).
+Tags (PNG names replace '/' with '_'):
+
+- ``attention/{encoder,decoder,cross}/layer_<i>``: every head of every layer, plus the head average.
+- ``position/input/{heatmap,cosine}`` for a fixed input table; ``position/input/{encoder,decoder}/{heatmap,cosine,mds}``
+  for a learned one (source and target tables are separate parameters).
+- ``position/decay``: sinusoidal / RoPE dot product vs distance; ``position/rope_scaling``: RoPE length extension.
+- ``position/bias/{encoder,decoder,cross}``: ALiBi / T5 biases of the first layer, per head.
+- ``position/shaw/{encoder,decoder,cross}``: Shaw et al.'s learned relative tables (a^K, and a^V if used) of the
+  first layer. Their score term q·a^K_{j-i} depends on the query content, so instead of one arbitrary q the
+  table itself is shown (distance x dim) with the cosine similarity between distances: how distinct and how
+  smooth the learned distance representations are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from matplotlib.figure import Figure
+
+from models.positional import AttentionPE, InputPE
+from models.positional.absolute import LearnableLNPE
+from models.positional.alibi import ALiBiPE
+from models.positional.fixed import BinaryPE
+from models.positional.rotary import RotaryPE
+from models.positional.shaw import ShawPE
+from models.positional.t5 import T5BiasPE
+from models.transformer import Attention, Seq2SeqTransformer
+from tokenizer import Tokenizer
+from utils import plots
+from utils.config import Config, DecodeConfig, ModelConfig
+from utils.translate import InputError, encode_sources, translate_ids
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+BOS_LABEL = "<s>"
+KINDS = ("encoder", "decoder", "cross")
+TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
+
+
+def encode_pair(
+    model: Seq2SeqTransformer, tokenizer: Tokenizer, src_text: str, tgt_text: str | None = None,
+    decode: DecodeConfig | None = None,
+) -> tuple[list[int], list[int], str]:
+    """-> (source ids with eos, target ids without bos/eos, target text).
+
+    The target is ``tgt_text`` (teacher forcing) or else the greedy translation (``decode`` with beam 1).
+    Empty or over-long inputs raise ``InputError``.
+    """
+    src_ids = encode_sources(tokenizer, [src_text], model.max_length, strict=True)[0]
+    if tgt_text is None:
+        greedy = dataclasses.replace(decode or DecodeConfig(), beam=1, nbest=1)
+        hyp = translate_ids(model, tokenizer, [src_ids], greedy)[0][0]
+        return src_ids, list(hyp.tokens), hyp.text
+    if not tgt_text.strip():
+        raise InputError("the target text is empty")
+    tgt_ids = tokenizer.encode_tgt([tgt_text])[0]
+    if model.max_length is not None and len(tgt_ids) + 1 > model.max_length:
+        raise InputError(f"the target has {len(tgt_ids) + 1} tokens, over the model's limit of {model.max_length}")
+    return src_ids, tgt_ids, tgt_text
+
+
+@torch.no_grad()
+def attention_from_ids(
+    model: Seq2SeqTransformer, tokenizer: Tokenizer, src_ids: list[int], tgt_ids: list[int]
+) -> tuple[list[str], list[str], Attention]:
+    """Every layer's attention for one pair: the decoder reads [bos] + ``tgt_ids``. Weights come back float32 on
+    the CPU, ``[1, H, Tq, Tk]``; labels are the subword strings (source ends with eos, target starts with bos)."""
+    was_training = model.training
+    model.eval()
+    try:
+        src = torch.tensor([src_ids], dtype=torch.long, device=model.device)
+        tgt = torch.tensor([[tokenizer.bos_id, *tgt_ids]], dtype=torch.long, device=model.device)
+        _, attention = model.forward_with_attention(src, tgt)
+    finally:
+        model.train(was_training)
+    cpu = lambda ws: [w.detach().float().cpu() for w in ws]
+    attention = Attention(cpu(attention.encoder), cpu(attention.decoder), cpu(attention.cross))
+    return tokenizer.id_to_token(src_ids), [BOS_LABEL, *tokenizer.id_to_token(tgt_ids)], attention
+
+
+def attention_maps(
+    model: Seq2SeqTransformer, tokenizer: Tokenizer, src_text: str, tgt_text: str | None = None,
+    decode: DecodeConfig | None = None,
+) -> tuple[list[str], list[str], Attention]:
+    """(source tokens + '</s>', '<s>' + target tokens, every layer's weights) for one sentence pair.
+
+    The target is the greedy translation unless ``tgt_text`` is given (teacher forcing).
+    """
+    src_ids, tgt_ids, _ = encode_pair(model, tokenizer, src_text, tgt_text, decode)
+    return attention_from_ids(model, tokenizer, src_ids, tgt_ids)
+
+
+def figures_from_attention(src_tokens: list[str], tgt_tokens: list[str], attention: Attention) -> dict[str, Figure]:
+    """One ``attention_grid`` per layer and kind, tagged ``attention/<kind>/layer_<i>``."""
+    figs: dict[str, Figure] = {}
+    labels = {"encoder": (src_tokens, src_tokens), "decoder": (tgt_tokens, tgt_tokens),
+              "cross": (tgt_tokens, src_tokens)}
+    for kind in KINDS:
+        q_tokens, k_tokens = labels[kind]
+        for i, w in enumerate(getattr(attention, kind)):
+            title = f"{TITLES[kind]}, layer {i}"
+            figs[f"attention/{kind}/layer_{i}"] = plots.attention_grid(w[0], q_tokens, k_tokens, title)
+    return figs
+
+
+def attention_figures(
+    model: Seq2SeqTransformer, tokenizer: Tokenizer, src_text: str, tgt_text: str | None = None,
+    decode: DecodeConfig | None = None,
+) -> dict[str, Figure]:
+    """Attention maps of one sentence pair as figures (see ``attention_maps`` and ``figures_from_attention``)."""
+    return figures_from_attention(*attention_maps(model, tokenizer, src_text, tgt_text, decode))
+
+
+def _input_figures(model: Seq2SeqTransformer, m: ModelConfig, length: int) -> tuple[dict[str, Figure], list[str]]:
+    figs: dict[str, Figure] = {}
+    notes: list[str] = []
+    pes: dict[str, InputPE] = {"encoder": model.src_pe, "decoder": model.tgt_pe}
+    n = min(length, model.max_length or length)
+    table = model.src_pe.table(n)
+    if table is None:
+        notes.append(f"input_pe={m.input_pe}: no input positional encoding to plot")
+        return figs, notes
+    learned = any(True for _ in model.src_pe.parameters())
+    what = f"input_pe={m.input_pe}"
+    if isinstance(model.src_pe, BinaryPE):
+        bits = model.src_pe.n_bits
+        notes.append(f"{what}: the plots show the {bits}-bit code that replaces the last {bits} embedding dims")
+        figs["position/input/heatmap"] = plots.pe_heatmap(
+            table[:, -bits:], f"{what}: bits (least significant first) replacing the last {bits} dims"
+        )
+        figs["position/input/cosine"] = plots.pe_cosine(table, f"{what}: cosine between position codes")
+        return figs, notes
+    if isinstance(model.src_pe, LearnableLNPE):
+        notes.append(f"{what}: the learned table is added to layer-normalised embeddings")
+    if not learned:
+        figs["position/input/heatmap"] = plots.pe_heatmap(table, f"{what}, first {n} positions")
+        figs["position/input/cosine"] = plots.pe_cosine(table, f"{what}: cosine similarity between positions")
+        return figs, notes
+    for side, pe in pes.items():
+        t = pe.table(n)
+        assert t is not None
+        figs[f"position/input/{side}/heatmap"] = plots.pe_heatmap(t, f"{what}, {side} table, first {n} positions")
+        figs[f"position/input/{side}/cosine"] = plots.pe_cosine(t, f"{what}, {side}: cosine between positions")
+        figs[f"position/input/{side}/mds"] = plots.pe_mds(t, f"{what}, {side}: classical MDS of positions")
+    return figs, notes
+
+
+def _first_pe(model: Seq2SeqTransformer, kind: str) -> AttentionPE | None:
+    layers = model.encoder if kind == "encoder" else model.decoder
+    if len(layers) == 0:
+        return None
+    return getattr(layers[0], "cross_attn" if kind == "cross" else "self_attn").pe
+
+
+@torch.no_grad()
+def position_figures(
+    model: Seq2SeqTransformer, cfg: Config | ModelConfig, length: int = 64, bias_length: int = 32
+) -> tuple[dict[str, Figure], list[str]]:
+    """Figures of the model's positional encodings, and one-line notes on what has nothing to plot.
+
+    ``length`` positions for input tables (capped at the model's limit), ``bias_length`` for bias matrices.
+    """
+    m = cfg.model if isinstance(cfg, Config) else cfg
+    figs, notes = _input_figures(model, m, length)
+    pes = {kind: _first_pe(model, kind) for kind in KINDS}
+    rope = next((pe for pe in pes.values() if isinstance(pe, RotaryPE)), None)
+    if m.input_pe == "sinusoidal" or rope is not None:
+        figs["position/decay"] = plots.decay_curves(
+            max(256, length), d_model=m.d_model if m.input_pe == "sinusoidal" else None,
+            rope_dim=rope.rot_dim if rope is not None else None, rope_base=m.rope.theta,
+        )
+    if rope is not None:
+        factor = m.rope.factor if m.rope.factor > 1 else 4.0  # as in rope_scaling_curves
+        figs["position/rope_scaling"] = plots.rope_scaling_curves(
+            m.rope, rope.head_dim, int(1.25 * factor * m.rope.original_max_len)
+        )
+    names = {"encoder": m.attention_pe, "decoder": m.attention_pe, "cross": m.cross_attention_pe}
+    for kind, pe in pes.items():
+        what = f"{names[kind]}, {TITLES[kind]}, layer 0"
+        if isinstance(pe, (ALiBiPE, T5BiasPE)):
+            pos = torch.arange(bias_length, device=model.device)
+            bias = pe.bias(pos, pos)[0]
+            figs[f"position/bias/{kind}"] = plots.bias_grid(bias, f"{what}: bias added to the scores",
+                                                            causal=kind == "decoder")
+        elif isinstance(pe, ShawPE):
+            tables = {"a^K (keys)": pe.key_embed.weight}
+            if pe.value_embed is not None:
+                tables["a^V (values)"] = pe.value_embed.weight
+            figs[f"position/shaw/{kind}"] = plots.relative_tables(
+                tables, pe.max_distance, f"{what}: relative tables (k={pe.max_distance})"
+            )
+    if m.attention_pe == "none":
+        notes.append("attention_pe=none: no attention-level positional encoding in self-attention")
+    if m.input_pe == "none" and m.attention_pe == "none" and m.cross_attention_pe == "none":
+        notes.append("no positional information at all: the encoder is permutation-equivariant")
+    return figs, notes
+
+
+def tag_filename(tag: str) -> str:
+    """``attention/encoder/layer_0`` -> ``attention_encoder_layer_0.png``."""
+    return tag.replace("/", "_") + ".png"
+
+
+def write_figures(
+    figs: dict[str, Figure], out_dir: Path | None = None, writer: SummaryWriter | None = None, step: int = 0,
+    dpi: int = 120,
+) -> list[Path]:
+    """Save each figure as ``out_dir/<tag with / -> _>.png`` and/or ``writer.add_figure(tag, fig, step)``;
+    close them all. Returns the PNG paths written."""
+    paths: list[Path] = []
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for tag, fig in figs.items():
+            if out_dir is not None:
+                path = out_dir / tag_filename(tag)
+                fig.savefig(path, dpi=dpi)
+                paths.append(path)
+            if writer is not None:
+                writer.add_figure(tag, fig, step, close=False)
+    finally:
+        close_figures(figs)
+    return paths
+
+
+def close_figures(figs: dict[str, Figure]) -> None:
+    """Release the figures' memory (they are not in pyplot's registry, so clearing them is enough)."""
+    for fig in figs.values():
+        fig.clear()
