@@ -90,3 +90,15 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(bad)
+
+
+def test_model_fingerprint_ignores_inference_keys_and_tracks_architecture() -> None:
+    from utils.checkpoint import model_fingerprint
+    from utils.config import ModelConfig, RopeConfig
+
+    base = model_fingerprint(ModelConfig(attention_pe="rope"), 100)
+    assert model_fingerprint(ModelConfig(attention_pe="rope", dropout=0.3), 100) == base
+    assert model_fingerprint(ModelConfig(attention_pe="rope", rope=RopeConfig(scaling="yarn", factor=4.0)), 100) == base
+    assert model_fingerprint(ModelConfig(attention_pe="none"), 100) != base
+    assert model_fingerprint(ModelConfig(attention_pe="rope", norm="post"), 100) != base
+    assert model_fingerprint(ModelConfig(attention_pe="rope"), 101) != base

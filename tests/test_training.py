@@ -149,3 +149,19 @@ def test_training_with_a_pretrained_marian_tokenizer(tmp_path: Path, tiny_config
     assert loaded.tokenizer.vocab_size == 53017 and loaded.tokenizer.bos_id == loaded.tokenizer.pad_id
     assert loaded.model.src_embed.weight.shape == (53017, 32)
     assert metrics["loss"] > 0
+
+
+def test_attention_maps_are_logged_during_training(tmp_path: Path, tiny_config) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_config(tmp_path, epochs=2, log_attention_every=1, eval_every=0)
+    run = create_run_dir(cfg, tmp_path / "runs")
+    train(cfg, run)
+    ea = EventAccumulator(str(run / "tb"), size_guidance={"images": 0})
+    ea.Reload()
+    tags = set(ea.Tags()["images"])
+    assert {"attention/encoder/layer_0", "attention/decoder/layer_0", "attention/cross/layer_0"} <= tags
+    steps = [e.step for e in ea.Images("attention/encoder/layer_0")]
+    per_epoch = load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] // 2
+    assert steps == [per_epoch, 2 * per_epoch]  # once per epoch, at the epoch's last step
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["trainer"]["iteration"] in steps

@@ -39,8 +39,13 @@ class CheckpointError(ValueError):
 
 
 def model_fingerprint(cfg: ModelConfig, vocab_size: int) -> str:
-    """Hash of everything that shapes the parameters (not dropout, which does not)."""
-    shape = model_shape_items(cfg)
+    """Hash of the model settings that differ from the defaults (inference-only keys excluded).
+
+    Hashing only non-default values keeps checkpoints valid when a new key is added whose default
+    preserves the old behaviour, while any real change of architecture or encoding changes the hash.
+    """
+    defaults = model_shape_items(ModelConfig())
+    shape = {k: v for k, v in model_shape_items(cfg).items() if defaults.get(k, object()) != v}
     shape["vocab_size"] = vocab_size
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 

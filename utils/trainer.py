@@ -333,7 +333,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     )
     saver = AtomicSaver(ckpt_dir)
     best = Checkpoint(
-        {"model": core, "meta": meta},
+        {"model": core, "meta": meta, "trainer": trainer},  # the trainer state records the step
         saver,
         filename_pattern="best.{ext}",
         n_saved=1,
