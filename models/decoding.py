@@ -88,7 +88,6 @@ def greedy_search(
     alive = torch.arange(n, device=src.device)  # original sentence index of each row
     prefix = torch.full((n, 1), bos, dtype=torch.long, device=src.device)
     logprob = torch.zeros(n, device=src.device)
-    out: list[list[int]] = [[] for _ in range(n)]
     done: list[Hypothesis | None] = [None] * n
     cache = model.new_cache() if use_cache else None
     step = 0
@@ -97,15 +96,13 @@ def greedy_search(
         best, token = logp.max(dim=-1)
         logprob = logprob + best
         finished = token == eos
-        for row, (sent, tok) in enumerate(zip(alive.tolist(), token.tolist(), strict=True)):
-            if tok == eos:
-                lp = float(logprob[row])
-                done[sent] = Hypothesis(out[sent], lp, lp)
-            else:
-                out[sent].append(tok)
         prefix = torch.cat((prefix, token[:, None]), dim=1)
-        keep = (~finished).nonzero().squeeze(1)
-        if keep.numel() < alive.numel():
+        if finished.any():  # only the rows that end now leave Python-side
+            rows = finished.nonzero().squeeze(1)
+            for sent, toks, lp in zip(alive[rows].tolist(), prefix[rows, 1:-1].tolist(), logprob[rows].tolist(),
+                                      strict=True):
+                done[sent] = Hypothesis(toks, lp, lp)
+            keep = (~finished).nonzero().squeeze(1)
             alive, prefix, logprob = alive[keep], prefix[keep], logprob[keep]
             memory, src_mask = memory[keep], src_mask[keep]
             if cache is not None:
@@ -134,6 +131,7 @@ def beam_search(
     n = src.shape[0]
     cap = max_lengths(src_mask, max_len_a, max_len_b, model)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+    n_finished = torch.zeros(n, dtype=torch.long, device=device)
     alive = torch.arange(n, device=device)  # sentence index of each alive sentence
     width = 1  # beams per alive sentence: 1 at the first step (all beams would be identical)
     scores = torch.zeros(n, 1, device=device)  # [n_alive, width] summed log-probs
@@ -161,14 +159,14 @@ def beam_search(
                     finished[sent].append(
                         Hypothesis(prefix[row, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen))
                     )
+                    n_finished[sent] += 1
 
         # The best K non-EOS candidates continue.
         cont_score, cont_rank = top_score.masked_fill(is_eos, float("-inf")).topk(min(beam, top_score.shape[1]), dim=-1)
         cont_beam = top_beam.gather(1, cont_rank)
         cont_tok = top_tok.gather(1, cont_rank)
 
-        done = torch.tensor([len(finished[s]) >= beam for s in alive.tolist()], device=device)
-        done |= cap[alive] <= step
+        done = (n_finished[alive] >= beam) | (cap[alive] <= step)
         done |= ~torch.isfinite(cont_score[:, 0])
         keep = (~done).nonzero().squeeze(1)
         if keep.numel() == 0:
@@ -183,8 +181,8 @@ def beam_search(
         else:
             memory = memory.view(n_alive, width, *memory.shape[1:])[keep].flatten(0, 1)
             src_mask = src_mask.view(n_alive, width, -1)[keep].flatten(0, 1)
-        if cache is not None:
-            cache.reorder(rows)
+        if cache is not None:  # cross-attention K/V only change when sentences leave or the beam widens
+            cache.reorder(rows, cross=keep.numel() < n_alive or new_width != width)
         alive = alive[keep]
         width = new_width
         step += 1

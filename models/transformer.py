@@ -106,10 +106,14 @@ class DecoderCache:
     layers: list[tuple[LayerCache, LayerCache]]
     length: int = 0
 
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep/reorder batch rows (beams) in place: every cached tensor ``[N, H, T, Dh]`` -> ``[len(index), ...]``."""
+    def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
+        """Keep/reorder batch rows (beams) in place: cached tensors ``[N, H, T, Dh]`` -> ``[len(index), ...]``.
+
+        ``cross=False`` leaves the cross-attention caches alone: beam search uses it when only beams
+        *within* sentences were reordered, since all beams of a sentence share the same source K/V.
+        """
         for self_c, cross_c in self.layers:
-            for c in (self_c, cross_c):
+            for c in (self_c, cross_c) if cross else (self_c,):
                 for key in c:
                     c[key] = c[key].index_select(0, index)
 
