@@ -466,10 +466,15 @@ def data_worker(spec: dict, cfg: Any) -> dict[str, Any]:
             loader = lambda: corpus
         else:
             loader = no_corpus
-    start = time.perf_counter()
+    def cpu_seconds() -> float:  # this process's threads plus finished worker processes
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     out = load_or_build(cfg, tok, loader, splits)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "splits": splits, "pairs": sum(len(s) for s in out.values()),
+    cores = (cpu_seconds() - cpu_start) / max(seconds, 1e-9)  # average number of busy cores
+    return {"seconds": seconds, "cores_busy": cores, "splits": splits, "pairs": sum(len(s) for s in out.values()),
             "tokens": sum(len(s.src_tokens) + len(s.tgt_tokens) for s in out.values()),
             "num_proc": cfg.data.num_proc}
 
@@ -685,9 +690,11 @@ def build_report(res: dict[str, dict], meta: dict, args: argparse.Namespace) -> 
             "|---|---|",
             f"| warm load, cached bench splits (train + {TEST_SPLIT}, {_fmt(get('data.warm', 'pairs'), 0)} pairs) "
             f"| {_fmt(get('data.warm', 'seconds'), 3)} |",
-            f"| cold tokenization + cache write, synthetic corpus, num_proc=1 | {_fmt(np1, 3)} |",
+            f"| cold tokenization + cache write, synthetic corpus, num_proc=1 | {_fmt(np1, 3)} "
+            f"({_fmt(get('data.cold.np1', 'cores_busy'), 2)} cores busy on average) |",
             f"| cold tokenization + cache write, synthetic corpus, num_proc=2 | {_fmt(np2, 3)} "
-            f"(speed-up over num_proc=1: {_ratio(np1, np2)}) |",
+            f"({_fmt(get('data.cold.np2', 'cores_busy'), 2)} cores busy; speed-up over num_proc=1: "
+            f"{_ratio(np1, np2)}) |",
             f"| warm load, synthetic corpus (target < 3 s: {target}) | {_fmt(warm, 3)} |",
         ]
     return "\n".join(lines)
