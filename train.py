@@ -38,9 +38,14 @@ def main() -> int:
     if not args.config and not args.resume:
         parser.error("give --config (a new run) or --resume RUN_DIR")
 
+    import logging
+
     import ignite.distributed as idist
 
-    with idist.Parallel(backend=distributed_backend()) as parallel:
+    backend = distributed_backend()
+    if backend is None:  # a plain process: the launcher has nothing worth saying
+        logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)
+    with idist.Parallel(backend=backend) as parallel:
         parallel.run(run, args)
     return 0
 

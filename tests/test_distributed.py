@@ -15,8 +15,9 @@ from conftest import ROOT, make_tiny_config
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
-def write_config(tmp: Path, **train_kw) -> Path:
+def write_config(tmp: Path, valid_max_tokens: int | None = None, **train_kw) -> Path:
     cfg = make_tiny_config(tmp, **train_kw)
+    cfg.data.valid_max_tokens = valid_max_tokens
     path = tmp / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     return path
@@ -48,7 +49,8 @@ def test_two_ranks_see_disjoint_batches_and_keep_identical_weights(tmp_path: Pat
 
 
 def test_torchrun_train_writes_one_run_from_rank_zero(tmp_path: Path) -> None:
-    config = write_config(tmp_path, max_steps=3, eval_every=3)
+    # One validation batch for two ranks: each rank must still evaluate (none may be left without data).
+    config = write_config(tmp_path, valid_max_tokens=4000, max_steps=3, eval_every=3, valid_bleu_sentences=5)
     res = run([*TORCHRUN, "train.py", "--config", str(config), "--runs", str(tmp_path / "runs")])
     runs = [p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]
     assert len(runs) == 1, runs  # rank 1 used rank 0's directory

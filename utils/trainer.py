@@ -186,7 +186,9 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
         train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed, rank, world
     )
     valid_tokens = cfg.data.valid_max_tokens or cfg.data.max_tokens
-    valid_sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, valid_tokens, False, cfg.seed, rank, world)
+    # Every rank evaluates the whole (small) validation set: sharding would drop the uneven tail, or leave a
+    # rank with no batch at all; the metric's all-reduce scales loss and token sums alike, so ratios hold.
+    valid_sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, valid_tokens, False, cfg.seed)
     train_data = BatchIterable(train, train_sampler, *ids)
     valid_data = BatchIterable(valid, valid_sampler, *ids)
 
