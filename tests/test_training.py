@@ -165,3 +165,13 @@ def test_attention_maps_are_logged_during_training(tmp_path: Path, tiny_config) 
     per_epoch = load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] // 2
     assert steps == [per_epoch, 2 * per_epoch]  # once per epoch, at the epoch's last step
     assert load_checkpoint(run / "checkpoints" / "best.pt")["trainer"]["iteration"] in steps
+
+
+def test_early_stopping_ends_training_after_patience_evaluations(tmp_path: Path, tiny_config) -> None:
+    # With a learning rate of 0 the validation BLEU never improves: patience 1 stops at the 2nd evaluation.
+    cfg = tiny_config(tmp_path, epochs=50, eval_every=2, patience=1, lr=0.0)
+    run = create_run_dir(cfg, tmp_path / "runs")
+    train(cfg, run)
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert state["trainer"]["iteration"] == 4
+    assert state["early_stopping"]["counter"] == 1
