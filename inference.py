@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 
 from utils.cli import add_alias_args, add_set_arg, run_main, setup_logging
 
@@ -51,10 +52,8 @@ def main() -> int:
     if args.src_text is not None:
         if not args.src_text.strip():
             raise ConfigError("--src_text is empty: give a sentence to translate")
-        beam_cfg = type(cfg.decode)(**{**cfg.decode.__dict__})
-        if args.nbest is None:
-            beam_cfg.nbest = beam_cfg.beam
-        greedy_cfg = type(cfg.decode)(**{**cfg.decode.__dict__, "beam": 1, "nbest": 1})
+        beam_cfg = replace(cfg.decode, nbest=cfg.decode.beam if args.nbest is None else cfg.decode.nbest)
+        greedy_cfg = replace(cfg.decode, beam=1, nbest=1)
         greedy = translate(run.model, run.tokenizer, [args.src_text], greedy_cfg)[0][0]
         print(f"source: {args.src_text}")
         print(f"greedy: {greedy.text}\t(logprob {greedy.logprob:.3f})")

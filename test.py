@@ -36,7 +36,7 @@ def main() -> int:
     from utils.io import atomic_write_text
     from utils.metrics import corpus_scores, scores_by_length
     from utils.runs import load_run
-    from utils.translate import translate
+    from utils.translate import encode_sources, translate_ids
 
     overrides = list(args.overrides) + [f"decode.beam={args.beam}", "decode.nbest=1"]
     if args.lenpen is not None:
@@ -63,10 +63,11 @@ def main() -> int:
         n = min(len(split), args.max_sentences or len(split))
         sources, refs = list(split["src"][:n]), list(split["tgt"][:n])
         start = time.perf_counter()
-        hyps = [nbest[0].text for nbest in translate(run.model, run.tokenizer, sources, cfg.decode, strict=False)]
+        ids = encode_sources(run.tokenizer, sources, run.model.max_length, strict=False)
+        hyps = [nbest[0].text for nbest in translate_ids(run.model, run.tokenizer, ids, cfg.decode)]
         elapsed = time.perf_counter() - start
         scores = corpus_scores(hyps, refs)
-        lengths = [len(ids) for ids in run.tokenizer.encode_src(sources)]
+        lengths = [max(len(x) - 1, 0) for x in ids]  # source tokens without eos
         by_length = scores_by_length(hyps, refs, lengths, cfg.eval.length_buckets)
         entry = {
             **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": cfg.decode.beam,

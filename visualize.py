@@ -32,7 +32,6 @@ def main() -> int:
     args = parser.parse_args()
     setup_logging()
 
-    from utils.checkpoint import load_checkpoint
     from utils.config import ConfigError
     from utils.runs import load_run
 
@@ -54,8 +53,7 @@ def main() -> int:
         write_figures,
     )
 
-    trainer_state = load_checkpoint(run.checkpoint).get("trainer", {})
-    step = int(trainer_state.get("iteration", 0)) if isinstance(trainer_state, dict) else 0
+    step = run.step
     src_ids, tgt_ids, target = encode_pair(run.model, run.tokenizer, args.src_text, args.tgt_text, run.cfg.decode)
     src_tokens, tgt_tokens, attention = attention_from_ids(run.model, run.tokenizer, src_ids, tgt_ids)
     figs = figures_from_attention(src_tokens, tgt_tokens, attention)

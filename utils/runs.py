@@ -89,6 +89,7 @@ class LoadedRun:
     model: Seq2SeqTransformer
     run_dir: Path
     checkpoint: Path
+    step: int = 0  # training iteration recorded in the checkpoint (0 if none)
 
 
 def select_device(name: str = "auto") -> torch.device:
@@ -134,4 +135,6 @@ def load_run(
     except RuntimeError as e:
         raise CheckpointError(f"{ckpt_path} does not fit the model in its config: {str(e).splitlines()[0]}") from None
     model.to(select_device(device if device != "auto" else cfg.train.device)).eval()
-    return LoadedRun(cfg, tokenizer, model, run_dir, ckpt_path)
+    trainer_state = state.get("trainer")
+    step = int(trainer_state.get("iteration", 0)) if isinstance(trainer_state, dict) else 0
+    return LoadedRun(cfg, tokenizer, model, run_dir, ckpt_path, step)

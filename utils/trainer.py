@@ -12,6 +12,7 @@ would have happened without the interruption.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -293,7 +294,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     core = s.core
     rank, world = idist.get_rank(), idist.get_world_size()
     evaluator = create_evaluator(core, pad_id, s.device, s.autocast)
-    decode_cfg = type(cfg.decode)(**{**cfg.decode.__dict__, "beam": t.valid_beam, "nbest": 1})
+    decode_cfg = dataclasses.replace(cfg.decode, beam=t.valid_beam, nbest=1)
 
     @trainer.on(Events.EPOCH_STARTED)
     def _set_epoch(engine: Engine) -> None:
