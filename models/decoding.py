@@ -6,8 +6,14 @@ as they finish (their cache rows are dropped). Beam search (as in fairseq / Wu e
 - scores are sums of log-probabilities;
 - each step takes the top 2K candidates of a sentence's K beams; end-of-sentence candidates ranked
   among the top K are set aside as finished, the best K others continue;
-- a sentence is done when it has K finished hypotheses, or when it reaches its length cap
-  ``max_len = a * src_len + b`` (every beam then ends with EOS);
+- ``stop="bound"`` (default): a sentence is done once no alive beam can still beat its ``nbest``-th best
+  finished hypothesis. An alive beam's final score is at most ``logprob / lp(cap + 1)`` (log-probs only
+  fall as tokens are added, and for ``alpha >= 0`` the penalty is largest at the cap), so the search
+  stops exactly when further steps could not change the returned n-best list;
+- ``stop="k_finished"`` (fairseq's rule): a sentence is done when it has K finished hypotheses, even if
+  an alive beam still scores better;
+- in both, a sentence also ends at its length cap ``max_len = a * src_len + b`` (every beam then ends
+  with EOS);
 - finished hypotheses are ranked by ``logprob / lp`` with the GNMT length penalty
   ``lp = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, eq. 14), |Y| counting EOS;
 - cross-attention keys/values are computed once per sentence (the first step runs on one row per
@@ -22,6 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from models.transformer import DecoderCache, Seq2SeqTransformer
+
+
+STOP_RULES = ("bound", "k_finished")
 
 
 @dataclass
@@ -124,14 +133,27 @@ def beam_search(
     max_len_a: float = 1.5,
     max_len_b: int = 10,
     use_cache: bool = True,
+    stop: str = "bound",
 ) -> list[list[Hypothesis]]:
-    """src ``[B, S]`` -> for each sentence its ``nbest`` best hypotheses, best first."""
+    """src ``[B, S]`` -> for each sentence its ``nbest`` best hypotheses, best first.
+
+    ``stop``: ``"bound"`` (stop when no alive beam can beat the finished n-best) or ``"k_finished"``
+    (fairseq: stop after K finished hypotheses).
+    """
+    if stop not in STOP_RULES:
+        raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, got {stop!r}")
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest must be in 1..beam ({beam}), got {nbest}")
     device = src.device
     memory, src_mask = model.encode(src)
     n = src.shape[0]
     cap = max_lengths(src_mask, max_len_a, max_len_b, model)
     finished: list[list[Hypothesis]] = [[] for _ in range(n)]
     n_finished = torch.zeros(n, dtype=torch.long, device=device)
+    # The nbest-th best finished score of each sentence (-inf until it has nbest), and the most the
+    # length penalty can divide an alive beam's log-prob by (at the cap; at the next length if alpha < 0).
+    kth_best = torch.full((n,), float("-inf"), device=device)
+    bound_lp = length_penalty(cap.float() + 1, lenpen)
     alive = torch.arange(n, device=device)  # sentence index of each alive sentence
     width = 1  # beams per alive sentence: 1 at the first step (all beams would be identical)
     scores = torch.zeros(n, 1, device=device)  # [n_alive, width] summed log-probs
@@ -155,18 +177,28 @@ def beam_search(
             lps = top_score[eos_rows, eos_cols].tolist()
             for r, row, lp in zip(eos_rows.tolist(), rows, lps, strict=True):
                 sent = int(alive[r])
-                if len(finished[sent]) < beam:
-                    finished[sent].append(
-                        Hypothesis(prefix[row, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen))
-                    )
-                    n_finished[sent] += 1
+                if stop == "k_finished" and len(finished[sent]) >= beam:
+                    continue
+                hyps = finished[sent]
+                hyps.append(Hypothesis(prefix[row, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen)))
+                n_finished[sent] += 1
+                if len(hyps) >= nbest:
+                    kth_best[sent] = sorted((h.score for h in hyps), reverse=True)[nbest - 1]
 
         # The best K non-EOS candidates continue.
         cont_score, cont_rank = top_score.masked_fill(is_eos, float("-inf")).topk(min(beam, top_score.shape[1]), dim=-1)
         cont_beam = top_beam.gather(1, cont_rank)
         cont_tok = top_tok.gather(1, cont_rank)
 
-        done = (n_finished[alive] >= beam) | (cap[alive] <= step)
+        if stop == "k_finished":
+            done = n_finished[alive] >= beam
+        else:
+            if lenpen >= 0:
+                best_possible = cont_score[:, 0] / bound_lp[alive]
+            else:
+                best_possible = cont_score[:, 0] / length_penalty(step + 2, lenpen)
+            done = best_possible <= kth_best[alive]
+        done |= cap[alive] <= step
         done |= ~torch.isfinite(cont_score[:, 0])
         keep = (~done).nonzero().squeeze(1)
         if keep.numel() == 0:

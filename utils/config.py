@@ -164,6 +164,9 @@ class DecodeConfig:
     max_len_a: float = 1.5  # hypotheses are capped at a * src_len + b tokens
     max_len_b: int = 10
     batch_size: int = 64  # sentences per decoding batch
+    # When a sentence's beam search ends: "bound" once no alive beam can beat its finished n-best
+    # (finds what the model prefers); "k_finished" after K finished hypotheses (fairseq's rule).
+    beam_stop: Literal["bound", "k_finished"] = "bound"
 
 
 @dataclass

@@ -89,7 +89,9 @@ def translate_ids(
         if decode.beam == 1:
             nbest = [[h] for h in greedy_search(model, src, **common)]
         else:
-            nbest = beam_search(model, src, beam=decode.beam, nbest=decode.nbest, lenpen=decode.lenpen, **common)
+            nbest = beam_search(
+                model, src, beam=decode.beam, nbest=decode.nbest, lenpen=decode.lenpen, stop=decode.beam_stop, **common
+            )
         for i, hyps in zip(rows, nbest, strict=True):
             results[i] = [Translation(tokenizer.decode(h.tokens), h.score, h.logprob, h.tokens) for h in hyps]
     return results
