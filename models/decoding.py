@@ -29,7 +29,6 @@ import torch.nn.functional as F
 
 from models.transformer import DecoderCache, Seq2SeqTransformer
 
-
 STOP_RULES = ("bound", "k_finished")
 
 
