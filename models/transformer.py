@@ -107,15 +107,22 @@ class DecoderCache:
     length: int = 0
 
     def reorder(self, index: torch.Tensor, cross: bool = True) -> None:
-        """Keep/reorder batch rows (beams) in place: cached tensors ``[N, H, T, Dh]`` -> ``[len(index), ...]``.
+        """Keep/reorder batch rows in place: cached tensors ``[N, H, T, Dh]`` -> ``[len(index), ...]``.
 
-        ``cross=False`` leaves the cross-attention caches alone: beam search uses it when only beams
-        *within* sentences were reordered, since all beams of a sentence share the same source K/V.
+        ``cross=False`` reorders only the self-attention caches. Beam search does that at every step: it
+        keeps one cross-attention K/V per *sentence*, shared by the sentence's beams, and reorders those
+        (``reorder_cross``) only when sentences leave.
         """
         for self_c, cross_c in self.layers:
             for c in (self_c, cross_c) if cross else (self_c,):
                 for key in c:
                     c[key] = c[key].index_select(0, index)
+
+    def reorder_cross(self, index: torch.Tensor) -> None:
+        """Keep/reorder the cross-attention caches only (rows = sentences in beam search)."""
+        for _, cross_c in self.layers:
+            for key in cross_c:
+                cross_c[key] = cross_c[key].index_select(0, index)
 
 
 @dataclass
@@ -196,10 +203,13 @@ class Seq2SeqTransformer(nn.Module):
         src_mask: torch.Tensor,
         cache: DecoderCache | None = None,
         attention: Attention | None = None,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """tgt ``[B, T]`` (bos first) -> logits ``[B, T, V]``.
+        """tgt ``[B, T]`` (bos first) -> logits ``[B, T, V]``, or ``[N, V]`` for the N True positions of ``keep``.
 
-        With a ``cache``, ``tgt`` holds only the new tokens, at positions ``cache.length ...``.
+        With a ``cache``, ``tgt`` holds only the new tokens, at positions ``cache.length ...``. ``keep``
+        (``[B, T]`` bool, e.g. the non-pad targets) skips the output layer, the largest matrix product of a
+        training step, at positions no loss is taken on.
         """
         start = cache.length if cache is not None else 0
         pos = torch.arange(start, start + tgt.shape[1], device=tgt.device)
@@ -214,14 +224,14 @@ class Seq2SeqTransformer(nn.Module):
                 attention.cross.append(w_cross)
         if cache is not None:
             cache.length += tgt.shape[1]
-        x = self.decoder_norm(x)
+        x = self.decoder_norm(x if keep is None else x[keep])
         weight = self.output.weight if self.output is not None else self.tgt_embed.weight
         return F.linear(x, weight)
 
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits ``[B, T, V]``."""
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced logits ``[B, T, V]`` (``[N, V]`` at the True positions of ``keep``)."""
         memory, src_mask = self.encode(src)
-        return self.decode(tgt, memory, src_mask)
+        return self.decode(tgt, memory, src_mask, keep=keep)
 
     def forward_with_attention(self, src: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, Attention]:
         """Teacher-forced logits plus every layer's attention weights (explicit path)."""

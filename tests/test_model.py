@@ -214,3 +214,25 @@ def test_pre_and_post_layer_norm(norm: str) -> None:
     assert_incremental_equals_full(model)
     has_final_norm = isinstance(model.encoder_norm, torch.nn.LayerNorm)
     assert has_final_norm == (norm == "pre")
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_output_layer_on_kept_positions_only_matches_full_logits_and_loss(tie: bool) -> None:
+    from utils.evaluation import token_loss
+
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(small_cfg(input_pe="sinusoidal", attention_pe="rope", tie_embeddings=tie), 40, PAD)
+    src, tgt = batch()
+    tgt[0, 4:] = PAD  # padded targets
+    keep = tgt != PAD
+    full = model(src, tgt)
+    kept = model(src, tgt, keep)
+    assert kept.shape == (int(keep.sum()), 40)
+    torch.testing.assert_close(kept, full[keep])
+    # The training loss (summed, label-smoothed, pad ignored) is the same either way, and so are its gradients.
+    loss_full = token_loss(full, tgt, PAD, 0.1)
+    loss_kept = token_loss(kept, tgt[keep], PAD, 0.1)
+    torch.testing.assert_close(loss_kept, loss_full)
+    g_full = torch.autograd.grad(loss_full, model.src_embed.weight)[0]
+    g_kept = torch.autograd.grad(loss_kept, model.src_embed.weight)[0]
+    torch.testing.assert_close(g_kept, g_full)

@@ -17,10 +17,10 @@ from models.transformer import Seq2SeqTransformer
 
 
 def token_loss(logits: torch.Tensor, target: torch.Tensor, pad_id: int, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Summed cross-entropy over non-pad targets. logits ``[B, T, V]``, target ``[B, T]`` -> scalar."""
+    """Summed cross-entropy over non-pad targets. logits ``[..., V]``, target ``[...]`` -> scalar."""
     return F.cross_entropy(
-        logits.float().flatten(0, 1),
-        target.flatten(),
+        logits.float().reshape(-1, logits.shape[-1]),
+        target.reshape(-1),
         ignore_index=pad_id,
         label_smoothing=label_smoothing,
         reduction="sum",
@@ -65,12 +65,13 @@ def create_evaluator(
     def step(engine: Engine, batch: Batch) -> tuple[float, int, int]:
         model.eval()
         batch = batch.to(device)
-        with autocast():
-            logits = model(batch.src, batch.tgt_in)
-        loss = token_loss(logits, batch.tgt_out, pad_id)
         real = batch.tgt_out != pad_id
-        correct = ((logits.argmax(-1) == batch.tgt_out) & real).sum()
-        return float(loss), int(correct), int(real.sum())
+        target = batch.tgt_out[real]
+        with autocast():
+            logits = model(batch.src, batch.tgt_in, real)  # [N, V]: non-pad positions only
+        loss = token_loss(logits, target, pad_id)
+        correct = (logits.argmax(-1) == target).sum()
+        return float(loss), int(correct), int(target.numel())
 
     evaluator = Engine(step)
     TokenLossAccuracy().attach(evaluator, "token")
