@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -28,10 +29,22 @@ def weights(run: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
     return load_checkpoint(run / "checkpoints" / name)["model"]
 
 
-def test_run_directory_holds_everything_to_reload(tmp_path: Path, tiny_config) -> None:
+def test_run_directory_holds_everything_to_reload(tmp_path: Path, tiny_config, caplog) -> None:
     cfg = tiny_config(tmp_path, max_steps=6, eval_every=3)
     run = create_run_dir(cfg, tmp_path / "runs")
-    metrics = train(cfg, run)
+    with caplog.at_level("INFO", logger="train"):
+        metrics = train(cfg, run)
+    # The closing summary (what bench/peers.py reads): steps, target tokens, time split, final perplexity.
+    line = next(r.getMessage() for r in caplog.records if "| stats {" in r.getMessage())
+    summary = json.loads(line.split("| stats ", 1)[1])
+    assert summary["steps"] == 6 and summary["target_tokens"] > 0
+    assert summary["train_seconds"] > 0 and summary["eval_seconds"] > 0
+    rate = summary["target_tokens"] / summary["train_seconds"]
+    assert summary["target_tokens_per_s"] == pytest.approx(rate, rel=0.05)
+    assert summary["valid_ppl"] == pytest.approx(metrics["ppl"])
+    messages = [r.getMessage() for r in caplog.records]
+    progress = [m.split(" | ")[0] for m in messages if "| loss" in m and "target tokens/s" in m]
+    assert progress == ["epoch 1 step 2", "epoch 1 step 4", "epoch 1 step 6"]
     assert {"loss", "ppl", "accuracy", "bleu", "chrf"} <= set(metrics)
     assert (tmp_path / "runs" / "tiny_latest").resolve() == run.resolve()
     for path in ("config.yaml", "tokenizer/meta.json", "checkpoints/best.pt", "checkpoints/last.pt", "train.log"):
@@ -175,3 +188,33 @@ def test_early_stopping_ends_training_after_patience_evaluations(tmp_path: Path,
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     assert state["trainer"]["iteration"] == 4
     assert state["early_stopping"]["counter"] == 1
+
+
+def test_schedule_in_tokens_is_the_same_at_any_batch_size(tmp_path: Path, tiny_config) -> None:
+    from utils.trainer import build_setup
+
+    def setup(max_tokens: int, **kw):
+        cfg = tiny_config(tmp_path, lr=1e-3, warmup_steps=7, **kw)
+        cfg.data.max_tokens = max_tokens
+        s = build_setup(cfg, tmp_path / f"run{max_tokens}{len(kw)}")
+        batch = tokens_per_batch(s)
+        return s.optimizer.param_groups[0]["initial_lr"], s.scheduler.lr_lambdas[0], batch
+
+    # Without the options: the configured peak lr and warmup steps, whatever the batch size.
+    lr, factor, _ = setup(300)
+    assert lr == pytest.approx(1e-3) and factor(7) == 1.0 and factor(6) < 1.0
+    # With them: warmup covers the same number of target tokens, and the peak lr follows sqrt(batch).
+    small_lr, small_factor, small = setup(200, warmup_tokens=6000, lr_batch_tokens=1000)
+    big_lr, big_factor, big = setup(600, warmup_tokens=6000, lr_batch_tokens=1000)
+    assert big > 2 * small
+    assert small_lr == pytest.approx(1e-3 * (small / 1000) ** 0.5, rel=1e-6)
+    assert big_lr / small_lr == pytest.approx((big / small) ** 0.5, rel=1e-6)
+    for batch, factor in ((small, small_factor), (big, big_factor)):
+        warmup = round(6000 / batch)
+        assert factor(warmup) == 1.0 and factor(warmup - 1) < 1.0
+
+
+def tokens_per_batch(s) -> float:
+    """Mean target tokens (eos included) per training batch, counted by iterating one epoch."""
+    batches = list(s.train_data)
+    return sum(b.n_tgt_tokens for b in batches) / len(batches)

@@ -136,6 +136,11 @@ class TrainConfig:
     lr: float = 5e-4
     scheduler: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
     warmup_steps: int = 4000
+    # The schedule at any batch size: warmup counted in target tokens (replaces warmup_steps), and a peak
+    # lr meant for batches of lr_batch_tokens target tokens, scaled by sqrt(batch / lr_batch_tokens) for
+    # others (Adam's square-root rule, Malladi et al. 2022). Batch = mean target tokens per optimizer step.
+    warmup_tokens: int | None = None
+    lr_batch_tokens: int | None = None
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
     weight_decay: float = 0.0

@@ -43,13 +43,25 @@ from data.sources import load_corpus
 from models.transformer import Seq2SeqTransformer
 from tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 from utils.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
-from utils.config import Config
+from utils.config import Config, TrainConfig
 from utils.evaluation import create_evaluator, token_loss
+from utils.host import cpu_has_native_bf16, keep_freed_memory
 from utils.metrics import corpus_scores
 from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, select_device
 from utils.translate import encode_sources, translate_ids
 
 log = logging.getLogger("train")
+
+
+SUMMARY_MARK = " | stats "  # precedes the JSON of the closing summary line in train.log
+
+
+def read_summary(log_text: str) -> dict[str, Any]:
+    """The closing summary of a train.log (steps, target_tokens, train/eval seconds, tokens/s, valid_ppl)."""
+    for line in reversed(log_text.splitlines()):
+        if SUMMARY_MARK in line and " optimizer steps" in line:
+            return json.loads(line.split(SUMMARY_MARK, 1)[1])
+    raise ValueError("the training log has no closing summary line (did training stop early?)")
 
 
 def set_seed(seed: int) -> None:
@@ -121,6 +133,28 @@ def inverse_sqrt(warmup: int) -> Callable[[int], float]:
         return min(step / max(warmup, 1), math.sqrt(max(warmup, 1) / step))
 
     return factor
+
+
+def tokens_per_step(split: Any, sampler: TokenBatchSampler, accumulate: int, world: int) -> float:
+    """Mean target tokens (eos included) per optimizer step over an epoch: all ranks, all accumulated batches."""
+    total = float(split.tgt_lengths.sum() + len(split.tgt_lengths))
+    return total / max(len(sampler.batches), 1) * accumulate * world
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate schedule a run uses, resolved for its batch size."""
+
+    batch_tokens: float
+    peak_lr: float
+    warmup_steps: int
+
+
+def schedule_for_batch(t: TrainConfig, batch_tokens: float) -> Schedule:
+    """Peak lr and warmup steps for batches of ``batch_tokens`` target tokens (see TrainConfig.warmup_tokens)."""
+    lr = t.lr if not t.lr_batch_tokens else t.lr * math.sqrt(batch_tokens / t.lr_batch_tokens)
+    warmup = t.warmup_steps if t.warmup_tokens is None else max(1, round(t.warmup_tokens / batch_tokens))
+    return Schedule(batch_tokens, lr, warmup)
 
 
 @dataclass
@@ -207,13 +241,19 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
     attention_sentence = src_texts[pick] if src_texts else ""
     log.info("model: %.2fM parameters on %s (world size %d)", core.num_parameters() / 1e6, device, world)
     t = cfg.train
+    sched = schedule_for_batch(t, tokens_per_step(train, train_sampler, t.accumulate, world))
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay
+        model.parameters(), lr=sched.peak_lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay
     )
-    factor = inverse_sqrt(t.warmup_steps) if t.scheduler == "inverse_sqrt" else (lambda step: 1.0)
+    factor = inverse_sqrt(sched.warmup_steps) if t.scheduler == "inverse_sqrt" else (lambda step: 1.0)
+    log.info("schedule: %.0f target tokens per optimizer step, peak lr %.3g, warmup %d steps",
+             sched.batch_tokens, sched.peak_lr, sched.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     scaler = torch.amp.GradScaler(device.type, enabled=t.amp == "fp16" and device.type == "cuda")
     use_amp = t.amp != "none" and (device.type == "cuda" or (t.amp_cpu and t.amp == "bf16"))
+    if use_amp and device.type == "cpu" and not cpu_has_native_bf16():
+        log.warning("train.amp_cpu: this CPU has no bf16 instructions (avx512_bf16/amx_bf16): bf16 autocast "
+                    "will be several times slower than fp32 here; set train.amp_cpu=false")
     dtype = torch.bfloat16 if t.amp == "bf16" else torch.float16
 
     def autocast() -> contextlib.AbstractContextManager:
@@ -266,6 +306,7 @@ class StopRequest:
 
 def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     """Train in ``run_dir`` (resuming from its last.pt if ``resume``); returns the last validation metrics."""
+    keep_freed_memory()  # no page-fault churn from large per-step allocations (see utils/host.py)
     s = build_setup(cfg, run_dir, resume)
     t = cfg.train
     model, optimizer, scheduler, scaler = s.model, s.optimizer, s.scheduler, s.scaler
@@ -275,9 +316,10 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     def train_step(engine: Engine, batch: Batch) -> dict[str, float]:
         model.train()
         batch = batch.to(s.device)
+        real = batch.tgt_out != pad_id
         with s.autocast():
-            logits = model(batch.src, batch.tgt_in)
-        loss = token_loss(logits, batch.tgt_out, pad_id, t.label_smoothing) / batch.n_tgt_tokens
+            logits = model(batch.src, batch.tgt_in, real)  # [N, V]: no output layer or loss over padding
+        loss = token_loss(logits, batch.tgt_out[real], pad_id, t.label_smoothing) / batch.n_tgt_tokens
         scaler.scale(loss / t.accumulate).backward()
         grad_norm = float("nan")
         if engine.state.iteration % t.accumulate == 0:
@@ -303,6 +345,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
 
     # Running training statistics: loss (exponential average), grad norm, target tokens per second.
     stats = {"tokens": 0, "since": time.perf_counter()}
+    # Whole-run totals for the closing summary: target tokens and seconds spent outside training steps.
+    totals = {"tokens": 0, "steps": 0, "eval_s": 0.0}
 
     @trainer.on(Events.ITERATION_COMPLETED)
     def _running_stats(engine: Engine) -> None:
@@ -312,11 +356,21 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         if not math.isnan(out["grad_norm"]):
             m["grad_norm"] = out["grad_norm"]
         stats["tokens"] += out["tokens"]
+        totals["tokens"] += out["tokens"]
+        totals["steps"] += 1
         if engine.state.iteration % t.log_every == 0:
             now = time.perf_counter()
             tokens = idist.all_reduce(stats["tokens"]) if world > 1 else stats["tokens"]  # all ranks together
             m["tokens_per_s"] = tokens / max(now - stats["since"], 1e-9)
             stats["tokens"], stats["since"] = 0, now
+            log.info(
+                "epoch %d step %d | loss %.3f | lr %.3g | %.0f target tokens/s",
+                engine.state.epoch,
+                engine.state.iteration,
+                m["loss"],
+                optimizer.param_groups[0]["lr"],
+                m["tokens_per_s"],
+            )
 
     @evaluator.on(Events.COMPLETED)
     def _bleu(engine: Engine) -> None:
@@ -383,8 +437,10 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         def _log_attention(engine: Engine) -> None:
             from utils.visualization import attention_figures, write_figures
 
+            began = time.perf_counter()
             figures = attention_figures(core, s.tokenizer, s.attention_sentence)
             write_figures(figures, None, tb.writer, engine.state.iteration)
+            totals["eval_s"] += time.perf_counter() - began
 
     last_eval = {"iteration": -1}
 
@@ -392,7 +448,9 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         if last_eval["iteration"] == engine.state.iteration:
             return
         last_eval["iteration"] = engine.state.iteration
+        began = time.perf_counter()
         evaluator.run(s.valid_data)
+        totals["eval_s"] += time.perf_counter() - began
         m = evaluator.state.metrics
         log.info(
             "epoch %d step %d | valid loss %.3f ppl %.2f acc %.3f BLEU %.2f chrF %.2f | %r",
@@ -411,6 +469,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     trainer.add_event_handler(eval_event, run_validation)
 
     start = time.monotonic()
+    wall_start = time.perf_counter()
     reasons = {
         1: f"train.max_steps={t.max_steps} reached",
         2: f"train.max_minutes={t.max_minutes} reached",
@@ -451,6 +510,26 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         trainer.run(s.train_data, max_epochs=t.epochs)
         if trainer.state.iteration > last_eval["iteration"] and stopped["code"] != 3:
             run_validation(trainer)  # the epochs ran out between evaluations
+    wall = time.perf_counter() - wall_start
+    train_s = max(wall - totals["eval_s"], 1e-9)
+    summary = {
+        "steps": totals["steps"] // t.accumulate,
+        "target_tokens": totals["tokens"],
+        "train_seconds": round(train_s, 3),
+        "eval_seconds": round(totals["eval_s"], 3),
+        "target_tokens_per_s": round(totals["tokens"] / train_s, 1),
+        "valid_ppl": evaluator.state.metrics.get("ppl") if evaluator.state else None,
+    }
+    log.info(
+        "trained %d optimizer steps, %d target tokens in %.0f s (%.0f target tokens/s; %.0f s validating)"
+        + SUMMARY_MARK + "%s",
+        summary["steps"],
+        summary["target_tokens"],
+        train_s,
+        summary["target_tokens_per_s"],
+        totals["eval_s"],
+        json.dumps(summary),
+    )
     if tb is not None:
         tb.close()
     return {k: v for k, v in evaluator.state.metrics.items() if isinstance(v, float)} if evaluator.state else {}

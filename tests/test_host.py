@@ -1,0 +1,36 @@
+"""Host settings: malloc tuning for training, and the CPU bf16 check behind train.amp_cpu's warning."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from utils.host import cpu_has_native_bf16, keep_freed_memory
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        ("fpu sse2 avx2 avx512f avx512bw", False),
+        ("fpu avx512f avx512_bf16 avx512_vnni", True),
+        ("fpu avx512f amx_bf16 amx_tile", True),
+    ],
+)
+def test_cpu_bf16_is_read_from_cpu_flags(tmp_path: Path, flags: str, native: bool) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nmodel name\t: test\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    assert cpu_has_native_bf16(str(info)) is native
+
+
+def test_arm_bf16_feature_and_missing_cpuinfo(tmp_path: Path) -> None:
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n")
+    assert cpu_has_native_bf16(str(arm)) is True
+    assert cpu_has_native_bf16(str(tmp_path / "absent")) is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_malloc_keeps_freed_memory_on_linux() -> None:
+    assert keep_freed_memory() is True
