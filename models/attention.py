@@ -56,6 +56,23 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
+    def _grouped_cross(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Cross-attention of ``g`` rows per sentence (its beams) against the sentence's one K/V.
+
+        q ``[n*g, H, Tq, Dh]``, k/v ``[n, H, S, Dh]``, key_mask ``[n, S]`` -> ``[n*g, Tq, D]``: the beams
+        become extra queries of their sentence, so K/V are neither copied per beam nor reordered with them.
+        """
+        b, h, tq, dh = q.shape
+        n = k.shape[0]
+        g = b // n
+        q = q.view(n, g, h, tq, dh).transpose(1, 2).reshape(n, h, g * tq, dh)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        out = out.view(n, h, g, tq, dh).permute(0, 2, 3, 1, 4).reshape(b, tq, h * dh)
+        return self.out_proj(out)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -86,6 +103,12 @@ class MultiHeadAttention(nn.Module):
                     cache["k"], cache["v"] = k, v
             if k_pos is None:
                 k_pos = torch.arange(k.shape[2], device=x.device)
+            if k.shape[0] != b:  # beam search: g = b / sentences consecutive rows share one sentence's K/V
+                if self.pe is None and not need_weights:
+                    return self._grouped_cross(q, k, v, key_mask), None
+                g = b // k.shape[0]
+                k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
+                key_mask = None if key_mask is None else key_mask.repeat_interleave(g, 0)
             if self.pe is not None:
                 q, k = self.pe.rotate(q, k, q_pos, k_pos)
         else:
@@ -98,6 +121,8 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat((cache["v"], v), dim=2)
                 cache["k"], cache["v"] = k, v
             k_pos = torch.arange(k.shape[2], device=x.device) if cache is not None else q_pos
+            if cache is not None and tq == 1:
+                causal = False  # one new query after the cached keys: nothing to mask (SDPA runs mask-free)
 
         mask = build_mask(key_mask, q_pos, k_pos, causal)
         bias = None if self.pe is None else self.pe.bias(q_pos, k_pos, q)
@@ -126,8 +151,13 @@ class MultiHeadAttention(nn.Module):
             if q.device.type == "cpu" and dtype == torch.bfloat16:  # CPU SDPA kernels are ~5x slower in bf16
                 q, k, v = q.float().contiguous(), k.float().contiguous(), v.float().contiguous()
                 mask = mask.float() if mask is not None and mask.dtype != torch.bool else mask
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=None if use_causal else mask, dropout_p=dropout, is_causal=use_causal
-            ).to(dtype)
+            if tq == 1 and mask is None and q.device.type == "cpu" and not self.training:
+                # One query per row (a cached decoding step): two batched products beat the CPU flash kernel.
+                out = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).softmax(-1) @ v
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=None if use_causal else mask, dropout_p=dropout, is_causal=use_causal
+                )
+            out = out.to(dtype)
         out = out.transpose(1, 2).reshape(b, tq, d)
         return self.out_proj(out), weights

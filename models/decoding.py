@@ -16,8 +16,9 @@ as they finish (their cache rows are dropped). Beam search (as in fairseq / Wu e
   with EOS);
 - finished hypotheses are ranked by ``logprob / lp`` with the GNMT length penalty
   ``lp = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, eq. 14), |Y| counting EOS;
-- cross-attention keys/values are computed once per sentence (the first step runs on one row per
-  sentence) and then only reordered with ``index_select``.
+- cross-attention keys/values are computed once per sentence and shared by its beams (they attend as
+  extra queries of their sentence), so they are never copied per beam, and are reordered only when
+  sentences leave the batch; the encoder memory and source mask likewise stay one row per sentence.
 """
 
 from __future__ import annotations
@@ -206,14 +207,14 @@ def beam_search(
         rows = (keep[:, None] * width + cont_beam[keep]).view(-1)  # rows of the current batch to carry on
         prefix = torch.cat((prefix[rows], cont_tok[keep].view(-1, 1)), dim=1)
         scores = cont_score[keep]
-        src_rows = keep.repeat_interleave(new_width) if width == 1 else keep
-        if width == 1:  # expand the one-row-per-sentence state to `beam` rows per sentence
-            memory, src_mask = memory[src_rows], src_mask[src_rows]
-        else:
-            memory = memory.view(n_alive, width, *memory.shape[1:])[keep].flatten(0, 1)
-            src_mask = src_mask.view(n_alive, width, -1)[keep].flatten(0, 1)
-        if cache is not None:  # cross-attention K/V only change when sentences leave or the beam widens
-            cache.reorder(rows, cross=keep.numel() < n_alive or new_width != width)
+        # Source state stays one row per sentence (its beams share it): it changes only when sentences leave.
+        leaving = keep.numel() < n_alive
+        if leaving:
+            memory, src_mask = memory[keep], src_mask[keep]
+        if cache is not None:
+            cache.reorder(rows, cross=False)
+            if leaving:
+                cache.reorder_cross(keep)
         alive = alive[keep]
         width = new_width
         step += 1

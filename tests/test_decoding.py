@@ -155,3 +155,41 @@ def test_decoding_without_the_cache_gives_the_same_hypotheses(model: Seq2SeqTran
     with_cache = beam_search(model, src, bos=BOS, eos=EOS, beam=3, nbest=3)
     without = beam_search(model, src, bos=BOS, eos=EOS, beam=3, nbest=3, use_cache=False)
     assert [[h.tokens for h in nb] for nb in with_cache] == [[h.tokens for h in nb] for nb in without]
+
+
+@pytest.mark.parametrize("cross_pe", ["none", "alibi", "t5", "shaw"])
+def test_beams_sharing_their_sentence_cross_attention_score_as_teacher_forcing(cross_pe: str) -> None:
+    """Beams attend to one K/V per sentence (grouped queries; per-row K/V where a cross-attention encoding
+    needs them): every n-best hypothesis, of sentences leaving at different steps, scores as teacher forcing."""
+    torch.manual_seed(1)
+    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=1, decoder_layers=2, d_ff=64, dropout=0.0,
+                      input_pe="sinusoidal", attention_pe="rope", cross_attention_pe=cross_pe)
+    model = Seq2SeqTransformer(cfg, V, PAD).eval()
+    src = sources(6)
+    for use_cache in (True, False):
+        results = beam_search(model, src, bos=BOS, eos=EOS, beam=3, nbest=3, lenpen=0.6, max_len_b=4,
+                              use_cache=use_cache)
+        lengths = set()
+        for i, nbest in enumerate(results):
+            assert len(nbest) == 3
+            for h in nbest:
+                assert h.logprob == pytest.approx(full_logprob(model, src[i][src[i] != PAD], h), abs=1e-3)
+                lengths.add(len(h.tokens))
+        assert len(lengths) > 1  # hypotheses (and sentences) ended at different steps
+
+
+def test_beam_search_keeps_one_cross_attention_kv_per_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    from models.attention import MultiHeadAttention
+
+    seen: list[tuple[int, int]] = []
+    grouped = MultiHeadAttention._grouped_cross
+
+    def spy(self, q, k, v, key_mask):
+        seen.append((q.shape[0], k.shape[0]))
+        return grouped(self, q, k, v, key_mask)
+
+    monkeypatch.setattr(MultiHeadAttention, "_grouped_cross", spy)
+    model = trained_copy_model()
+    beam_search(model, sources(5), bos=BOS, eos=EOS, beam=4)
+    assert seen and all(rows == 4 * sentences for rows, sentences in seen)
+    assert seen[0] == (20, 5)  # the second step: 4 beams of each of the 5 sentences, 5 cached K/V
