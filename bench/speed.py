@@ -572,6 +572,77 @@ def make_inputs(cfg: Any, tok: Any, splits: dict, max_tokens: int, n_batches: in
             "decode_rows": rows}
 
 
+def time_real_loop(config: Path, overrides: list[str], steps: int, precision: str, device: str,
+                   work: Path) -> dict[str, Any]:
+    """``train.py`` itself for ``steps`` optimizer steps (validation only once, at the end, on few sentences).
+
+    Target tokens/s come from train.py's own closing summary (training steps only, batch assembly included);
+    CPU user/system seconds, minor page faults and peak RSS from the kernel for the whole process
+    (start-up, tokenizer and the final validation included).
+    """
+    from bench.measure import run_measured
+    from utils.trainer import read_summary
+
+    amp = ["train.amp=none"] if precision == "fp32" else ["train.amp=bf16", "train.amp_cpu=true"]
+    sets = [f"train.max_steps={steps}", "train.eval_every=100000000", "train.log_attention_every=0",
+            "train.valid_bleu_sentences=20", f"train.device={device}", *overrides, *amp]
+    cmd = [sys.executable, "train.py", "--config", str(config), "--runs", str(work / "real")]
+    for item in sets:
+        cmd += ["--set", item]
+    log = work / f"real.{precision}.log"
+    print(f"  train.py, {steps} steps, {precision} ...", end="", flush=True)
+    m = run_measured(cmd, log)
+    summary = read_summary(log.read_text())
+    print(f" {summary['target_tokens_per_s']:.0f} tgt tok/s ({m.wall_s:.0f}s)", flush=True)
+    return {"tok_per_s": summary["target_tokens_per_s"], "steps": summary["steps"],
+            "train_seconds": summary["train_seconds"], "wall_s": m.wall_s, "user_s": m.user_s, "sys_s": m.sys_s,
+            "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
+
+
+def time_trained_decoding(model_path: str, sentences: int, beam: int, device: str,
+                          profile_to: Path | None = None) -> dict[str, Any]:
+    """A trained model (a run directory) on the first ``sentences`` of TEST_SPLIT: greedy, then beam search
+    with each stop rule; sentences/s (tokenizing, decoding, detokenizing), mean output tokens, sacreBLEU.
+
+    ``profile_to``: also write torch.profiler's operator table of the beam search (``stop="bound"``).
+    """
+
+    from data.sources import load_corpus
+    from utils.metrics import corpus_scores
+    from utils.runs import load_run
+    from utils.translate import encode_sources, translate_ids
+
+    run = load_run(model_path, device=device)
+    split = load_corpus(run.cfg.data)[TEST_SPLIT]
+    n = min(sentences, len(split))
+    sources, refs = list(split["src"][:n]), list(split["tgt"][:n])
+    decoders = {"greedy": dataclasses.replace(run.cfg.decode, beam=1, nbest=1)}
+    for rule in ("bound", "k_finished"):
+        decoders[f"beam {beam}, stop={rule}"] = dataclasses.replace(run.cfg.decode, beam=beam, nbest=1, beam_stop=rule)
+    out: dict[str, Any] = {"model": str(run.checkpoint), "sentences": n, "lenpen": run.cfg.decode.lenpen,
+                           "batch_size": run.cfg.decode.batch_size, "decoders": {}}
+    for label, decode in decoders.items():
+        translate_ids(run.model, run.tokenizer, encode_sources(run.tokenizer, sources[:8], None, strict=False), decode)
+        start = time.perf_counter()
+        ids = encode_sources(run.tokenizer, sources, run.model.max_length, strict=False)
+        hyps = [best[0] for best in translate_ids(run.model, run.tokenizer, ids, decode)]
+        took = time.perf_counter() - start
+        out["decoders"][label] = {"sent_per_s": n / took, "seconds": took,
+                                  "out_tokens": sum(len(h.tokens) for h in hyps) / n,
+                                  "bleu": corpus_scores([h.text for h in hyps], refs).bleu}
+        print(f"  trained model, {label}: {n / took:.1f} sent/s", flush=True)
+    if profile_to is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        decode = decoders[f"beam {beam}, stop=bound"]
+        ids = encode_sources(run.tokenizer, sources, run.model.max_length, strict=False)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+            translate_ids(run.model, run.tokenizer, ids, decode)
+        profile_to.write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+        print(f"  beam-search profile written to {profile_to}", flush=True)
+    return out
+
+
 def run_worker(spec: dict, work: Path, label: str) -> dict[str, Any]:
     key = label.replace(" ", "_").replace("/", "_")
     spec = {**spec, "result": str(work / f"{key}.result.json")}
@@ -676,6 +747,8 @@ def build_report(res: dict[str, dict], meta: dict, args: argparse.Namespace) -> 
         lines.append(f"| MFU, bf16 train step (peak {args.peak_tflops:g} TFLOP/s) | {' | '.join(cells)} | "
                      f"{_ratio(meta['mfu'].get('ours'), meta['mfu'].get('marian'))} |  |")
 
+    if not any(k.startswith(("train.", "greedy.", "beam.")) for k in res):
+        lines = lines[:1]  # --parts without models: no comparison table
     if any(k.startswith("data.") for k in res):
         np1, np2 = get("data.cold.np1", "seconds"), get("data.cold.np2", "seconds")
         warm = get("data.synth_warm", "seconds")
@@ -697,7 +770,33 @@ def build_report(res: dict[str, dict], meta: dict, args: argparse.Namespace) -> 
             f"{_ratio(np1, np2)}) |",
             f"| warm load, synthetic corpus (target < 3 s: {target}) | {_fmt(warm, 3)} |",
         ]
+    lines += real_sections(res, meta)
     return "\n".join(lines)
+
+
+def real_sections(res: dict[str, dict], meta: dict) -> list[str]:
+    """Report lines for the real training loop and the trained model's decoding, where they were measured."""
+    lines: list[str] = []
+    real = {k.split(".", 1)[1]: v for k, v in res.items() if k.startswith("real.")}
+    if real:
+        lines += ["", "The real loop: `train.py` itself (batches from its own loader, the full training step; "
+                  "CPU seconds, page faults and peak RSS for the whole process)", "",
+                  "| train.py | steps | target tok/s | user s | system s | minor page faults | peak RSS (MiB) |",
+                  "|---|---|---|---|---|---|---|"]
+        for p, r in real.items():
+            lines.append(f"| {p} | {r['steps']} | {_fmt(r['tok_per_s'], 0)} | {_fmt(r['user_s'], 0)} | "
+                         f"{_fmt(r['sys_s'], 1)} | {_fmt(r['minor_faults'], 0)} | {_fmt(r['peak_mib'], 0)} |")
+        for note in meta.get("real_skipped", []):
+            lines.append(f"| {note}: skipped | | | | | | |")
+    trained = res.get("trained")
+    if trained:
+        lines += ["", f"Trained model ({trained['model']}): the first {trained['sentences']} sentences of "
+                  f"{TEST_SPLIT}, batches of {trained['batch_size']}, lenpen {trained['lenpen']:g}, "
+                  "tokenizing and detokenizing included", "",
+                  "| decoder | sent/s | mean output tokens | sacreBLEU |", "|---|---|---|---|"]
+        for label, r in trained["decoders"].items():
+            lines.append(f"| {label} | {_fmt(r['sent_per_s'])} | {_fmt(r['out_tokens'])} | {_fmt(r['bleu'], 2)} |")
+    return lines
 
 
 def main() -> int:
@@ -719,10 +818,23 @@ def main() -> int:
                         help="accelerator peak for the MFU (default 989: H100 SXM bf16 dense)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value (repeatable)")
+    parser.add_argument("--real-steps", type=int,
+                        help="steps of train.py itself per precision (default 60 on CPU, 300 on CUDA; 0 = skip)")
+    parser.add_argument("--model_path", help="a trained run directory to time real decoding on "
+                                             "(default: runs/<config name>_latest when it exists)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write torch.profiler's table of the trained model's beam search to <out>")
+    parser.add_argument("--parts", default="models,data,real,trained",
+                        help="what to measure, from models (idealised step and forced-length decoding against "
+                             "Marian and nn.Transformer), data, real (train.py), trained (a trained model's "
+                             "decoding); default all")
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._worker:
         return worker(Path(args._worker))
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if not parts or parts - {"models", "data", "real", "trained"}:
+        parser.error(f"--parts: choose from models, data, real, trained (got {args.parts!r})")
 
     import torch
 
@@ -796,7 +908,7 @@ def main() -> int:
                 "seed": cfg.seed, "inputs": str(work / "inputs.pt"), "tokenizer": str(tok_path),
                 "max_positions": max_positions}
         tasks: list[tuple[str, dict]] = []
-        for p in args.precisions:
+        for p in args.precisions if "models" in parts else []:
             tasks += [(f"train.{m}.{p}", {"task": "train", "model": m, "precision": p, "warmup": warmup})
                       for m in args.models]
         for key, model, task, cache in (
@@ -805,9 +917,9 @@ def main() -> int:
             ("greedy.torch.nocache", "torch", "greedy", False),
             ("beam.ours.cache", "ours", "beam", True), ("beam.marian.cache", "marian", "beam", True),
         ):
-            if model in args.models:
+            if model in args.models and "models" in parts:
                 tasks.append((key, {"task": task, "model": model, "use_cache": cache}))
-        if not args.no_data:
+        if not args.no_data and "data" in parts:
             synth = {"pairs": synth_pairs}
             tasks += [
                 ("data.warm", {"task": "data_warm"}),
@@ -817,6 +929,21 @@ def main() -> int:
             ]
         for i, (key, spec) in enumerate(tasks, 1):
             res[key] = run_worker({**base, **spec}, work, f"[{i}/{len(tasks)}] {key}")
+        real_steps = args.real_steps if args.real_steps is not None else (3 if args.quick else 300 if cuda else 60)
+        if real_steps and "real" in parts:
+            from utils.host import cpu_has_native_bf16
+
+            print("the real loop (train.py):", flush=True)
+            for p in args.precisions:
+                if p == "bf16" and not cuda and not cpu_has_native_bf16():
+                    meta.setdefault("real_skipped", []).append("bf16 (this CPU has no bf16 instructions)")
+                    continue
+                res[f"real.{p}"] = time_real_loop(config, args.overrides, real_steps, p, args.device, work)
+    model_path = args.model_path or (ROOT / "runs" / f"{cfg.name}_latest")
+    if "trained" in parts and (args.model_path or Path(model_path).is_dir()):
+        print(f"trained-model decoding ({model_path}):", flush=True)
+        profile_to = out / "decode_profile.txt" if args.profile else None
+        res["trained"] = time_trained_decoding(str(model_path), sentences, cfg.decode.beam, args.device, profile_to)
 
     memory = [r["memory_method"] for r in res.values() if "memory_method" in r]
     meta["memory_method"] = memory[0] if memory else "-"

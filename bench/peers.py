@@ -1,0 +1,301 @@
+"""This toolkit against Eole 0.6.4 through the real commands, on one machine, in one run; prints ratios.
+
+    python bench/peers.py [--minutes 44] [--systems eole,ours,ours-defaults] [--work runs/peers]
+
+Protocol (the same for both systems): bench train/valid (../shared/data/bench/fr-en), a joint 8k subword
+vocabulary per system (ours: `tokenizers` BPE; Eole: SentencePiece BPE trained on the same text), d 256,
+4 heads, 3+3 layers, FFN 1024, dropout 0.1, label smoothing 0.1, Adam(0.9, 0.98), inverse-sqrt schedule
+with 1,000 warmup steps and peak LR 7e-4, shared embeddings, RoPE, the same wall-clock budget counted
+from the first batch, no validation inside the budget, then beam 5 on the three bench test sets.
+
+- ``ours``: ``train.py --config configs/bench_small_rope.yaml`` with the protocol's settings (batches of
+  4,096 tokens as Eole's, bf16 autocast), then ``test.py``. ``ours-fp32``: the same in fp32.
+- ``ours-defaults``: the config as users run it (its own batch size, schedule and evaluation), then
+  ``test.py``.
+- ``eole``: ``eole build_vocab`` / ``eole train`` (stopped at the budget by bench/eole_runner.py) /
+  ``InferenceEnginePY.infer_file``, in a virtual environment of its own (made on first use with
+  ``eole==0.6.4`` and ``torch==2.13.0`` as a constraint).
+
+Each system reports optimizer steps, target tokens/s, validation perplexity, peak resident memory of
+its training process, and per test set sacreBLEU, chrF and beam-5 sentences/s (reading, tokenizing,
+decoding and writing; model loading excluded). Results go to WORK/<system>/result.json (``--reuse``
+keeps finished systems) and WORK/report.md. Run it alone on the machine: timings are only comparable
+within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.measure import run_measured  # noqa: E402
+from utils.host import cpu_has_native_bf16  # noqa: E402
+from utils.trainer import read_summary  # noqa: E402
+
+TEST_SETS = ["test.tatoeba", "test.multi30k-2016", "test.iwslt-tst2010"]
+CONFIG = "configs/bench_small_rope.yaml"
+# The protocol, in our config keys (the bench config already has d 256 / 4 heads / 3+3 / FFN 1024 / RoPE).
+PROTOCOL = [
+    "data.max_tokens=4096",
+    "model.dropout=0.1",
+    "model.tie_embeddings=true",
+    "train.lr=7.0e-4",
+    "train.warmup_steps=1000",
+    "train.warmup_tokens=null",  # the protocol counts warmup in steps, at a fixed peak lr
+    "train.lr_batch_tokens=null",
+    "train.scheduler=inverse_sqrt",
+    "train.betas=[0.9,0.98]",
+    "train.label_smoothing=0.1",
+    "train.eval_every=100000000",  # validate once, at the end (Eole validates once too)
+    "train.log_attention_every=0",
+    "train.epochs=1000",
+    "decode.beam=5",
+]
+SYSTEMS = {"eole", "ours", "ours-fp32", "ours-defaults"}
+
+
+def shared_data() -> Path:
+    return Path(os.environ.get("FR2EN_SHARED_DATA", ROOT.parent / "shared" / "data")).resolve()
+
+
+# ---------------------------------------------------------------------------------------------- ours
+
+
+def run_ours(work: Path, minutes: float, overrides: list[str], python: str) -> dict:
+    runs = work / "runs"
+    cmd = [python, "train.py", "--config", CONFIG, "--runs", str(runs), "--set", f"train.max_minutes={minutes}"]
+    for o in overrides:
+        cmd += ["--set", o]
+    rss = run_measured(cmd, work / "train.log").peak_rss_mib
+    log_text = (work / "train.log").read_text()
+    stats = read_summary(log_text)
+    run_dir = Path(next(ln.split("run directory: ", 1)[1] for ln in log_text.splitlines() if "run directory: " in ln))
+    result = {**stats, "peak_rss_mb": rss, "run_dir": str(run_dir), "tests": {}}
+    cmd = [python, "test.py", "--model_path", str(run_dir), "--beam", "5"]
+    run_measured(cmd, work / "test.log")
+    for name in TEST_SETS:
+        entry = json.loads(next((run_dir / "eval").glob(f"{name}.*.beam5.json")).read_text())
+        result["tests"][name] = {k: entry[k] for k in ("bleu", "chrf", "sentences_per_s")}
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- eole
+
+
+def eole_python(venv: Path) -> str:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"making Eole's virtual environment in {venv} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        constraint = venv / "constraints.txt"
+        constraint.write_text("torch==2.13.0\n")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "eole==0.6.4", "sentencepiece", "aiohttp",
+                        "-c", str(constraint)], check=True)
+    return str(python)
+
+
+def eole_configs(work: Path, data: Path, budget_steps: int = 10_000_000) -> tuple[Path, Path]:
+    """Our own Eole configs for the protocol: build_vocab and train."""
+    import yaml
+
+    bench = data / "bench" / "fr-en"
+    common = {
+        "save_data": str(work / "data"),
+        "overwrite": True,
+        "seed": 1234,
+        "src_vocab": str(work / "vocab.shared"),
+        "tgt_vocab": str(work / "vocab.shared"),
+        "share_vocab": True,
+        "src_vocab_size": 8000,
+        "tgt_vocab_size": 8000,
+        "data": {
+            "corpus_1": {"path_src": str(bench / "train.fr"), "path_tgt": str(bench / "train.en")},
+            "valid": {"path_src": str(bench / "valid.fr"), "path_tgt": str(bench / "valid.en")},
+        },
+        "transforms": ["sentencepiece", "filtertoolong"],
+        "transforms_configs": {
+            "sentencepiece": {"src_subword_model": str(work / "spm8k.model"),
+                              "tgt_subword_model": str(work / "spm8k.model")},
+            "filtertoolong": {"src_seq_length": 256, "tgt_seq_length": 256},
+        },
+    }
+    vocab_cfg = work / "build_vocab.yaml"
+    vocab_cfg.write_text(yaml.safe_dump({**common, "n_sample": -1}))
+    peak_lr, warmup, d = 7e-4, 1000, 256
+    train_cfg = work / "train.yaml"
+    train_cfg.write_text(yaml.safe_dump({
+        **common,
+        "report_every": 50,
+        "model": {
+            "architecture": "transformer",
+            "hidden_size": d,
+            "heads": 4,
+            "transformer_ff": 1024,
+            "layers": 3,
+            "share_decoder_embeddings": True,
+            "share_embeddings": True,
+            # rope_config must be explicit: eole 0.6.4's validator crashes filling in its default for Rotary
+            "rope_config": {"rotary_interleave": True, "rotary_theta": 10000},
+            # embeddings scaled by sqrt(d), as ours are (eole leaves them unscaled with Rotary by default)
+            "embeddings": {"word_vec_size": d, "position_encoding_type": "Rotary", "normalize": True},
+        },
+        "training": {
+            "model_path": str(work / "model"),
+            "train_steps": budget_steps,
+            "valid_steps": budget_steps,  # validated once, after the budget
+            "save_checkpoint_steps": budget_steps,
+            "batch_type": "tokens",
+            "batch_size": 4096,
+            "valid_batch_size": 4096,
+            "compute_dtype": "fp32",
+            "world_size": 1,
+            "gpu_ranks": [],
+            "normalization": "tokens",
+            "optim": "adam",
+            "adam_beta1": 0.9,
+            "adam_beta2": 0.98,
+            # noam: lr * d^-0.5 * min(step^-0.5, step * warmup^-1.5), whose peak (step = warmup) is 7e-4
+            "learning_rate": peak_lr * d**0.5 * warmup**0.5,
+            "decay_method": "noam",
+            "warmup_steps": warmup,
+            "max_grad_norm": 0,  # as in the recipe behind the issue's reference numbers
+            "label_smoothing": 0.1,
+            "dropout": [0.1],
+            "attention_dropout": [0.1],
+            "param_init_method": "xavier_uniform",
+            "num_workers": 0,
+        },
+    }))
+    return vocab_cfg, train_cfg
+
+
+def run_eole(work: Path, minutes: float, data: Path, venv: Path) -> dict:
+    import sentencepiece as spm
+
+    work.mkdir(parents=True, exist_ok=True)
+    python = eole_python(venv)
+    bench = data / "bench" / "fr-en"
+    if not (work / "spm8k.model").exists():
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=(line.rstrip("\n") for name in ("train.fr", "train.en")
+                               for line in open(bench / name, encoding="utf-8")),
+            model_prefix=str(work / "spm8k"), vocab_size=8000, model_type="bpe", character_coverage=1.0,
+            unk_id=0, bos_id=1, eos_id=2, pad_id=3, minloglevel=2,
+        )
+    vocab_cfg, train_cfg = eole_configs(work, data)
+    eole_bin = str(Path(python).parent / "eole")
+    run_measured([eole_bin, "build_vocab", "-config", str(vocab_cfg), "-n_sample", "-1"], work / "build_vocab.log")
+    runner = str(ROOT / "bench" / "eole_runner.py")
+    stats_file = work / "train_stats.json"
+    rss = run_measured([python, runner, "train", str(stats_file), str(minutes * 60), "-config", str(train_cfg)],
+                          work / "train.log").peak_rss_mib
+    stats = json.loads(stats_file.read_text())
+    result = {"steps": stats["steps"], "target_tokens_per_s": stats["target_tokens_per_s"],
+              "valid_ppl": stats["valid_ppl"], "peak_rss_mb": rss, "tests": {}}
+    model = max((work / "model").glob("step_*"), key=lambda p: int(p.name.split("_")[1]), default=work / "model")
+    from utils.metrics import corpus_scores
+
+    for name in TEST_SETS:
+        hyp, pred_stats = work / f"{name}.hyp", work / f"{name}.predict.json"
+        run_measured([python, runner, "predict", str(pred_stats), "-model_path", str(model), "-src",
+                      str(bench / f"{name}.fr"), "-output", str(hyp), "-beam_size", "5", "-batch_size", "32",
+                      "-batch_type", "sents", "-seed", "1234"], work / f"{name}.predict.log")
+        refs = (bench / f"{name}.en").read_text(encoding="utf-8").splitlines()
+        hyps = hyp.read_text(encoding="utf-8").splitlines()
+        scores = corpus_scores(hyps, refs)
+        speed = json.loads(pred_stats.read_text())["sentences_per_s"]
+        result["tests"][name] = {"bleu": scores.bleu, "chrf": scores.chrf, "sentences_per_s": speed}
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def table(results: dict[str, dict], minutes: float) -> str:
+    names = [n for n in ("ours", "ours-fp32", "ours-defaults", "eole") if n in results]
+    rows = [("optimizer steps", "steps", "{:.0f}"), ("target tokens/s", "target_tokens_per_s", "{:.0f}"),
+            ("valid perplexity", "valid_ppl", "{:.2f}"), ("peak RSS, MB", "peak_rss_mb", "{:.0f}")]
+    head = "| " + f"{minutes:g} min, then beam 5 | " + " | ".join(names)
+    ratio_names = [n for n in names if n != "eole"] if "eole" in results else []
+    head += "".join(f" | {n}/eole" for n in ratio_names) + " |"
+    lines = [head, "|" + "---|" * (1 + len(names) + len(ratio_names))]
+
+    def row(label: str, get, fmt: str) -> None:
+        vals = [get(results[n]) for n in names]
+        cells = [fmt.format(v) for v in vals]
+        if ratio_names:
+            e = get(results["eole"])
+            cells += [f"{get(results[n]) / e:.2f}x" if e else "-" for n in ratio_names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    for label, key, fmt in rows:
+        row(label, lambda r, k=key: r[k], fmt)
+    for name in TEST_SETS:
+        row(f"sacreBLEU {name}", lambda r, n=name: r["tests"][n]["bleu"], "{:.2f}")
+    for name in TEST_SETS:
+        row(f"chrF {name}", lambda r, n=name: r["tests"][n]["chrf"], "{:.2f}")
+    for name in TEST_SETS:
+        row(f"beam-5 sentences/s {name}", lambda r, n=name: r["tests"][n]["sentences_per_s"], "{:.1f}")
+    if "eole" in results:
+        lines.append("")
+        for n in ratio_names:
+            diffs = ", ".join(f"{results[n]['tests'][t]['bleu'] - results['eole']['tests'][t]['bleu']:+.2f}"
+                              for t in TEST_SETS)
+            lines.append(f"- {n}: BLEU minus Eole's on {', '.join(TEST_SETS)}: {diffs}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=44.0, help="training budget per system (default 44)")
+    parser.add_argument("--systems", default="ours,ours-defaults,eole",
+                        help=f"comma-separated, from {', '.join(sorted(SYSTEMS))} (default ours,ours-defaults,eole)")
+    parser.add_argument("--work", default="runs/peers", help="working folder (default runs/peers)")
+    parser.add_argument("--reuse", action="store_true", help="keep systems whose result.json exists")
+    parser.add_argument("--eole-venv", help="Eole's virtual environment (default WORK/eole-venv, made on first use)")
+    args = parser.parse_args()
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = sorted(set(systems) - SYSTEMS)
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(sorted(SYSTEMS))}")
+    data = shared_data()
+    if not (data / "bench" / "fr-en" / "train.fr").is_file():
+        parser.error(f"bench data not found under {data} (set FR2EN_SHARED_DATA)")
+    work = (ROOT / args.work).resolve()
+    results = {}
+    for system in systems:
+        out = work / system / "result.json"
+        if args.reuse and out.is_file():
+            results[system] = json.loads(out.read_text())
+            print(f"{system}: reusing {out}", flush=True)
+            continue
+        print(f"{system}: training for {args.minutes:g} min, then beam 5 on {len(TEST_SETS)} test sets", flush=True)
+        if system == "eole":
+            venv = Path(args.eole_venv).resolve() if args.eole_venv else work / "eole-venv"
+            result = run_eole(work / system, args.minutes, data, venv)
+        else:
+            # bf16 autocast where the CPU computes bf16 natively (it is several times slower elsewhere).
+            bf16 = ["train.amp=bf16", "train.amp_cpu=true"] if cpu_has_native_bf16() else ["train.amp=none"]
+            fp32 = ["train.amp=none"]
+            overrides = {"ours": PROTOCOL + bf16, "ours-fp32": PROTOCOL + fp32, "ours-defaults": []}[system]
+            result = run_ours(work / system, args.minutes, overrides, sys.executable)
+            result["precision"] = "bf16" if "train.amp=bf16" in overrides else "fp32"
+        result["minutes"] = args.minutes
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        results[system] = result
+    report = table(results, args.minutes)
+    (work / "report.md").write_text(report + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""bench/peers.py's parts that need no Eole: the protocol overrides, the Eole configs it writes, the report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import peers  # noqa: E402
+
+from bench.measure import CommandFailed, run_measured  # noqa: E402
+from utils.config import load_config  # noqa: E402
+
+
+def result(steps: int, tok_s: float, bleu: list[float], speed: list[float]) -> dict:
+    return {"steps": steps, "target_tokens_per_s": tok_s, "valid_ppl": 10.0, "peak_rss_mb": 2000.0,
+            "tests": {t: {"bleu": b, "chrf": 50.0, "sentences_per_s": s}
+                      for t, b, s in zip(peers.TEST_SETS, bleu, speed, strict=True)}}
+
+
+def test_report_gives_ratios_and_bleu_differences_against_eole() -> None:
+    results = {"ours": result(1500, 3000.0, [36.0, 32.0, 5.0], [150.0, 90.0, 60.0]),
+               "eole": result(1000, 1500.0, [35.0, 32.5, 4.0], [100.0, 60.0, 40.0])}
+    report = peers.table(results, 44)
+    lines = report.splitlines()
+    assert lines[0] == "| 44 min, then beam 5 | ours | eole | ours/eole |"
+    assert "| target tokens/s | 3000 | 1500 | 2.00x |" in lines
+    assert "| optimizer steps | 1500 | 1000 | 1.50x |" in lines
+    assert "| beam-5 sentences/s test.iwslt-tst2010 | 60.0 | 40.0 | 1.50x |" in lines
+    diffs = "- ours: BLEU minus Eole's on test.tatoeba, test.multi30k-2016, test.iwslt-tst2010: +1.00, -0.50, +1.00"
+    assert diffs in lines
+
+
+def test_protocol_overrides_give_the_protocol_model_and_schedule() -> None:
+    cfg = load_config(ROOT / peers.CONFIG, peers.PROTOCOL)
+    m, t = cfg.model, cfg.train
+    assert (m.d_model, m.n_heads, m.encoder_layers, m.decoder_layers, m.d_ff) == (256, 4, 3, 3, 1024)
+    assert m.attention_pe == "rope" and m.tie_embeddings and m.dropout == 0.1
+    assert (t.lr, t.warmup_steps, t.scheduler, t.betas, t.label_smoothing) == (7e-4, 1000, "inverse_sqrt",
+                                                                             [0.9, 0.98], 0.1)
+    # The bench config's batch-size-aware schedule is switched off: the protocol counts warmup in steps.
+    assert t.warmup_tokens is None and t.lr_batch_tokens is None
+    assert cfg.data.max_tokens == 4096 and cfg.tokenizer.vocab_size == 8000 and cfg.decode.beam == 5
+
+
+def test_eole_configs_follow_the_protocol(tmp_path: Path) -> None:
+    vocab_cfg, train_cfg = peers.eole_configs(tmp_path, ROOT.parent / "shared" / "data")
+    train = yaml.safe_load(train_cfg.read_text())
+    model, tr = train["model"], train["training"]
+    assert (model["hidden_size"], model["heads"], model["layers"], model["transformer_ff"]) == (256, 4, 3, 1024)
+    assert model["embeddings"]["position_encoding_type"] == "Rotary" and model["share_embeddings"]
+    # noam's peak, lr * d^-0.5 * warmup^-0.5 at step = warmup, is the protocol's 7e-4.
+    assert tr["learning_rate"] * 256**-0.5 * tr["warmup_steps"] ** -0.5 == pytest.approx(7e-4)
+    assert (tr["batch_size"], tr["batch_type"], tr["label_smoothing"]) == (4096, "tokens", 0.1)
+    assert (tr["adam_beta1"], tr["adam_beta2"], tr["dropout"]) == (0.9, 0.98, [0.1])
+    assert yaml.safe_load(vocab_cfg.read_text())["src_vocab_size"] == 8000
+
+
+def test_run_measured_reports_failure_in_one_line(tmp_path: Path) -> None:
+    ok = run_measured([sys.executable, "-c", "print('hi')"], tmp_path / "ok.log")
+    assert (tmp_path / "ok.log").read_text() == "hi\n" and ok.peak_rss_mib > 1 and ok.wall_s > 0
+    with pytest.raises(CommandFailed, match=r"failed \(exit 3\).*boom"):
+        run_measured([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "bad.log")
