@@ -9,7 +9,8 @@ with 1,000 warmup steps and peak LR 7e-4, shared embeddings, RoPE, the same wall
 from the first batch, no validation inside the budget, then beam 5 on the three bench test sets.
 
 - ``ours``: ``train.py --config configs/bench_small_rope.yaml`` with the protocol's settings (batches of
-  4,096 tokens as Eole's, bf16 autocast), then ``test.py``. ``ours-fp32``: the same in fp32.
+  4,096 tokens as Eole's; bf16 autocast where the CPU has bf16 instructions, else fp32), then
+  ``test.py``. ``ours-fp32``: the same in fp32.
 - ``ours-defaults``: the config as users run it (its own batch size, schedule and evaluation), then
   ``test.py``.
 - ``eole``: ``eole build_vocab`` / ``eole train`` (stopped at the budget by bench/eole_runner.py) /

@@ -835,6 +835,8 @@ def main() -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts or parts - {"models", "data", "real", "trained"}:
         parser.error(f"--parts: choose from models, data, real, trained (got {args.parts!r})")
+    if args.model_path and not Path(args.model_path).exists():
+        parser.error(f"--model_path {args.model_path}: not found")
 
     import torch
 
@@ -940,7 +942,9 @@ def main() -> int:
                     continue
                 res[f"real.{p}"] = time_real_loop(config, args.overrides, real_steps, p, args.device, work)
     model_path = args.model_path or (ROOT / "runs" / f"{cfg.name}_latest")
-    if "trained" in parts and (args.model_path or Path(model_path).is_dir()):
+    if parts == {"trained"} and not Path(model_path).exists():
+        parser.error(f"--parts trained: no trained model at {model_path} (train one, or give --model_path RUN_DIR)")
+    if "trained" in parts and Path(model_path).exists():
         print(f"trained-model decoding ({model_path}):", flush=True)
         profile_to = out / "decode_profile.txt" if args.profile else None
         res["trained"] = time_trained_decoding(str(model_path), sentences, cfg.decode.beam, args.device, profile_to)

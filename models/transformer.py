@@ -114,15 +114,19 @@ class DecoderCache:
         (``reorder_cross``) only when sentences leave.
         """
         for self_c, cross_c in self.layers:
-            for c in (self_c, cross_c) if cross else (self_c,):
-                for key in c:
-                    c[key] = c[key].index_select(0, index)
+            _select_rows(self_c, index)
+            if cross:
+                _select_rows(cross_c, index)
 
     def reorder_cross(self, index: torch.Tensor) -> None:
         """Keep/reorder the cross-attention caches only (rows = sentences in beam search)."""
         for _, cross_c in self.layers:
-            for key in cross_c:
-                cross_c[key] = cross_c[key].index_select(0, index)
+            _select_rows(cross_c, index)
+
+
+def _select_rows(cache: LayerCache, index: torch.Tensor) -> None:
+    for key in cache:
+        cache[key] = cache[key].index_select(0, index)
 
 
 @dataclass
