@@ -12,7 +12,8 @@ from the first batch, no validation inside the budget, then beam 5 on the three 
   4,096 tokens as Eole's; bf16 autocast where the CPU has bf16 instructions, else fp32), then
   ``test.py``. ``ours-fp32``: the same in fp32.
 - ``ours-defaults``: the config as users run it (its own batch size, schedule and evaluation), then
-  ``test.py``.
+  ``test.py``. ``--variant "NAME: KEY=VALUE ..."`` (repeatable) adds a system ``ours-defaults+NAME``: the
+  defaults with those ``--set`` overrides, to sweep the defaults at a wall-clock budget.
 - ``eole``: ``eole build_vocab`` / ``eole train`` (stopped at the budget by bench/eole_runner.py) /
   ``InferenceEnginePY.infer_file``, in a virtual environment of its own (made on first use with
   ``eole==0.6.4`` and ``torch==2.13.0`` as a constraint).
@@ -220,7 +221,9 @@ def run_eole(work: Path, minutes: float, data: Path, venv: Path) -> dict:
 
 
 def table(results: dict[str, dict], minutes: float) -> str:
-    names = [n for n in ("ours", "ours-fp32", "ours-defaults", "eole") if n in results]
+    order = ("ours", "ours-fp32", "ours-defaults")
+    names = [n for n in order if n in results] + sorted(n for n in results if n not in (*order, "eole"))
+    names += ["eole"] if "eole" in results else []
     rows = [("optimizer steps", "steps", "{:.0f}"), ("target tokens/s", "target_tokens_per_s", "{:.0f}"),
             ("valid perplexity", "valid_ppl", "{:.2f}"), ("peak RSS, MB", "peak_rss_mb", "{:.0f}")]
     head = "| " + f"{minutes:g} min, then beam 5 | " + " | ".join(names)
@@ -253,12 +256,23 @@ def table(results: dict[str, dict], minutes: float) -> str:
     return "\n".join(lines)
 
 
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``"NAME: KEY=VALUE KEY=VALUE"`` -> (``ours-defaults+NAME``, overrides)."""
+    name, sep, rest = text.partition(":")
+    overrides = rest.split()
+    if not sep or not name.strip() or not overrides or not all("=" in o for o in overrides):
+        raise ValueError(f'--variant wants "NAME: KEY=VALUE ...", got {text!r}')
+    return f"ours-defaults+{name.strip()}", overrides
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=44.0, help="training budget per system (default 44)")
     parser.add_argument("--systems", default="ours,ours-defaults,eole",
                         help=f"comma-separated, from {', '.join(sorted(SYSTEMS))} (default ours,ours-defaults,eole)")
     parser.add_argument("--work", default="runs/peers", help="working folder (default runs/peers)")
+    parser.add_argument("--variant", action="append", default=[], metavar='"NAME: KEY=VALUE ..."',
+                        help="also run the defaults with these overrides, as system ours-defaults+NAME (repeatable)")
     parser.add_argument("--reuse", action="store_true", help="keep systems whose result.json exists")
     parser.add_argument("--eole-venv", help="Eole's virtual environment (default WORK/eole-venv, made on first use)")
     args = parser.parse_args()
@@ -266,6 +280,11 @@ def main() -> int:
     unknown = sorted(set(systems) - SYSTEMS)
     if unknown:
         parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(sorted(SYSTEMS))}")
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as e:
+        parser.error(str(e))
+    systems += list(variants)
     data = shared_data()
     if not (data / "bench" / "fr-en" / "train.fr").is_file():
         parser.error(f"bench data not found under {data} (set FR2EN_SHARED_DATA)")
@@ -285,7 +304,8 @@ def main() -> int:
             # bf16 autocast where the CPU computes bf16 natively (it is several times slower elsewhere).
             bf16 = ["train.amp=bf16", "train.amp_cpu=true"] if cpu_has_native_bf16() else ["train.amp=none"]
             fp32 = ["train.amp=none"]
-            overrides = {"ours": PROTOCOL + bf16, "ours-fp32": PROTOCOL + fp32, "ours-defaults": []}[system]
+            overrides = {"ours": PROTOCOL + bf16, "ours-fp32": PROTOCOL + fp32, "ours-defaults": [],
+                         **variants}[system]
             result = run_ours(work / system, args.minutes, overrides, sys.executable)
             result["precision"] = "bf16" if "train.amp=bf16" in overrides else "fp32"
         result["minutes"] = args.minutes

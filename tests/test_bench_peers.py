@@ -66,3 +66,18 @@ def test_run_measured_reports_failure_in_one_line(tmp_path: Path) -> None:
     assert (tmp_path / "ok.log").read_text() == "hi\n" and ok.peak_rss_mib > 1 and ok.wall_s > 0
     with pytest.raises(CommandFailed, match=r"failed \(exit 3\).*boom"):
         run_measured([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "bad.log")
+
+
+def test_variant_names_a_system_with_its_overrides_and_rejects_malformed_ones() -> None:
+    assert peers.parse_variant("lr2e-3: train.lr=2.0e-3 data.max_tokens=8192") == (
+        "ours-defaults+lr2e-3", ["train.lr=2.0e-3", "data.max_tokens=8192"])
+    for bad in ("no-colon train.lr=1", "name:", ": train.lr=1", "name: train.lr"):
+        with pytest.raises(ValueError, match="--variant wants"):
+            peers.parse_variant(bad)
+
+
+def test_report_lists_variants_after_the_defaults_and_before_eole() -> None:
+    r = result(100, 1000.0, [1.0, 2.0, 3.0], [10.0, 10.0, 10.0])
+    report = peers.table({"eole": r, "ours-defaults+b": r, "ours-defaults": r, "ours-defaults+a": r}, 30)
+    assert report.splitlines()[0].startswith("| 30 min, then beam 5 | ours-defaults | ours-defaults+a | "
+                                             "ours-defaults+b | eole |")
