@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from data.sources import DataError, decode_lines, make_split
+from data.sources import DataError, clean_text, decode_lines, make_split
 
 if TYPE_CHECKING:
     import datasets
@@ -31,7 +31,7 @@ TEST_YEARS = range(2010, 2016)  # the Hub's iwslt2017 test split: tst2010..tst20
 
 
 def parse_xml(path_or_bytes: str | Path | bytes) -> dict[tuple[str, str], str]:
-    """Map (docid, seg id) -> stripped, unescaped segment text of a WIT3 ``*.xml`` file, in file order."""
+    """Map (docid, seg id) -> unescaped segment text (``clean_text``) of a WIT3 ``*.xml`` file, in file order."""
     name = "<bytes>" if isinstance(path_or_bytes, bytes) else str(path_or_bytes)
     try:
         if isinstance(path_or_bytes, bytes):
@@ -54,7 +54,7 @@ def parse_xml(path_or_bytes: str | Path | bytes) -> dict[tuple[str, str], str]:
             key = (docid, seg_id.strip())
             if key in segs:
                 raise DataError(f"{name}: duplicate segment docid={docid} id={seg_id}")
-            segs[key] = "".join(seg.itertext()).strip()
+            segs[key] = clean_text("".join(seg.itertext()))
     return segs
 
 
@@ -74,7 +74,7 @@ def _is_meta(line: str) -> bool:
 
 
 def parse_train_tags(lines_fr: Sequence[str], lines_en: Sequence[str]) -> list[tuple[str, str]]:
-    """Parallel segments of ``train.tags`` files: drop metadata lines (starting with '<'), strip text.
+    """Parallel segments of ``train.tags`` files: drop metadata lines (starting with '<'), ``clean_text`` the rest.
 
     The French side decides what is metadata (as the Hub loader does); a metadata line facing a
     non-metadata English line means the files are misaligned (DataError).
@@ -88,7 +88,7 @@ def parse_train_tags(lines_fr: Sequence[str], lines_en: Sequence[str]) -> list[t
                 raise DataError(f"train.tags files misaligned at line {i + 1}: metadata {fr.strip()[:40]!r} "
                                 f"faces text {en.strip()[:40]!r}")
             continue
-        pairs.append((fr.strip(), en.strip()))
+        pairs.append((clean_text(fr), clean_text(en)))
     return pairs
 
 

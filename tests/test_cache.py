@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 import zlib
 from pathlib import Path
@@ -183,6 +184,24 @@ def test_rebuild_on_change(cfg: Config, change: str) -> None:
     assert len(_key_dirs(cfg)) == 2
     load_or_build(cfg, tok, loader, SPLITS)
     assert loader.calls == 2
+
+
+def test_same_length_edit_with_restored_times_rebuilds(cfg: Config) -> None:
+    """A content change that keeps size and modification time (``touch -r``, some sync tools) is seen."""
+    tok = FakeTokenizer()
+    loader = CountingLoader(cfg)
+    first = load_or_build(cfg, tok, loader, ["test"])
+    path = Path(cfg.data.path) / "test.en"  # type: ignore[arg-type]
+    st = path.stat()
+    text = path.read_text(encoding="utf-8")
+    edited = text.replace("t1w0", "t1w9", 1)
+    assert edited != text and len(edited) == len(text)
+    path.write_text(edited, encoding="utf-8")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # what touch -r does
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    second = load_or_build(cfg, tok, loader, ["test"])
+    assert loader.calls == 2
+    assert not np.array_equal(first["test"].arrays()["tgt_tokens"], second["test"].arrays()["tgt_tokens"])
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "meta"])

@@ -307,3 +307,13 @@ def test_marian_bad_paths(tmp_path: Path) -> None:
         MarianTokenizerWrapper.from_path(str(tmp_path / "missing"))
     with pytest.raises(TokenizerError, match="missing source.spm"):
         MarianTokenizerWrapper.from_path(str(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_joint_whitespace_of_any_kind_encodes_like_one_space(kind: str) -> None:
+    """\\r (CRLF input), tabs, no-break spaces and runs of spaces give no lone "▁" and no <unk>."""
+    tok = _trained(kind)
+    plain = tok.encode_src(["le chat est noir"])[0]
+    for messy in ("le chat est noir\r", " le  chat\test\u00a0noir ", "le\u2028chat   est\r\nnoir"):
+        assert tok.encode_src([messy])[0] == plain, repr(messy)
+    assert tok.unk_id not in tok.encode_src(["le chat\r"])[0]

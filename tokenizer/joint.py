@@ -9,8 +9,8 @@ import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from utils.config import TokenizerConfig
 from utils.io import atomic_write_text
@@ -111,7 +111,10 @@ class JointSubwordTokenizer(Tokenizer):
                 count += 1
                 yield s
 
-        norm = [normalizers.NFKC()] + ([normalizers.Lowercase()] if cfg.lowercase else [])
+        # Whitespace runs of any kind (\r, tabs, no-break spaces...) become one space, as data.sources.clean_text
+        # does, so no input reaches the model as a lone "▁" or an <unk>, whoever calls encode.
+        norm = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+        norm += [normalizers.Lowercase()] if cfg.lowercase else []
         trainer: trainers.Trainer
         if cfg.type == "bpe":
             tok = HFTokenizer(models.BPE(unk_token="<unk>"))
