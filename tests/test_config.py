@@ -46,6 +46,25 @@ def test_overrides_are_typed() -> None:
     assert cfg.data.test == ["a", "b"] and cfg.model.rope.theta == 500.0 and cfg.train.max_minutes == 1.5
 
 
+@pytest.mark.parametrize("text,value", [
+    ("7e-4", 7e-4), ("7E-4", 7e-4), ("7.0e-4", 7e-4), ("1e3", 1000.0), ("+5e+2", 500.0), (".5", 0.5), ("5.", 5.0),
+    ("1_000", 1000.0), ("0.001", 0.001), ("3", 3.0),
+])
+def test_numbers_in_every_notation_in_set_and_yaml(text: str, value: float, tmp_path: Path) -> None:
+    """YAML 1.1 reads 7e-4 as a string; number fields take it as the number it spells, in --set and in files."""
+    assert load_config(Path("configs/demo.yaml"), [f"train.lr={text}"]).train.lr == pytest.approx(value)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"train:\n  lr: {text}\n  warmup_tokens: 1.5e6\n")
+    cfg = load_config(path)
+    assert cfg.train.lr == pytest.approx(value)
+    assert cfg.train.warmup_tokens == 1_500_000 and isinstance(cfg.train.warmup_tokens, int)
+
+
+def test_text_that_only_looks_like_a_number_stays_text_in_string_keys() -> None:
+    cfg = load_config(Path("configs/demo.yaml"), ["data.train=1e5", "name=7e-4"])
+    assert (cfg.data.train, cfg.name) == ("1e5", "7e-4")
+
+
 @pytest.mark.parametrize("override,message", [
     ("model.attention_pe=rpoe", "model.attention_pe: 'rpoe' is not one of: none, rope, alibi, t5, shaw"),
     ("model.input_pe=fourier",
@@ -56,7 +75,16 @@ def test_overrides_are_typed() -> None:
     ("model.d_model=abc", "model.d_model: expected an integer, got 'abc'"),
     ("model.n_heads=5", "model.d_model: 128 is not divisible by model.n_heads=5"),
     ("decode.nbest=9", "decode.nbest: 9 exceeds decode.beam=5"),
-    ("model.dropout=1.5", "model.dropout: must be in [0, 1)"),
+    ("model.dropout=1.5", "model.dropout: must be >= 0 and < 1, got 1.5"),
+    ("train.lr=-7e-4", "train.lr: must be > 0, got -0.0007"),
+    ("train.lr=.nan", "train.lr: must be > 0, got nan"),
+    ("train.eps=0", "train.eps: must be > 0, got 0.0"),
+    ("train.warmup_steps=-1", "train.warmup_steps: must be >= 0, got -1"),
+    ("train.max_minutes=0", "train.max_minutes: must be > 0, got 0.0"),
+    ("train.betas=[0.9,1.5]", "train.betas: each must be in [0, 1), got [0.9, 1.5]"),
+    ("decode.lenpen=-1", "decode.lenpen: must be >= 0, got -1.0"),
+    ("model.rope.factor=0.5", "model.rope.factor: must be >= 1, got 0.5"),
+    ("data.max_len_ratio=0.5", "data.max_len_ratio: must be >= 1, got 0.5"),
     ("data.source=hub", "data.source: 'hub' is not one of: demo, iwslt2017, wit3, text"),
     ("model", "expected key=value"),
 ])
@@ -90,6 +118,12 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(bad)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not a UTF-8 text file \(byte 9\)"):
+        load_config(latin1)
+    with pytest.raises(ConfigError, match="is a folder, not a config file"):
+        load_config(tmp_path)
 
 
 def test_model_fingerprint_ignores_inference_keys_and_tracks_architecture() -> None:

@@ -12,6 +12,7 @@ String values may reference environment variables as ``${VAR}`` or ``${VAR:-defa
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -34,6 +35,22 @@ ATTENTION_PE_KEY = "model.attention_pe"
 CROSS_ATTENTION_PE_KEY = "model.cross_attention_pe"
 
 
+def num(default: float | int | None, *, ge: float | None = None, gt: float | None = None,
+        lt: float | None = None) -> Any:
+    """A numeric field with the range it must lie in (a finite number), checked when the config is built."""
+    return field(default=default, metadata={"range": (ge, gt, lt)})
+
+
+def _check_range(key: str, value: float | int, bounds: tuple[float | None, float | None, float | None]) -> None:
+    ge, gt, lt = bounds
+    parts = ([f">= {ge:g}"] if ge is not None else []) + ([f"> {gt:g}"] if gt is not None else []) \
+        + ([f"< {lt:g}"] if lt is not None else [])
+    ok = math.isfinite(value) and (ge is None or value >= ge) and (gt is None or value > gt) \
+        and (lt is None or value < lt)
+    if not ok:
+        raise ConfigError(f"{key}: must be {' and '.join(parts) or 'a finite number'}, got {value!r}")
+
+
 @dataclass
 class DataConfig:
     """Where the parallel corpus comes from and how it is filtered and batched."""
@@ -45,14 +62,14 @@ class DataConfig:
     train: str = "train"  # text source: file prefix of each split
     validation: str = "valid"
     test: list[str] = field(default_factory=lambda: ["test"])
-    min_len: int = 1  # tokens, after subword tokenization (bos/eos not counted)
-    max_len: int = 128  # training pairs longer than this on either side are dropped
-    max_train_len: int | None = None  # stricter training-only cap (train short, test long)
-    max_len_ratio: float | None = None  # drop training pairs with len ratio above this
-    max_tokens: int = 4096  # batch size in tokens (max of source and target, padding included)
-    valid_max_tokens: int | None = None  # defaults to max_tokens
+    min_len: int = num(1, ge=0)  # tokens, after subword tokenization (bos/eos not counted)
+    max_len: int = num(128, ge=1)  # training pairs longer than this on either side are dropped
+    max_train_len: int | None = num(None, ge=1)  # stricter training-only cap (train short, test long)
+    max_len_ratio: float | None = num(None, ge=1)  # drop training pairs with len ratio above this
+    max_tokens: int = num(4096, ge=1)  # batch size in tokens (max of source and target, padding included)
+    valid_max_tokens: int | None = num(None, ge=1)  # defaults to max_tokens
     cache_dir: str = "data/cache"
-    num_proc: int = 1  # processes used to tokenize the corpus the first time
+    num_proc: int = num(1, ge=1)  # processes used to tokenize the corpus the first time
 
 
 @dataclass
@@ -60,11 +77,11 @@ class TokenizerConfig:
     """Subword vocabulary: trained on the training split, or a pretrained Marian tokenizer."""
 
     type: Literal["bpe", "unigram", "marian"] = "bpe"
-    vocab_size: int = 8000
-    min_frequency: int = 2
+    vocab_size: int = num(8000, ge=1)
+    min_frequency: int = num(2, ge=0)
     lowercase: bool = False
     path: str | None = None  # marian: Hub id or local folder
-    train_max_sentences: int | None = None  # subsample (deterministically) for faster training
+    train_max_sentences: int | None = num(None, ge=1)  # subsample (deterministically) for faster training
 
 
 @dataclass
@@ -75,20 +92,20 @@ class RopeConfig:
     (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
     """
 
-    theta: float = 10000.0
+    theta: float = num(10000.0, gt=0)
     dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
     scaling: Literal["none", "linear", "ntk", "yarn"] = "none"
-    factor: float = 1.0  # s: how many times longer than the training length
-    original_max_len: int = 128  # L: the training length (tokens) the scaling starts from
-    beta_fast: float = 32.0  # YaRN: dims with more than beta_fast rotations over L are left unchanged
-    beta_slow: float = 1.0  # YaRN: dims with fewer than beta_slow rotations over L are fully interpolated
+    factor: float = num(1.0, ge=1)  # s: how many times longer than the training length
+    original_max_len: int = num(128, ge=1)  # L: the training length (tokens) the scaling starts from
+    beta_fast: float = num(32.0, gt=0)  # YaRN: dims with more than beta_fast rotations over L are left unchanged
+    beta_slow: float = num(1.0, gt=0)  # YaRN: dims with fewer than beta_slow rotations over L are fully interpolated
 
 
 @dataclass
 class ShawConfig:
     """Relative position representations (Shaw et al. 2018)."""
 
-    max_distance: int = 16  # k: relative distances are clipped to [-k, k]
+    max_distance: int = num(16, ge=1)  # k: relative distances are clipped to [-k, k]
     values: bool = False  # also add a_V to the values (needs the explicit attention path)
 
 
@@ -96,22 +113,22 @@ class ShawConfig:
 class T5BiasConfig:
     """T5's bucketed relative attention bias (Raffel et al. 2020)."""
 
-    num_buckets: int = 32
-    max_distance: int = 128
+    num_buckets: int = num(32, ge=2)
+    max_distance: int = num(128, ge=1)
 
 
 @dataclass
 class ModelConfig:
     """Encoder-decoder Transformer (Vaswani et al. 2017) with pluggable positional encodings."""
 
-    d_model: int = 512
-    n_heads: int = 8
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    d_ff: int = 2048
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0  # on the FFN hidden layer (fairseq's activation_dropout; 0 in the paper)
+    d_model: int = num(512, ge=1)
+    n_heads: int = num(8, ge=1)
+    encoder_layers: int = num(6, ge=1)
+    decoder_layers: int = num(6, ge=1)
+    d_ff: int = num(2048, ge=1)
+    dropout: float = num(0.1, ge=0, lt=1)
+    attention_dropout: float = num(0.0, ge=0, lt=1)
+    activation_dropout: float = num(0.0, ge=0, lt=1)  # FFN hidden layer (fairseq's; 0 in the paper)
     activation: Literal["relu", "gelu"] = "relu"
     norm: Literal["pre", "post"] = "pre"
     tie_embeddings: bool = True
@@ -119,8 +136,8 @@ class ModelConfig:
     input_pe: str = "sinusoidal"
     attention_pe: str = "none"
     cross_attention_pe: str = "none"
-    max_positions: int = 1024  # size of learned position tables; longer inputs are an error
-    gaussian_sigma: float = 2.0  # input_pe=gaussian: width of the window around each position
+    max_positions: int = num(1024, ge=1)  # size of learned position tables; longer inputs are an error
+    gaussian_sigma: float = num(2.0, gt=0)  # input_pe=gaussian: width of the window around each position
     rope: RopeConfig = field(default_factory=RopeConfig)
     shaw: ShawConfig = field(default_factory=ShawConfig)
     t5: T5BiasConfig = field(default_factory=T5BiasConfig)
@@ -130,45 +147,45 @@ class ModelConfig:
 class TrainConfig:
     """Optimisation, schedule, evaluation and stopping."""
 
-    epochs: int = 50
-    max_steps: int | None = None  # stop after this many optimizer steps
-    max_minutes: float | None = None  # stop after this much wall time
-    lr: float = 5e-4
+    epochs: int = num(50, ge=1)
+    max_steps: int | None = num(None, ge=1)  # stop after this many optimizer steps
+    max_minutes: float | None = num(None, gt=0)  # stop after this much wall time
+    lr: float = num(5e-4, gt=0)
     scheduler: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
-    warmup_steps: int = 4000
+    warmup_steps: int = num(4000, ge=0)
     # The schedule at any batch size: warmup counted in target tokens (replaces warmup_steps), and a peak
     # lr meant for batches of lr_batch_tokens target tokens, scaled by sqrt(batch / lr_batch_tokens) for
     # others (Adam's square-root rule, Malladi et al. 2022). Batch = mean target tokens per optimizer step.
-    warmup_tokens: int | None = None
-    lr_batch_tokens: int | None = None
+    warmup_tokens: int | None = num(None, ge=1)
+    lr_batch_tokens: int | None = num(None, ge=1)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0
-    accumulate: int = 1  # gradient accumulation steps
-    eval_every: int = 0  # evaluate every N iterations; 0 = at the end of each epoch
-    patience: int = 10  # early stopping, in evaluations without a better validation BLEU
-    valid_bleu_sentences: int | None = None  # score BLEU on the first N validation pairs (speed)
-    valid_beam: int = 1  # beam used for validation BLEU (1 = greedy)
-    log_every: int = 50
-    log_attention_every: int = 0  # epochs between attention-map images in TensorBoard; 0 = off
+    eps: float = num(1e-9, gt=0)
+    weight_decay: float = num(0.0, ge=0)
+    label_smoothing: float = num(0.1, ge=0, lt=1)
+    clip_norm: float = num(1.0, ge=0)  # 0 = no clipping
+    accumulate: int = num(1, ge=1)  # gradient accumulation steps
+    eval_every: int = num(0, ge=0)  # evaluate every N iterations; 0 = at the end of each epoch
+    patience: int = num(10, ge=1)  # early stopping, in evaluations without a better validation BLEU
+    valid_bleu_sentences: int | None = num(None, ge=1)  # score BLEU on the first N validation pairs (speed)
+    valid_beam: int = num(1, ge=1)  # beam used for validation BLEU (1 = greedy)
+    log_every: int = num(50, ge=1)
+    log_attention_every: int = num(0, ge=0)  # epochs between attention-map images in TensorBoard; 0 = off
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU
     amp_cpu: bool = False  # allow bf16 autocast when running on CPU
-    num_threads: int | None = None  # torch.set_num_threads on CPU
+    num_threads: int | None = num(None, ge=1)  # torch.set_num_threads on CPU
 
 
 @dataclass
 class DecodeConfig:
     """Decoding defaults shared by validation, inference.py and test.py."""
 
-    beam: int = 5
-    nbest: int = 1
-    lenpen: float = 0.6  # GNMT length penalty alpha (Wu et al. 2016, eq. 14); 0 = raw log-prob
-    max_len_a: float = 1.5  # hypotheses are capped at a * src_len + b tokens
-    max_len_b: int = 10
-    batch_size: int = 64  # sentences per decoding batch
+    beam: int = num(5, ge=1)
+    nbest: int = num(1, ge=1)
+    lenpen: float = num(0.6, ge=0)  # GNMT length penalty alpha (Wu et al. 2016, eq. 14); 0 = raw log-prob
+    max_len_a: float = num(1.5, ge=0)  # hypotheses are capped at a * src_len + b tokens
+    max_len_b: int = num(10, ge=0)
+    batch_size: int = num(64, ge=1)  # sentences per decoding batch
     # When a sentence's beam search ends: "bound" once no alive beam can beat its finished n-best
     # (finds what the model prefers); "k_finished" after K finished hypotheses (fairseq's rule).
     beam_stop: Literal["bound", "k_finished"] = "bound"
@@ -220,6 +237,17 @@ def expand_env(value: str) -> str:
     return _ENV.sub(sub, value)
 
 
+# A number however users type it. YAML 1.1 (PyYAML) reads 7e-4, 1E3 and 5e+2 as strings; number fields accept them.
+_NUMBER = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?")
+
+
+def _as_number(value: Any) -> Any:
+    """``value``, or the float a numeric string spells (``"7e-4"`` -> 0.0007)."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        return float(value.strip().replace("_", ""))
+    return value
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp)).replace("typing.", "")
 
@@ -261,12 +289,14 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return value
         raise ConfigError(f"{key}: expected true or false, got {value!r}")
     if tp is int:
+        value = _as_number(value)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
+        value = _as_number(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(f"{key}: expected a number, got {value!r}")
@@ -289,6 +319,9 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
             f"{prefix.rstrip('.') or 'the top level'}: {', '.join(names)}"
         )
     kwargs = {k: _coerce(f"{prefix}{k}", v, hints[k]) for k, v in values.items()}
+    for f in dataclasses.fields(cls):
+        if "range" in f.metadata and kwargs.get(f.name) is not None:
+            _check_range(f"{prefix}{f.name}", kwargs[f.name], f.metadata["range"])
     return cls(**kwargs)
 
 
@@ -314,46 +347,12 @@ def validate(cfg: Config) -> Config:
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model: {m.d_model} is not divisible by model.n_heads={m.n_heads}")
     head_dim = m.d_model // m.n_heads
-    if m.rope.factor < 1.0:
-        raise ConfigError(f"model.rope.factor: must be >= 1, got {m.rope.factor}")
     if m.rope.beta_fast <= m.rope.beta_slow:
         raise ConfigError("model.rope.beta_fast: must be larger than model.rope.beta_slow")
-    for key, value, low in (
-        ("model.shaw.max_distance", m.shaw.max_distance, 1),
-        ("model.t5.num_buckets", m.t5.num_buckets, 2),
-        ("model.t5.max_distance", m.t5.max_distance, 1),
-    ):
-        if value < low:
-            raise ConfigError(f"{key}: must be >= {low}, got {value}")
-    if m.gaussian_sigma <= 0:
-        raise ConfigError(f"model.gaussian_sigma: must be > 0, got {m.gaussian_sigma}")
     if m.rope.dim is not None and (m.rope.dim % 2 or not 0 < m.rope.dim <= head_dim):
         raise ConfigError(f"model.rope.dim: must be even and in 2..{head_dim} (the head dim), got {m.rope.dim}")
-    positive = {
-        "model.d_model": m.d_model,
-        "model.n_heads": m.n_heads,
-        "model.d_ff": m.d_ff,
-        "model.max_positions": m.max_positions,
-        "data.max_len": d.max_len,
-        "data.max_tokens": d.max_tokens,
-        "tokenizer.vocab_size": cfg.tokenizer.vocab_size,
-        "decode.beam": cfg.decode.beam,
-        "decode.nbest": cfg.decode.nbest,
-        "decode.batch_size": cfg.decode.batch_size,
-        "train.accumulate": cfg.train.accumulate,
-        "train.valid_beam": cfg.train.valid_beam,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key}: must be >= 1, got {value}")
-    for key, value in {
-        "model.dropout": m.dropout,
-        "model.attention_dropout": m.attention_dropout,
-        "model.activation_dropout": m.activation_dropout,
-        "train.label_smoothing": cfg.train.label_smoothing,
-    }.items():
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{key}: must be in [0, 1), got {value}")
+    if not all(0.0 <= b < 1.0 for b in cfg.train.betas):
+        raise ConfigError(f"train.betas: each must be in [0, 1), got {cfg.train.betas}")
     if cfg.decode.nbest > cfg.decode.beam:
         raise ConfigError(f"decode.nbest: {cfg.decode.nbest} exceeds decode.beam={cfg.decode.beam}")
     if d.max_tokens < d.max_len + 2:
@@ -409,10 +408,16 @@ def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Load a YAML config; ``name`` defaults to the file's stem."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder, not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror or type(e).__name__}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
