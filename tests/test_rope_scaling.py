@@ -82,3 +82,28 @@ def test_scaling_is_settable_at_inference_without_retraining() -> None:
     scaled.load_state_dict(model.state_dict())
     src = torch.randint(3, 30, (1, 40))
     assert not torch.allclose(model.eval().encode(src)[0], scaled.eval().encode(src)[0])
+
+
+@pytest.mark.parametrize("dim,length,factor,fast,slow", [(64, 2048, 4.0, 32.0, 1.0), (32, 128, 8.0, 32.0, 1.0),
+                                                          (128, 4096, 16.0, 16.0, 2.0)])
+def test_yarn_matches_the_reference_implementation(dim: int, length: int, factor: float, fast: float,
+                                                    slow: float) -> None:
+    """The YaRN authors' code (also Hugging Face's ``_compute_yarn_parameters``): correction range in pair
+    index, floored and ceiled, a linear ramp over the pair index, mscale 0.1 ln s + 1."""
+    base = 10000.0
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(length / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(fast)), 0)
+    high = min(math.ceil(correction_dim(slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+    extrapolation_factor = 1 - ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    expected = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
+    cfg = RopeConfig(scaling="yarn", factor=factor, original_max_len=length, beta_fast=fast, beta_slow=slow)
+    inv, scale = scaled_inv_freq(cfg, dim)
+    torch.testing.assert_close(inv, expected, rtol=1e-12, atol=0)
+    assert scale == pytest.approx(0.1 * math.log(factor) + 1.0)

@@ -10,10 +10,14 @@ trained model can use them at inference:
 
 - ``linear``: position interpolation (Chen et al. 2023): theta_j / s, i.e. positions m -> m / s.
 - ``ntk``: NTK-aware base scaling (bloc97 2023): base' = base * s^(d / (d - 2)).
-- ``yarn``: NTK-by-parts with attention temperature (Peng et al. 2023, eqs. 17-22): with
-  r_j = L / lambda_j the rotations of dim j over L (lambda_j = 2 pi / theta_j) and the ramp
-  gamma(r) = clamp((r - beta_slow) / (beta_fast - beta_slow), 0, 1),
-  theta'_j = (1 - gamma) theta_j / s + gamma theta_j; q and k are scaled by sqrt(1/t) = 0.1 ln(s) + 1.
+- ``yarn``: NTK-by-parts with attention temperature (Peng et al. 2023, eqs. 17-22), as the authors'
+  code and Hugging Face compute it: the pair index where dim j makes r rotations over L,
+  j(r) = d ln(L / (2 pi r)) / (2 ln base), gives the correction range lo = floor(j(beta_fast)),
+  hi = ceil(j(beta_slow)) (clipped to 0 .. d-1); the ramp is linear in the pair index,
+  gamma_j = 1 - clamp((j - lo) / (hi - lo), 0, 1) (1 = keep theta_j, 0 = interpolate), and
+  theta'_j = (1 - gamma_j) theta_j / s + gamma_j theta_j; q and k are scaled by sqrt(1/t) = 0.1 ln(s) + 1.
+  (The paper states the ramp in rotations r; the reference code ramps in j, which differs between lo
+  and hi. Trained models and published results follow the code, so this does too.)
 """
 
 from __future__ import annotations
@@ -41,9 +45,20 @@ def scaled_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
         return inv / s, 1.0
     if rope.scaling == "ntk":
         return rope_inv_freq(dim, rope.theta * s ** (dim / (dim - 2))), 1.0
-    rotations = rope.original_max_len * inv / (2 * math.pi)  # r_j = L / lambda_j
-    gamma = ((rotations - rope.beta_slow) / (rope.beta_fast - rope.beta_slow)).clamp(0.0, 1.0)
+    lo, hi = yarn_correction_range(rope.beta_fast, rope.beta_slow, dim, rope.theta, rope.original_max_len)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - lo) / max(hi - lo, 1e-3)).clamp(0.0, 1.0)
+    gamma = 1.0 - ramp  # 1: dims fast enough to keep, 0: slow dims fully interpolated
     return (1 - gamma) * inv / s + gamma * inv, 0.1 * math.log(s) + 1.0
+
+
+def yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: float, length: int) -> tuple[int, int]:
+    """Pair indices (lo, hi) between which YaRN's ramp runs: where dims make beta_fast and beta_slow
+    rotations over ``length`` positions, floored and ceiled, clipped to 0 .. dim - 1."""
+
+    def pair_index(rotations: float) -> float:
+        return dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    return max(math.floor(pair_index(beta_fast)), 0), min(math.ceil(pair_index(beta_slow)), dim - 1)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
