@@ -33,11 +33,13 @@ def main() -> int:
     setup_logging()
 
     from data.sources import DataError, load_corpus
-    from utils.io import atomic_write_text
+    from utils.io import atomic_write_text, ensure_dir
     from utils.metrics import corpus_scores, scores_by_length
     from utils.runs import load_run
     from utils.translate import encode_sources, translate_ids
 
+    if args.max_sentences is not None and args.max_sentences < 1:
+        parser.error(f"--max_sentences must be >= 1, got {args.max_sentences}")
     overrides = list(args.overrides) + [f"decode.beam={args.beam}", "decode.nbest=1"]
     if args.lenpen is not None:
         overrides.append(f"decode.lenpen={args.lenpen}")
@@ -55,7 +57,7 @@ def main() -> int:
     else:
         raise DataError(f"--split {args.split}: no such split; available: {', '.join(corpus)}")
 
-    out_dir = run.run_dir / "eval"
+    out_dir = ensure_dir(run.run_dir / "eval", "the run's eval folder")
     tag = f"{run.checkpoint.stem}.beam{cfg.decode.beam}"
     report = {}
     for name in names:
@@ -66,9 +68,9 @@ def main() -> int:
         ids = encode_sources(run.tokenizer, sources, run.model.max_length, strict=False)
         hyps = [nbest[0].text for nbest in translate_ids(run.model, run.tokenizer, ids, cfg.decode)]
         elapsed = time.perf_counter() - start
-        scores = corpus_scores(hyps, refs)
+        scores = corpus_scores(hyps, refs, lowercase=cfg.tokenizer.lowercase)
         lengths = [max(len(x) - 1, 0) for x in ids]  # source tokens without eos
-        by_length = scores_by_length(hyps, refs, lengths, cfg.eval.length_buckets)
+        by_length = scores_by_length(hyps, refs, lengths, cfg.eval.length_buckets, cfg.tokenizer.lowercase)
         entry = {
             **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": cfg.decode.beam,
             "lenpen": cfg.decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),

@@ -629,7 +629,7 @@ def time_trained_decoding(model_path: str, sentences: int, beam: int, device: st
         took = time.perf_counter() - start
         out["decoders"][label] = {"sent_per_s": n / took, "seconds": took,
                                   "out_tokens": sum(len(h.tokens) for h in hyps) / n,
-                                  "bleu": corpus_scores([h.text for h in hyps], refs).bleu}
+                                  "bleu": corpus_scores([h.text for h in hyps], refs, run.cfg.tokenizer.lowercase).bleu}
         print(f"  trained model, {label}: {n / took:.1f} sent/s", flush=True)
     if profile_to is not None:
         from torch.profiler import ProfilerActivity, profile
@@ -970,4 +970,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from utils.cli import run_main
+
+    run_main(main)

@@ -47,3 +47,15 @@ def test_scores_by_length_buckets() -> None:
     assert rows[1]["bleu"] == pytest.approx(0.0) and rows[2]["bleu"] == pytest.approx(100.0)
     empty = scores_by_length(hyps, refs, [3, 3, 3, 3], [10, 20])
     assert empty[1] == {"bucket": "10-19", "n": 0}
+
+
+def test_lowercase_scoring_ignores_case_and_says_so() -> None:
+    hyps, refs = ["the cat sleeps on the sofa."], ["The cat sleeps on the sofa."]
+    cased = corpus_scores(hyps, refs)
+    lower = corpus_scores(hyps, refs, lowercase=True)
+    assert cased.bleu < 100.0 and lower.bleu == pytest.approx(100.0) and lower.nltk_bleu4 == pytest.approx(100.0)
+    assert lower.chrf == pytest.approx(100.0) and cased.chrf < lower.chrf
+    assert "case:lc" in lower.bleu_signature and "case:lc" in lower.chrf_signature
+    assert "case:mixed" in cased.bleu_signature
+    rows = scores_by_length(hyps, refs, [7], [10], lowercase=True)
+    assert rows[0]["bleu"] == pytest.approx(100.0)

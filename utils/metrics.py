@@ -32,22 +32,27 @@ def word_tokens(text: str) -> list[str]:
     return _WORDS.tokenize(text)
 
 
-def nltk_bleu4(hypotheses: list[str], references: list[str]) -> float:
+def nltk_bleu4(hypotheses: list[str], references: list[str], lowercase: bool = False) -> float:
     """nltk corpus BLEU-4 (uniform weights) on word tokens, in percent; method1 smoothing for empty n-gram counts."""
-    refs = [[word_tokens(r)] for r in references]
-    hyps = [word_tokens(h) for h in hypotheses]
+    case = str.lower if lowercase else str
+    refs = [[word_tokens(case(r))] for r in references]
+    hyps = [word_tokens(case(h)) for h in hypotheses]
     return 100.0 * corpus_bleu(refs, hyps, smoothing_function=SmoothingFunction().method1)
 
 
-def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
-    """sacreBLEU (13a tokenisation, exp smoothing), chrF2 and nltk BLEU-4 of detokenised text."""
+def corpus_scores(hypotheses: list[str], references: list[str], lowercase: bool = False) -> Scores:
+    """sacreBLEU (13a tokenisation, exp smoothing), chrF2 and nltk BLEU-4 of detokenised text.
+
+    ``lowercase``: score case-insensitively, as a model trained on lowercased text must be (the
+    signatures then say ``case:lc``).
+    """
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
-    bleu, chrf = BLEU(), CHRF()
+    bleu, chrf = BLEU(lowercase=lowercase), CHRF(lowercase=lowercase)
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
     return Scores(
-        bleu=b.score, chrf=c.score, nltk_bleu4=nltk_bleu4(hypotheses, references),
+        bleu=b.score, chrf=c.score, nltk_bleu4=nltk_bleu4(hypotheses, references, lowercase),
         bleu_signature=str(bleu.get_signature()), chrf_signature=str(chrf.get_signature()),
         bleu_detail=str(b), n_sentences=len(hypotheses),
     )
@@ -58,7 +63,7 @@ def bucket_label(lo: int, hi: int | None) -> str:
 
 
 def scores_by_length(
-    hypotheses: list[str], references: list[str], lengths: list[int], edges: list[int]
+    hypotheses: list[str], references: list[str], lengths: list[int], edges: list[int], lowercase: bool = False
 ) -> list[dict[str, float | int | str]]:
     """Corpus sacreBLEU and chrF of the sentences in each source-length bucket.
 
@@ -74,7 +79,7 @@ def scores_by_length(
         row: dict[str, float | int | str] = {"bucket": bucket_label(lo, hi), "n": len(idx)}
         if idx:
             hyps, refs = [hypotheses[j] for j in idx], [references[j] for j in idx]
-            row["bleu"] = BLEU().corpus_score(hyps, [refs]).score
-            row["chrf"] = CHRF().corpus_score(hyps, [refs]).score
+            row["bleu"] = BLEU(lowercase=lowercase).corpus_score(hyps, [refs]).score
+            row["chrf"] = CHRF(lowercase=lowercase).corpus_score(hyps, [refs]).score
         rows.append(row)
     return rows
