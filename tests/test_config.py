@@ -136,3 +136,46 @@ def test_model_fingerprint_ignores_inference_keys_and_tracks_architecture() -> N
     assert model_fingerprint(ModelConfig(attention_pe="none"), 100) != base
     assert model_fingerprint(ModelConfig(attention_pe="rope", norm="post"), 100) != base
     assert model_fingerprint(ModelConfig(attention_pe="rope"), 101) != base
+
+
+def test_a_config_inherits_its_base_and_overrides_keys(tmp_path: Path) -> None:
+    (tmp_path / "family").mkdir()
+    (tmp_path / "family" / "base.yaml").write_text(
+        "name: not_inherited\ndata:\n  max_len: 50\n  test: [a, b]\nmodel:\n  d_model: 64\n  n_heads: 4\n"
+        "  rope:\n    theta: 500\n    factor: 2\n")
+    (tmp_path / "family" / "mid.yaml").write_text("base: base.yaml\nmodel:\n  attention_pe: rope\n  rope:\n"
+                                                  "    factor: 4\n")
+    (tmp_path / "leaf.yaml").write_text("base: family/mid.yaml\ndata:\n  test: [c]\ntrain:\n  lr: 3e-4\n")
+    cfg = load_config(tmp_path / "leaf.yaml", ["model.n_heads=2"])
+    assert cfg.name == "leaf"  # the file named, never a base's name
+    assert (cfg.data.max_len, cfg.data.test) == (50, ["c"])  # mappings merged, lists replaced
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.attention_pe) == (64, 2, "rope")
+    assert (cfg.model.rope.theta, cfg.model.rope.factor) == (500.0, 4.0)  # nested mappings merged key by key
+    assert cfg.train.lr == 3e-4
+
+
+def test_base_mistakes_are_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"base configs form a cycle \(a.yaml -> b.yaml -> a.yaml\)"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(ConfigError, match="base config not found"):
+        load_config(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("base: [x]\n")
+    with pytest.raises(ConfigError, match="base must be the path of another config file"):
+        load_config(tmp_path / "d.yaml")
+
+
+def test_encoding_families_are_one_base_plus_short_variants() -> None:
+    """Every per-encoding config states only what differs from its family's base."""
+    root = Path(__file__).resolve().parents[1] / "configs"
+    for family in ("bench_small", "bench_short", "iwslt2017"):
+        variants = sorted(root.glob(f"{family}_*.yaml"))
+        assert len(variants) >= 10, family
+        for path in variants:
+            body = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+            assert body[0].startswith("base: ") and len(body) <= 8, path.name
+            cfg = load_config(path)
+            base = load_config(root / body[0].split(": ", 1)[1])
+            assert cfg.data == base.data and cfg.train == base.train and cfg.tokenizer == base.tokenizer, path.name

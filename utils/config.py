@@ -74,14 +74,16 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
-    """Subword vocabulary: trained on the training split, or a pretrained Marian tokenizer."""
+    """Joint vocabulary trained on the training split (subwords, characters or words; see tokenizer/joint.py),
+    or a pretrained Marian tokenizer."""
 
-    type: Literal["bpe", "unigram", "marian"] = "bpe"
+    type: Literal["bpe", "unigram", "char", "word", "marian"] = "bpe"
     vocab_size: int = num(8000, ge=1)
     min_frequency: int = num(2, ge=0)
     lowercase: bool = False
     path: str | None = None  # marian: Hub id or local folder
     train_max_sentences: int | None = num(None, ge=1)  # subsample (deterministically) for faster training
+    byte_fallback: bool = True  # bpe/unigram/char: unseen characters become their UTF-8 bytes, never <unk>
 
 
 @dataclass
@@ -406,8 +408,19 @@ def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config; ``name`` defaults to the file's stem."""
+    """Load a YAML config; ``name`` defaults to the file's stem.
+
+    A config may name a ``base`` (a path relative to its own folder): the base is loaded first (itself
+    possibly with a base) and this file's keys override it, mappings merged key by key, lists and
+    values replaced. So a family of configs is one base plus a few lines per variant.
+    """
     path = Path(path)
+    raw = _read_with_bases(path, [])
+    raw.setdefault("name", path.stem)
+    return from_dict(raw, overrides)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise ConfigError(f"{path} is a folder, not a config file")
     if not path.is_file():
@@ -422,8 +435,34 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    raw.setdefault("name", path.stem)
-    return from_dict(raw, overrides)
+    return raw
+
+
+def _read_with_bases(path: Path, chain: list[Path]) -> dict[str, Any]:
+    """``path``'s mapping over its ``base`` chain (the base's own ``name`` is not inherited)."""
+    if path.resolve() in chain:
+        names = " -> ".join(p.name for p in [*chain, path.resolve()])
+        raise ConfigError(f"{chain[0]}: its base configs form a cycle ({names})")
+    raw = _read_yaml(path)
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base must be the path of another config file, got {base!r}")
+    base_path = path.parent / expand_env(base)
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: base config not found: {base_path}")
+    parent = _read_with_bases(base_path, [*chain, path.resolve()])
+    parent.pop("name", None)
+    return _merge(parent, raw)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merged recursively; anything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
