@@ -59,9 +59,11 @@ def _corpus() -> tuple[list[str], list[str]]:
 
 
 @functools.cache
-def _trained(kind: str, vocab_size: int = 200, lowercase: bool = False, seed: int = 0) -> Tokenizer:
+def _trained(kind: str, vocab_size: int = 456, lowercase: bool = False, seed: int = 0,
+             byte_fallback: bool = True) -> Tokenizer:
     fr, en = _corpus()
-    cfg = TokenizerConfig(type=kind, vocab_size=vocab_size, min_frequency=2, lowercase=lowercase)  # type: ignore[arg-type]
+    cfg = TokenizerConfig(type=kind, vocab_size=vocab_size, min_frequency=2, lowercase=lowercase,  # type: ignore[arg-type]
+                          byte_fallback=byte_fallback)
     return train_tokenizer(cfg, fr, en, seed=seed)
 
 
@@ -77,7 +79,8 @@ def test_joint_special_ids_and_vocab_size(kind: str) -> None:
     assert isinstance(tok, JointSubwordTokenizer)
     assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (0, 1, 2, 3)
     assert tok.id_to_token([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
-    assert 50 < tok.vocab_size <= 200
+    assert 256 + 50 < tok.vocab_size <= 456  # 256 byte tokens + what the corpus supports
+    assert tok.id_to_token([4, 259]) == ["<0x00>", "<0xFF>"]
     assert len(tok.fingerprint) == 64 and int(tok.fingerprint, 16) >= 0
 
 
@@ -105,10 +108,13 @@ def test_joint_decode_stops_at_eos_and_drops_specials(kind: str) -> None:
         "Merci, le chat mange une pomme.",
     ]
     assert tok.decode([tok.eos_id, *a]) == ""
-    # unknown characters become <unk> and are dropped on decode
-    (z,) = tok.encode_src(["Bonjour ☃ le monde."])
-    assert tok.unk_id in z
-    assert "☃" not in tok.decode(z) and "<unk>" not in tok.decode(z)
+    # without byte fallback, unknown characters become <unk> and are dropped on decode
+    plain = _trained(kind, byte_fallback=False)
+    (z,) = plain.encode_src(["Bonjour ☃ le monde."])
+    assert plain.unk_id in z
+    assert "☃" not in plain.decode(z) and "<unk>" not in plain.decode(z)
+    # an <unk> the model generates is dropped too
+    assert tok.decode([*a[:1], tok.unk_id, *a[1:]]) == "Bonjour le monde."
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])
@@ -142,11 +148,11 @@ def test_joint_save_load(kind: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])
 def test_joint_fingerprint_tracks_vocabulary(kind: str) -> None:
-    small, big = _trained(kind, vocab_size=120), _trained(kind)
+    small, big = _trained(kind, vocab_size=376), _trained(kind)
     assert small.vocab_size < big.vocab_size
     assert small.fingerprint != big.fingerprint
     fr, en = _corpus()
-    again = train_tokenizer(TokenizerConfig(type=kind, vocab_size=200), fr, en)  # type: ignore[arg-type]
+    again = train_tokenizer(TokenizerConfig(type=kind, vocab_size=456), fr, en)  # type: ignore[arg-type]
     assert again.fingerprint == big.fingerprint  # deterministic training
     assert again.encode_src(ROUND_TRIP) == big.encode_src(ROUND_TRIP)
 
@@ -178,7 +184,7 @@ def test_subsample_is_seeded_parallel_and_ordered() -> None:
 
 def test_train_max_sentences() -> None:
     fr, en = _corpus()
-    cfg = TokenizerConfig(type="bpe", vocab_size=200, train_max_sentences=60)
+    cfg = TokenizerConfig(type="bpe", vocab_size=456, train_max_sentences=60)
     a = train_tokenizer(cfg, fr, en, seed=1)
     assert a.fingerprint == train_tokenizer(cfg, fr, en, seed=1).fingerprint
     assert a.fingerprint != _trained("bpe").fingerprint
@@ -187,9 +193,11 @@ def test_train_max_sentences() -> None:
 def test_train_errors() -> None:
     fr, en = _corpus()
     with pytest.raises(TokenizerError, match="vocab_size"):
-        train_tokenizer(TokenizerConfig(type="bpe", vocab_size=4), fr, en)
+        train_tokenizer(TokenizerConfig(type="bpe", vocab_size=4, byte_fallback=False), fr, en)
+    with pytest.raises(TokenizerError, match=r"must be > 260 \(256 byte tokens"):
+        train_tokenizer(TokenizerConfig(type="bpe", vocab_size=200), fr, en)
     with pytest.raises(TokenizerError, match="no sentences"):
-        train_tokenizer(TokenizerConfig(type="unigram", vocab_size=100), [], [])
+        train_tokenizer(TokenizerConfig(type="unigram", vocab_size=400), [], [])
     with pytest.raises(TokenizerError, match="cannot be trained"):
         train_tokenizer(TokenizerConfig(type="marian"), fr, en)
 
@@ -201,7 +209,7 @@ def test_build_tokenizer_trains_joint_types() -> None:
         calls.append(1)
         return _corpus()
 
-    tok = build_tokenizer(TokenizerConfig(type="bpe", vocab_size=200), texts)
+    tok = build_tokenizer(TokenizerConfig(type="bpe", vocab_size=456), texts)
     assert calls == [1] and tok.fingerprint == _trained("bpe").fingerprint
 
 
@@ -317,3 +325,69 @@ def test_joint_whitespace_of_any_kind_encodes_like_one_space(kind: str) -> None:
     for messy in ("le chat est noir\r", " le  chat\test\u00a0noir ", "le\u2028chat   est\r\nnoir"):
         assert tok.encode_src([messy])[0] == plain, repr(messy)
     assert tok.unk_id not in tok.encode_src(["le chat\r"])[0]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_unseen_characters_round_trip_through_byte_fallback(kind: str) -> None:
+    """A character the training text never had is encoded as its UTF-8 bytes, not <unk>: nothing vanishes."""
+    tok = _trained(kind)
+    text = "Bartók joue du 🎻 à Łódź, Ærø."
+    ids = tok.encode_src([text])[0]
+    assert tok.unk_id not in ids and tok.decode(ids) == text
+    plain = _trained(kind, byte_fallback=False)
+    assert plain.decode(plain.encode_src([text])[0]) != text  # without it, unseen characters are lost
+
+
+def test_every_bench_test_line_round_trips(shared_data: Path) -> None:
+    """A BPE vocabulary trained on 20,000 training pairs sees every line of the three bench test sets (both
+    languages) come back from decode(encode(line)) as the normalised line, with no <unk>."""
+    bench = shared_data / "bench" / "fr-en"
+    fr = (bench / "train.fr").read_text(encoding="utf-8").splitlines()
+    en = (bench / "train.en").read_text(encoding="utf-8").splitlines()
+    tok = train_tokenizer(TokenizerConfig(type="bpe", vocab_size=4000, train_max_sentences=20000), fr, en)
+    normalizer = tok._tok.normalizer
+    lines = [line for name in ("test.tatoeba", "test.multi30k-2016", "test.iwslt-tst2010") for lang in ("fr", "en")
+             for line in (bench / f"{name}.{lang}").read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert len(lines) > 5000
+    ids = tok.encode_src(lines)
+    assert not [line for line, x in zip(lines, ids, strict=True) if tok.unk_id in x]
+    decoded = tok.decode_batch(ids)
+    bad = [(a, b) for a, b in zip(lines, decoded, strict=True) if normalizer.normalize_str(a) != b]
+    assert not bad, bad[:3]
+    assert sum(256 + 4 > i >= 4 for x in ids for i in x) > 0  # some characters needed their bytes
+
+
+def test_char_tokenizer_keeps_the_most_frequent_characters_and_falls_back_to_bytes(tmp_path: Path) -> None:
+    fr, en = _corpus()
+    tok = train_tokenizer(TokenizerConfig(type="char", vocab_size=300), fr, en)
+    assert tok.vocab_size == 300 and tok.kind == "char"
+    pieces = tok.id_to_token(list(range(260, 300)))
+    assert all(len(p) == 1 for p in pieces) and "▁" in pieces and "e" in pieces  # single characters only
+    text = "Le chat dort, Bartók joue du 🎻."
+    ids = tok.encode_src([text])[0]
+    assert tok.decode(ids) == text and tok.unk_id not in ids
+    assert len(ids) >= len(text)  # one id per character (or more: bytes of unseen ones)
+    tok.save(tmp_path / "char")
+    again = load_tokenizer(tmp_path / "char")
+    assert again.fingerprint == tok.fingerprint and again.encode_src([text]) == [ids]
+    every = train_tokenizer(TokenizerConfig(type="char", vocab_size=10_000, min_frequency=1), fr, en)
+    common = train_tokenizer(TokenizerConfig(type="char", vocab_size=10_000, min_frequency=50), fr, en)
+    assert 260 < common.vocab_size < every.vocab_size < 10_000  # min_frequency drops rare characters
+
+
+def test_word_tokenizer_splits_punctuation_limits_its_vocabulary_and_drops_unknown_words(tmp_path: Path) -> None:
+    fr, en = _corpus()
+    tok = train_tokenizer(TokenizerConfig(type="word", vocab_size=10_000, min_frequency=1), fr, en)
+    assert 50 < tok.vocab_size < 10_000 and tok.kind == "word"  # every word of the corpus, no more
+    known = "Le chat mange."
+    ids = tok.encode_src([known])[0]
+    assert tok.id_to_token(ids) == ["▁Le", "▁chat", "▁mange", "."] and tok.decode(ids) == known
+    ids = tok.encode_src(["Le chat xylophonique mange."])[0]
+    assert tok.unk_id in ids  # the unknown-word policy: <unk> in, left out of the text
+    assert tok.decode(ids) == "Le chat mange."
+    tok.save(tmp_path / "word")
+    assert load_tokenizer(tmp_path / "word").fingerprint == tok.fingerprint
+    small = train_tokenizer(TokenizerConfig(type="word", vocab_size=40, min_frequency=1), fr, en)
+    rare = tok.id_to_token([tok.vocab_size - 1])[0].lstrip("▁")  # the least frequent word of the corpus
+    assert tok.encode_src([rare]) != [[tok.unk_id]]
+    assert small.vocab_size == 40 and small.encode_src([rare]) == [[small.unk_id]]  # the limit holds

@@ -15,7 +15,7 @@ SENTENCES = ["le chat dort", "le chien mange une pomme", "je vois un oiseau", "b
 
 @pytest.fixture(scope="module")
 def tok():
-    return train_tokenizer(TokenizerConfig(vocab_size=120, min_frequency=1), SENTENCES, SENTENCES)
+    return train_tokenizer(TokenizerConfig(vocab_size=376, min_frequency=1), SENTENCES, SENTENCES)
 
 
 def model_for(tok, input_pe: str = "learnable", max_positions: int = 12) -> Seq2SeqTransformer:

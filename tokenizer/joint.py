@@ -1,8 +1,18 @@
-"""Joint French+English subword vocabulary (BPE or Unigram) trained with Hugging Face ``tokenizers``."""
+"""Joint French+English vocabulary trained with Hugging Face ``tokenizers``: subwords (BPE, Unigram),
+characters or words.
+
+- ``bpe`` / ``unigram``: subword models (Sennrich et al. 2016; Kudo 2018) with byte fallback.
+- ``char``: the ``vocab_size`` most frequent characters (``min_frequency`` or more), a BPE model with no
+  merges, with byte fallback: unseen characters become their UTF-8 bytes.
+- ``word``: words and punctuation marks split apart (``l'homme`` -> ``l ' homme``), the ``vocab_size``
+  most frequent ones (``min_frequency`` or more). Unknown-word policy: a word outside the vocabulary is
+  encoded as ``<unk>``, and an ``<unk>`` the model outputs is left out of the detokenized text.
+"""
 
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import json
 import random
@@ -18,8 +28,11 @@ from utils.io import atomic_write_text
 from .base import Tokenizer, TokenizerError, canonical_json, sha256_hex
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0, 1, 2, 3
+# Byte fallback (as SentencePiece's): ids 4..259 are the 256 bytes, so a character the training text never had is
+# encoded as its UTF-8 bytes instead of <unk>, and every input decodes back to itself (after normalisation).
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
 MODEL_FILE = "tokenizer.json"
-JOINT_TYPES = ("bpe", "unigram")
+JOINT_TYPES = ("bpe", "unigram", "char", "word")
 _PENALTY_STEP = 1e-4  # score step of characters the Unigram trainer appends (tokenizers trainer.rs)
 
 
@@ -44,7 +57,7 @@ def _subsample(src: Iterable[str], tgt: Iterable[str], n: int | None, seed: int)
     return [src_l[i] for i in pick(len(src_l))], [tgt_l[i] for i in pick(len(tgt_l))]
 
 
-def _canonical_unigram(tok: HFTokenizer) -> HFTokenizer:
+def _canonical_unigram(tok: HFTokenizer, reserved: int) -> HFTokenizer:
     """Make a trained Unigram model reproducible: round scores, fix the order of tied pieces.
 
     The Rust trainer sums floats in hash-map order, so scores vary in the last bits from run to run; and the
@@ -53,7 +66,7 @@ def _canonical_unigram(tok: HFTokenizer) -> HFTokenizer:
     """
     data = json.loads(tok.to_str())
     vocab = data["model"]["vocab"]
-    n = len(SPECIAL_TOKENS)
+    n = reserved  # special (and byte) tokens keep their ids
     pieces = [(piece, float(f"{score:.9g}")) for piece, score in vocab[n:]]
     single_scores = sorted(score for piece, score in pieces if len(piece) == 1)
 
@@ -72,6 +85,17 @@ def _canonical_unigram(tok: HFTokenizer) -> HFTokenizer:
     pieces = sorted(((piece, remap.get(piece, score)) for piece, score in pieces), key=lambda x: (-x[1], x[0]))
     data["model"]["vocab"] = [list(x) for x in vocab[:n]] + [list(x) for x in pieces]
     return HFTokenizer.from_str(json.dumps(data, ensure_ascii=False))
+
+
+def _frequent_characters(texts: Iterable[str], normalizer: normalizers.Normalizer, limit: int,
+                         min_frequency: int) -> list[str]:
+    """The ``limit`` most frequent characters of the normalised ``texts`` (spaces as "▁", one before each
+    sentence as the Metaspace pre-tokenizer adds), at least ``min_frequency`` times; ties by character."""
+    counts: collections.Counter[str] = collections.Counter()
+    for text in texts:
+        counts.update("▁" + normalizer.normalize_str(text).replace(" ", "▁"))
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [c for c, n in ranked if n >= max(min_frequency, 1)][:limit]
 
 
 class JointSubwordTokenizer(Tokenizer):
@@ -100,8 +124,10 @@ class JointSubwordTokenizer(Tokenizer):
             raise TokenizerError(
                 f"tokenizer.type {cfg.type!r} cannot be trained (use one of: {', '.join(JOINT_TYPES)})"
             )
-        if cfg.vocab_size <= len(SPECIAL_TOKENS):
-            raise TokenizerError(f"tokenizer.vocab_size must be > {len(SPECIAL_TOKENS)}, got {cfg.vocab_size}")
+        reserved = SPECIAL_TOKENS + (BYTE_TOKENS if cfg.byte_fallback and cfg.type != "word" else [])
+        if cfg.vocab_size <= len(reserved):
+            why = " (256 byte tokens with tokenizer.byte_fallback)" if cfg.byte_fallback else ""
+            raise TokenizerError(f"tokenizer.vocab_size must be > {len(reserved)}{why}, got {cfg.vocab_size}")
         src, tgt = _subsample(src_texts, tgt_texts, cfg.train_max_sentences, seed)
         count = 0
 
@@ -115,31 +141,49 @@ class JointSubwordTokenizer(Tokenizer):
         # does, so no input reaches the model as a lone "▁" or an <unk>, whoever calls encode.
         norm = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
         norm += [normalizers.Lowercase()] if cfg.lowercase else []
-        trainer: trainers.Trainer
+        trainer: trainers.Trainer | None = None
+        byte_fallback = cfg.byte_fallback and cfg.type != "word"
         if cfg.type == "bpe":
-            tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+            tok = HFTokenizer(models.BPE(unk_token="<unk>", byte_fallback=byte_fallback))
             trainer = trainers.BpeTrainer(
                 vocab_size=cfg.vocab_size,
                 min_frequency=cfg.min_frequency,
-                special_tokens=SPECIAL_TOKENS,
+                special_tokens=reserved,
                 show_progress=False,
             )
-        else:
+        elif cfg.type == "unigram":
             tok = HFTokenizer(models.Unigram())
             trainer = trainers.UnigramTrainer(
-                vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS, unk_token="<unk>", show_progress=False
+                vocab_size=cfg.vocab_size, special_tokens=reserved, unk_token="<unk>", show_progress=False
             )
+        elif cfg.type == "char":
+            chars = _frequent_characters(sentences(), normalizers.Sequence(norm), cfg.vocab_size - len(reserved),
+                                         cfg.min_frequency)
+            vocab = {t: i for i, t in enumerate(reserved + chars)}
+            tok = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=byte_fallback))
+        else:
+            tok = HFTokenizer(models.WordLevel(unk_token="<unk>"))
+            trainer = trainers.WordLevelTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                                special_tokens=SPECIAL_TOKENS, show_progress=False)
         tok.normalizer = normalizers.Sequence(norm)
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
-        try:
-            tok.train_from_iterator(sentences(), trainer=trainer)
-        except Exception as e:  # the Rust trainer raises bare Exceptions
-            raise TokenizerError(f"training the {cfg.type} tokenizer failed: {e}") from e
+        if cfg.type == "word":
+            tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, pre_tokenizers.Punctuation("isolated")])
+        metaspace = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+        tok.decoder = decoders.Sequence([decoders.ByteFallback(), metaspace]) if byte_fallback else metaspace
+        if trainer is not None:
+            try:
+                tok.train_from_iterator(sentences(), trainer=trainer)
+            except Exception as e:  # the Rust trainer raises bare Exceptions
+                raise TokenizerError(f"training the {cfg.type} tokenizer failed: {e}") from e
         if count == 0:
             raise TokenizerError("no sentences to train the tokenizer on")
         if cfg.type == "unigram":
-            tok = _canonical_unigram(tok)
+            tok = _canonical_unigram(tok, len(reserved))
+            if cfg.byte_fallback:  # the Unigram trainer does not set the flag itself
+                data = json.loads(tok.to_str())
+                data["model"]["byte_fallback"] = True
+                tok = HFTokenizer.from_str(json.dumps(data, ensure_ascii=False))
         return cls(tok, cfg.type)
 
     @classmethod
@@ -166,7 +210,8 @@ class JointSubwordTokenizer(Tokenizer):
         return self._encode(texts)
 
     def _detokenize(self, batch: list[list[int]]) -> list[str]:
-        return self._tok.decode_batch(batch, skip_special_tokens=True)
+        # The four special ids are already gone (_clean); byte tokens are "special" to the library but are text.
+        return self._tok.decode_batch(batch, skip_special_tokens=False)
 
     def id_to_token(self, ids: Sequence[int]) -> list[str]:
         out = []
