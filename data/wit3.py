@@ -17,6 +17,7 @@ import re
 import tarfile
 import xml.etree.ElementTree as ET
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -102,9 +103,17 @@ class _Files:
     def __init__(self, names: list[str], read: Callable[[str], bytes], where: str,
                  close: Callable[[], None] = lambda: None) -> None:
         self.names = names
-        self.read = read
+        self._read = read
         self.where = where
         self.close = close
+
+    def read(self, name: str) -> bytes:
+        """The bytes of one file; DataError, one line, if the archive or file is damaged or unreadable."""
+        try:
+            return self._read(name)
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, zlib.error) as e:
+            raise DataError(f"{self.where}/{name}: cannot read it, the archive or file is damaged "
+                            f"({type(e).__name__})") from None
 
 
 def _is_archive(path: Path) -> bool:
@@ -154,7 +163,8 @@ def _open_archive(path: Path, src: str, tgt: str) -> _Files:
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
         if opened is not None:
             opened.close()
-        raise DataError(f"{where}: cannot read archive ({type(e).__name__}: {e})") from None
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DataError(f"{where}: cannot read archive ({type(e).__name__}{': ' + detail if detail else ''})") from None
     except DataError:
         if opened is not None:
             opened.close()
