@@ -3,18 +3,20 @@
     python train.py --config configs/demo.yaml [--set key=value ...] [--resume RUN_DIR]
     torchrun --nproc_per_node=N train.py --config ...      # data-parallel on N GPUs (or N CPU processes)
 
-Creates runs/<name>_<YYYYmmdd_HHMMSS>/ (config.yaml, tokenizer/, checkpoints/{best,last}.pt, tb/) and
-points runs/<name>_latest at it. --resume continues a run from its checkpoints/last.pt. Under torchrun
-each process trains on a disjoint shard of the batches (NCCL on GPUs, gloo on CPU) and only rank 0
+Reads the corpus and trains the tokenizer first, then creates runs/<name>_<YYYYmmdd_HHMMSS>/ (config.yaml,
+tokenizer/, checkpoints/{best,last}.pt, tb/, train.log) and points runs/<name>_latest at it once it has a
+checkpoint; a start that fails leaves nothing behind. --resume continues a run from its checkpoints/last.pt.
+Under torchrun each process trains on a disjoint shard of the batches (NCCL on GPUs, gloo on CPU) and only rank 0
 writes logs and checkpoints.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from utils.cli import add_set_arg, run_main, setup_logging
+from utils.cli import add_set_arg, attach_log_file, run_main, setup_logging
 
 
 def distributed_backend() -> str | None:
@@ -57,8 +59,15 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
     import ignite.distributed as idist
 
     from utils.config import ConfigError, load_config
-    from utils.runs import CONFIG_FILE, check_compatible, create_run_dir
-    from utils.trainer import train
+    from utils.runs import (
+        CONFIG_FILE,
+        TOKENIZER_DIR,
+        check_compatible,
+        check_runs_root,
+        create_run_dir,
+        discard_if_untrained,
+    )
+    from utils.trainer import prepare, train
 
     rank = idist.get_rank()
     if args.resume:
@@ -76,16 +85,30 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
             save_config(cfg, run_dir / CONFIG_FILE)
     else:
         cfg = load_config(args.config, args.overrides)
-        run_dir = create_run_dir(cfg, args.runs) if rank == 0 else None
+        corpus = None
+        if rank == 0:  # everything that can fail on bad input happens before the run directory exists
+            setup_logging(buffer=True)
+            check_runs_root(args.runs)
+            corpus, tokenizer = prepare(cfg)
+            run_dir = create_run_dir(cfg, args.runs)
+            tokenizer.save(run_dir / TOKENIZER_DIR)
         if idist.get_world_size() > 1:  # every rank trains in rank 0's run directory
             run_dir = Path(idist.broadcast(str(run_dir) if rank == 0 else "", src=0, safe_mode=True))
     if rank == 0:
-        setup_logging(str(run_dir / "train.log"))
+        if args.resume:
+            setup_logging(str(run_dir / "train.log"))
+        else:
+            attach_log_file(str(run_dir / "train.log"))
         logging.getLogger("train").info("run directory: %s", run_dir)
     else:
         setup_logging()
         logging.getLogger().setLevel(logging.WARNING)
-    metrics = train(cfg, run_dir, resume=bool(args.resume))
+    try:
+        metrics = train(cfg, run_dir, resume=bool(args.resume), corpus=None if args.resume else corpus)
+    except BaseException:
+        if not args.resume and rank == 0 and discard_if_untrained(run_dir):
+            print(f"removed {run_dir}: training stopped before its first checkpoint", file=sys.stderr)
+        raise
     if rank == 0:
         print(f"run directory: {run_dir}")
         if metrics:

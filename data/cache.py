@@ -359,6 +359,11 @@ def load_or_build(cfg: Config, tokenizer: Tokenizer, corpus_loader: Callable[[],
         if absent:
             raise DataError(f"split {absent[0]!r} is not in the corpus (available: {', '.join(corpus)})")
         extra = {"tokenizer": str(tokenizer.fingerprint), "source": cfg.data.source}
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise DataError(f"data.cache_dir {cfg.data.cache_dir}: cannot write the cache there "
+                            f"({e.strerror or type(e).__name__})") from None
         for split in missing:
             ts = build_split(corpus[split], split, cfg.data, tokenizer)
             _write_split(ts, root, split, key, extra)

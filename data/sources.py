@@ -114,8 +114,11 @@ def _file_entry(path: Path) -> dict[str, object]:
     happens to its size and times (same-length edits, ``touch -r``, sync tools). About 0.4 GB/s."""
     path = path.resolve()
     try:
+        h = hashlib.sha256()
         with open(path, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        digest = h.hexdigest()
     except FileNotFoundError:
         raise DataError(f"file not found: {path}") from None
     except OSError as e:
@@ -210,6 +213,17 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _hub_cached_archive() -> Path | None:
+    """The Hub archive if it is already in the local Hugging Face cache (no network), else None."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo_id=HUB_REPO_ID, repo_type="dataset", filename=HUB_FILENAME,
+                                    revision=HUB_REVISION, local_files_only=True))
+    except _hub_errors():
+        return None
+
+
 def download_iwslt2017() -> Path:
     """Local path of ``fr-en.zip`` from the Hub (a cached copy is used offline); DataError if unavailable."""
     from huggingface_hub import hf_hub_download
@@ -272,6 +286,9 @@ def corpus_fingerprint(cfg: DataConfig) -> str:
         desc["files"] = [_file_entry(p) for p in files]
     elif cfg.source == "iwslt2017":
         desc["hub"] = {"repo_id": HUB_REPO_ID, "filename": HUB_FILENAME, "revision": HUB_REVISION}
+        local = _hub_cached_archive()
+        if local is not None:  # a revision can move: key on the archive's bytes once it is here
+            desc["files"] = [_file_entry(local)]
     else:
         raise DataError(f"data.source: unknown source {cfg.source!r}")
     return _sha256_json(desc)

@@ -37,7 +37,7 @@ def test_run_directory_holds_everything_to_reload(tmp_path: Path, tiny_config, c
     # The closing summary (what bench/peers.py reads): steps, target tokens, time split, final perplexity.
     line = next(r.getMessage() for r in caplog.records if "| stats {" in r.getMessage())
     summary = json.loads(line.split("| stats ", 1)[1])
-    assert summary["steps"] == 6 and summary["target_tokens"] > 0
+    assert summary["steps"] == 6 and summary["target_tokens"] > 0 and summary["peak_rss_mb"] > 50
     assert summary["train_seconds"] > 0 and summary["eval_seconds"] > 0
     rate = summary["target_tokens"] / summary["train_seconds"]
     assert summary["target_tokens_per_s"] == pytest.approx(rate, rel=0.05)
@@ -80,14 +80,14 @@ def test_same_seed_repeats_exactly_on_cpu(tmp_path: Path, tiny_config) -> None:
 
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path: Path, tiny_config) -> None:
     # The interrupted point must fall inside an epoch, so the resumed epoch skips the batches already seen.
-    cfg = tiny_config(tmp_path, max_steps=24, eval_every=10)
+    cfg = tiny_config(tmp_path, max_steps=40, eval_every=10)
     corpus = load_corpus(cfg.data)
     straight = create_run_dir(cfg, tmp_path / "a")
     train(cfg, straight)
     tok = load_tokenizer(straight / "tokenizer")
     split = load_or_build(cfg, tok, lambda: corpus, ["train"])["train"]
     per_epoch = len(TokenBatchSampler(split.src_lengths, split.tgt_lengths, cfg.data.max_tokens, True, cfg.seed))
-    assert 10 % per_epoch != 0 and per_epoch < 24, per_epoch  # stop mid-epoch, finish in a later epoch
+    assert 10 % per_epoch != 0 and per_epoch < 40, per_epoch  # stop mid-epoch, finish in a later epoch
 
     first = tiny_config(tmp_path, max_steps=10, eval_every=10)
     resumed = create_run_dir(first, tmp_path / "b")
@@ -95,7 +95,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path: Path, 
     assert load_checkpoint(resumed / "checkpoints" / "last.pt")["trainer"]["iteration"] == 10
     train(cfg, resumed, resume=True)
     final = load_checkpoint(resumed / "checkpoints" / "last.pt")
-    assert final["trainer"]["iteration"] == 24
+    assert final["trainer"]["iteration"] == 40
     reference = weights(straight)
     for name, tensor in final["model"].items():
         assert torch.equal(tensor, reference[name]), name
@@ -111,10 +111,10 @@ def test_ctrl_c_saves_last_checkpoint_and_resume_continues(tmp_path: Path, tiny_
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "train.py", "--config", str(config), "--runs", str(tmp_path / "runs")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run = tmp_path / "runs" / "tiny_latest"
     deadline = time.time() + 120
-    while time.time() < deadline and not (run / "tb").is_dir():
+    while time.time() < deadline and not list((tmp_path / "runs").glob("tiny_2*/tb")):
         time.sleep(0.5)
+    run = next((tmp_path / "runs").glob("tiny_2*"))
     time.sleep(4)  # let it take some steps
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
@@ -148,8 +148,22 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path, tiny_config) -> Non
     bad = tmp_path / "checkpoints" / "best.pt"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+    with pytest.raises(CheckpointError, match="is not a PyTorch checkpoint"):
         load_checkpoint(bad)
+    bad.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"is empty \(0 bytes\)"):
+        load_checkpoint(bad)
+    torch.save({"model": {"w": torch.zeros(2)}, "extra": Unpicklable()}, bad)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(bad)
+    assert "never unpickles" in str(err.value) and "weights_only" not in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(CheckpointError, match="is a folder, not a checkpoint file"):
+        load_checkpoint(bad.parent)
+
+
+class Unpicklable:
+    """Any Python object: a checkpoint holding one is refused, never unpickled."""
 
 
 def test_training_with_a_pretrained_marian_tokenizer(tmp_path: Path, tiny_config, shared_data: Path) -> None:
@@ -218,3 +232,156 @@ def tokens_per_batch(s) -> float:
     """Mean target tokens (eos included) per training batch, counted by iterating one epoch."""
     batches = list(s.train_data)
     return sum(b.n_tgt_tokens for b in batches) / len(batches)
+
+
+class StopSignalAt:
+    """Stands in for StopRequest: a SIGTERM "arrives" during iteration ``at`` (counted in reads of ``reason``,
+    which the trainer reads once per iteration)."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.reads = at, 0
+
+    def __call__(self) -> StopSignalAt:
+        return self
+
+    def __enter__(self) -> StopSignalAt:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    @property
+    def reason(self) -> str | None:
+        self.reads += 1
+        return "SIGTERM" if self.reads >= self.at else None
+
+
+def epoch_length(cfg, tmp_path: Path) -> int:
+    from utils.trainer import build_setup
+
+    return len(build_setup(cfg, tmp_path / "probe").train_data)
+
+
+def test_a_signal_on_an_epochs_last_step_keeps_that_epochs_validation(tmp_path: Path, tiny_config,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With eval_every 0 the validation (best.pt, early stopping) happens at the epoch's end; a stop request
+    on that epoch's last step must not skip it, or it is lost for good (the resumed run counts the epoch
+    as done)."""
+    cfg = tiny_config(tmp_path, epochs=2, eval_every=0, log_attention_every=1)
+    per_epoch = epoch_length(cfg, tmp_path)
+    monkeypatch.setattr("utils.trainer.StopRequest", StopSignalAt(per_epoch))
+    run = create_run_dir(cfg, tmp_path / "runs")
+    train(cfg, run)
+    last = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert last["trainer"]["iteration"] == per_epoch
+    best = load_checkpoint(run / "checkpoints" / "best.pt")  # the epoch's validation happened
+    assert best["trainer"]["iteration"] == per_epoch
+    assert last["early_stopping"]["best_score"] is not None
+    monkeypatch.undo()
+    train(cfg, run, resume=True)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run / "tb"), size_guidance={"images": 0})
+    ea.Reload()
+    assert [e.step for e in ea.Scalars("valid/bleu")] == [per_epoch, 2 * per_epoch]
+    assert [e.step for e in ea.Images("attention/encoder/layer_0")] == [per_epoch, 2 * per_epoch]
+
+
+def test_a_checkpoint_inside_an_accumulation_window_resumes_exactly(tmp_path: Path, tiny_config,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tiny_config(tmp_path, max_steps=4, eval_every=1000, accumulate=2)  # 4 optimizer steps = 8 batches
+    straight = create_run_dir(cfg, tmp_path / "a")
+    train(cfg, straight)
+    assert load_checkpoint(straight / "checkpoints" / "last.pt")["trainer"]["iteration"] == 8
+    monkeypatch.setattr("utils.trainer.StopRequest", StopSignalAt(5))  # stops after batch 5: mid-window
+    resumed = create_run_dir(cfg, tmp_path / "b")
+    train(cfg, resumed)
+    state = load_checkpoint(resumed / "checkpoints" / "last.pt")
+    assert state["trainer"]["iteration"] == 5 and state["grads"]  # the pending gradients were saved
+    monkeypatch.undo()
+    train(cfg, resumed, resume=True)
+    final = weights(resumed)
+    for name, tensor in weights(straight).items():
+        assert torch.equal(final[name], tensor), name
+
+
+def test_a_failed_start_leaves_no_run_directory_and_keeps_latest(tmp_path: Path, tiny_config) -> None:
+    cfg = tiny_config(tmp_path, max_steps=2, eval_every=2)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(cfg.to_dict()))
+    runs = tmp_path / "runs"
+    ok = subprocess.run([sys.executable, "train.py", "--config", str(config), "--runs", str(runs)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    good = (runs / "tiny_latest").resolve()
+    assert (good / "checkpoints" / "last.pt").is_file()
+    log = (good / "train.log").read_text()
+    assert "tokenizer: bpe" in log and "run directory:" in log  # lines logged before the directory existed
+    assert "\r" not in log and "\r" not in ok.stderr  # no progress-bar frames without a terminal
+    assert "epoch 1 step 2 | loss" in log
+    blocker = tmp_path / "cache_is_a_file"
+    blocker.write_text("x")
+    for sets in (["data.source=text", f"data.path={tmp_path / 'nope'}"],  # bad data path: before creation
+                 ["train.lr=-1e-3"],  # a value the optimizer would reject
+                 [f"data.cache_dir={blocker}"]):  # fails after the run directory was made: it is removed
+        cmd = [sys.executable, "train.py", "--config", str(config), "--runs", str(runs)]
+        res = subprocess.run(cmd + [x for s in sets for x in ("--set", s)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 2, (sets, res.stderr)
+        assert "Traceback" not in res.stderr and res.stderr.strip().splitlines()[-1].startswith("error: "), sets
+        if "cache" in sets[0]:
+            assert "data.cache_dir" in res.stderr and "training stopped before its first checkpoint" in res.stderr
+        assert sorted(p.name for p in runs.iterdir()) == sorted([good.name, "tiny_latest"]), sets
+        assert (runs / "tiny_latest").resolve() == good
+
+
+KILL_CHILD = """
+import sys, time
+from pathlib import Path
+import utils.checkpoint as ck
+from utils.config import load_config
+from utils.trainer import train
+
+run, marker, pause_at = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+saves = {"n": 0}
+real_save = ck.torch.save
+
+def slow_save(obj, f, *a, **k):  # half a checkpoint on disk, then a pause in which the parent kills us
+    saves["n"] += 1
+    real_save(obj, f, *a, **k)
+    if saves["n"] == pause_at:
+        data = Path(f).read_bytes()
+        Path(f).write_bytes(data[: len(data) // 2])
+        marker.write_text("writing")
+        time.sleep(600)
+
+ck.torch.save = slow_save
+cfg = load_config(run / "config.yaml")
+train(cfg, run)
+"""
+
+
+@pytest.mark.parametrize("pause_at", [1, 4])  # the very first checkpoint, and one replacing an existing one
+def test_kill_9_while_writing_a_checkpoint_leaves_loadable_ones_and_resume_continues(
+        tmp_path: Path, tiny_config, pause_at: int) -> None:
+    cfg = tiny_config(tmp_path, max_steps=12, eval_every=2)
+    run = create_run_dir(cfg, tmp_path / "runs")
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(run), str(marker), str(pause_at)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), "the child never reached the checkpoint write"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    ckpt = run / "checkpoints"
+    assert list(ckpt.glob(".*.tmp"))  # the half-written temporary file is all the kill damaged
+    if pause_at == 1:
+        assert not list(ckpt.glob("*.pt"))
+        return
+    for name in ("last.pt", "best.pt"):
+        assert load_checkpoint(ckpt / name)["trainer"]["iteration"] > 0
+    train(cfg, run, resume=True)
+    assert load_checkpoint(ckpt / "last.pt")["trainer"]["iteration"] == 12
+    assert not list(ckpt.glob(".*.tmp"))  # no temporary files pile up

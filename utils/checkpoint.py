@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +59,63 @@ def save_checkpoint(path: Path | str, state: dict[str, Any]) -> None:
 
 
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A checkpoint's dict, read with ``weights_only=True`` (never unpickled); CheckpointError, one line, if
+    the file is missing, empty, not a checkpoint, damaged, or holds Python objects beyond tensors."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive)")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is reported the same way
-        raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} holds Python objects beyond tensors and numbers: refused, "
+                              "this toolkit never unpickles checkpoints") from None
+    except Exception as e:  # noqa: BLE001 - a damaged archive raises many kinds
+        raise CheckpointError(f"checkpoint {path} is damaged ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a checkpoint of this toolkit (it holds a {type(state).__name__})")
+    return state
+
+
+def periodic_checkpoints(checkpoint_dir: Path | str) -> list[Path]:
+    """The ``step_<iteration>.pt`` files of a run (``train.keep_checkpoints``), oldest first."""
+    found = []
+    for path in Path(checkpoint_dir).glob("step_*.pt"):
+        try:
+            found.append((int(path.stem.split("_", 1)[1]), path))
+        except ValueError:
+            continue
+    return [p for _, p in sorted(found)]
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """Parameters averaged over ``paths`` (fairseq's ``average_checkpoints``): floating tensors are summed in
+    float64 and divided, then cast back; other tensors must agree. Returns the last checkpoint's dict with
+    the averaged ``model``, and ``averaged_from`` naming the inputs."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    states = [load_checkpoint(p) for p in paths]
+    for path, state in zip(paths, states, strict=True):
+        if "model" not in state:
+            raise CheckpointError(f"{path} holds no model weights")
+        if state.get("meta", {}).get("model_fingerprint") != states[-1].get("meta", {}).get("model_fingerprint"):
+            raise CheckpointError(f"{path} was saved for another model configuration than {paths[-1]}")
+        if state["model"].keys() != states[-1]["model"].keys():
+            raise CheckpointError(f"{path} has other parameters than {paths[-1]}")
+    averaged = {}
+    for name, last in states[-1]["model"].items():
+        if torch.is_floating_point(last):
+            total = torch.zeros_like(last, dtype=torch.float64)
+            for state in states:
+                total += state["model"][name].to(torch.float64)
+            averaged[name] = (total / len(states)).to(last.dtype)
+        else:
+            if any(not torch.equal(state["model"][name], last) for state in states):
+                raise CheckpointError(f"{name} is an integer tensor that differs between the checkpoints")
+            averaged[name] = last
+    return {**states[-1], "model": averaged, "averaged_from": [str(p) for p in paths]}

@@ -151,8 +151,9 @@ class TrainConfig:
 
     epochs: int = num(50, ge=1)
     max_steps: int | None = num(None, ge=1)  # stop after this many optimizer steps
+    max_target_tokens: int | None = num(None, ge=1)  # stop once this many target tokens were trained on (all ranks)
     max_minutes: float | None = num(None, gt=0)  # stop after this much wall time
-    lr: float = num(5e-4, gt=0)
+    lr: float = num(5e-4, ge=0)  # 0 freezes the weights (a control run)
     scheduler: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
     warmup_steps: int = num(4000, ge=0)
     # The schedule at any batch size: warmup counted in target tokens (replaces warmup_steps), and a peak
@@ -171,6 +172,8 @@ class TrainConfig:
     valid_bleu_sentences: int | None = num(None, ge=1)  # score BLEU on the first N validation pairs (speed)
     valid_beam: int = num(1, ge=1)  # beam used for validation BLEU (1 = greedy)
     log_every: int = num(50, ge=1)
+    keep_checkpoints: int = num(0, ge=0)  # keep the last K periodic checkpoints (step_<iteration>.pt) to average
+    checkpoint_every: int = num(0, ge=0)  # periodic checkpoints every N iterations; 0 = at each validation
     log_attention_every: int = num(0, ge=0)  # epochs between attention-map images in TensorBoard; 0 = off
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU

@@ -9,6 +9,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+class PathError(ValueError):
+    """An output path that cannot be used (exists as a file, cannot be created), as one line."""
+
+
+def ensure_dir(path: Path | str, label: str) -> Path:
+    """Create folder ``path`` (and parents) if needed; PathError naming ``label`` (e.g. ``--out``) if it cannot be."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PathError(f"{label} {path} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PathError(f"{label} {path}: cannot create it ({e.strerror or type(e).__name__})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PathError(f"{label} {path}: no permission to write there")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_path(target: Path | str, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path next to ``target``; on success rename it over ``target``.
@@ -25,6 +43,8 @@ def atomic_path(target: Path | str, suffix: str = "") -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
     try:
         yield tmp_path
+        with open(tmp_path, "rb") as f:  # on disk before the rename: a crash leaves the old file or the new one
+            os.fsync(f.fileno())
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():

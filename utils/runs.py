@@ -8,13 +8,16 @@ Layout of ``runs/<name>_<YYYYmmdd_HHMMSS>/``::
     tb/                TensorBoard event files
     eval/              test.py hypotheses and score JSON
 
-``runs/<name>_latest`` is a symbolic link to the newest run of that config.
+``runs/<name>_latest`` is a symbolic link to the newest run of that config that has a checkpoint; a
+start that fails leaves no run directory behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +26,14 @@ import torch
 
 from models.transformer import Seq2SeqTransformer
 from tokenizer import Tokenizer, load_tokenizer
-from utils.checkpoint import CheckpointError, load_checkpoint, model_fingerprint, model_shape_items
+from utils.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    load_checkpoint,
+    model_fingerprint,
+    model_shape_items,
+    periodic_checkpoints,
+)
 from utils.config import Config, ConfigError, load_config, save_config
 
 CONFIG_FILE = "config.yaml"
@@ -31,24 +41,67 @@ TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_DIR = "checkpoints"
 
 
-def create_run_dir(cfg: Config, root: Path | str = "runs") -> Path:
-    """Make ``root/<name>_<timestamp>/`` (a suffix avoids collisions) and point ``<name>_latest`` at it."""
+def check_runs_root(root: Path | str) -> Path:
+    """The folder run directories go in; ConfigError, one line, if it cannot hold them. Creates nothing."""
     root = Path(root)
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--runs {root}: {existing} exists and is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--runs {root}: no permission to write in {existing}")
+    return root
+
+
+def create_run_dir(cfg: Config, root: Path | str = "runs") -> Path:
+    """Make ``root/<name>_<timestamp>/`` holding ``config.yaml``, atomically: a run started at the same
+    moment gets its own folder (``_2``, ``_3``... suffixes; ``mkdir`` decides). ``<name>_latest`` is not
+    touched here: it moves to a run once that run has a checkpoint (``point_latest``)."""
+    root = check_runs_root(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--runs {root}: cannot create it ({e.strerror or type(e).__name__})") from None
     stamp = time.strftime("%Y%m%d_%H%M%S")
-    run = root / f"{cfg.name}_{stamp}"
-    n = 1
-    while run.exists():
-        n += 1
-        run = root / f"{cfg.name}_{stamp}_{n}"
-    (run / CHECKPOINT_DIR).mkdir(parents=True)
+    for n in itertools.count(1):
+        run = root / (f"{cfg.name}_{stamp}" if n == 1 else f"{cfg.name}_{stamp}_{n}")
+        try:
+            run.mkdir()
+            break
+        except FileExistsError:
+            continue
+    (run / CHECKPOINT_DIR).mkdir()
     save_config(cfg, run / CONFIG_FILE)
-    link = root / f"{cfg.name}_latest"
-    tmp = root / f".{cfg.name}_latest.tmp"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    tmp.symlink_to(run.name)
-    os.replace(tmp, link)
     return run
+
+
+def latest_link(run_dir: Path) -> Path:
+    """``<root>/<name>_latest`` for a run directory ``<root>/<name>_<timestamp>[_n]``."""
+    name = load_config(run_dir / CONFIG_FILE).name
+    return run_dir.parent / f"{name}_latest"
+
+
+def point_latest(run_dir: Path) -> None:
+    """Point ``<name>_latest`` at ``run_dir`` atomically (a uniquely named link renamed over it)."""
+    run_dir = Path(run_dir)
+    link = latest_link(run_dir)
+    tmp = link.parent / f".{link.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    tmp.symlink_to(run_dir.name)
+    try:
+        os.replace(tmp, link)
+    finally:
+        if tmp.is_symlink():
+            tmp.unlink()
+
+
+def discard_if_untrained(run_dir: Path) -> bool:
+    """Remove a run directory that never got a checkpoint (a start that failed); True if removed."""
+    ckpt = Path(run_dir) / CHECKPOINT_DIR
+    if any(ckpt.glob("*.pt")):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
 
 
 def resolve_checkpoint(model_path: Path | str) -> tuple[Path, Path]:
@@ -92,6 +145,30 @@ class LoadedRun:
     step: int = 0  # training iteration recorded in the checkpoint (0 if none)
 
 
+def average_path(run_dir: Path, kept: list[Path]) -> Path:
+    """Where the average of ``kept`` (oldest first) is saved: ``checkpoints/average<N>_step_<a>-step_<b>.pt``."""
+    return Path(run_dir) / CHECKPOINT_DIR / f"average{len(kept)}_{kept[0].stem}-{kept[-1].stem}.pt"
+
+
+def save_average(run_dir: Path | str, n: int) -> Path:
+    """Average the run's last ``n`` periodic checkpoints and save the result as a checkpoint of the run."""
+    from utils.checkpoint import save_checkpoint
+
+    run_dir = Path(model_dir(run_dir))
+    kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)[-n:]
+    if len(kept) < n:
+        raise CheckpointError(f"--average {n}: {run_dir / CHECKPOINT_DIR} keeps {len(kept)} periodic checkpoints "
+                              "(step_*.pt; train with train.keep_checkpoints >= N)")
+    path = average_path(run_dir, kept)
+    save_checkpoint(path, average_checkpoints(kept))
+    return path
+
+
+def model_dir(model_path: Path | str) -> Path:
+    """The run directory of a checkpoint file or run directory."""
+    return resolve_checkpoint(model_path)[0]
+
+
 def select_device(name: str = "auto") -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device: cuda was asked for but no CUDA device is available")
@@ -105,12 +182,14 @@ def load_run(
     config_path: Path | str | None = None,
     overrides: list[str] | None = None,
     device: str = "auto",
+    average: int | None = None,
 ) -> LoadedRun:
     """Load a trained model for inference.
 
     The run directory's resolved config is the reference. If ``config_path`` is given, its decoding and
     data settings are used, but its model and tokenizer sections must match the run's (else a
-    ``ConfigError`` names the first differing key). ``overrides`` (``--set``) apply on top.
+    ``ConfigError`` names the first differing key). ``overrides`` (``--set``) apply on top. ``average``: use
+    the parameters averaged over the run's last N periodic checkpoints (``train.keep_checkpoints``).
     """
     run_dir, ckpt_path = resolve_checkpoint(model_path)
     run_cfg = load_config(run_dir / CONFIG_FILE)
@@ -120,7 +199,15 @@ def load_run(
     else:
         cfg = load_config(run_dir / CONFIG_FILE, overrides)
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
-    state = load_checkpoint(ckpt_path)
+    if average:
+        kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)
+        if len(kept) < average:
+            raise CheckpointError(f"--average {average}: {run_dir / CHECKPOINT_DIR} keeps {len(kept)} periodic "
+                                  "checkpoints (step_*.pt; train with train.keep_checkpoints >= N)")
+        state = average_checkpoints(kept[-average:])
+        ckpt_path = average_path(run_dir, kept[-average:])
+    else:
+        state = load_checkpoint(ckpt_path)
     if "model" not in state:
         raise CheckpointError(f"{ckpt_path} holds no model weights (keys: {', '.join(state)})")
     meta = state.get("meta", {})

@@ -1,12 +1,16 @@
 """The training recipe: data -> tokenizer -> cache -> model -> Ignite trainer with handlers.
 
-Handlers (all from ``ignite.handlers``): progress bar, TensorBoard logging (train loss, learning rate,
+Handlers (all from ``ignite.handlers``): progress bar (on a terminal; plain log lines every
+``train.log_every`` steps otherwise), TensorBoard logging (train loss, learning rate,
 gradient norm, target tokens/s; validation loss, perplexity, token accuracy, BLEU, chrF), early stopping
 on validation BLEU, ``checkpoints/best.pt`` (best BLEU) and ``checkpoints/last.pt`` (everything needed
 to resume: model, optimizer, LR scheduler, grad scaler, trainer iteration/epoch, RNG state, early
-stopping and best-checkpoint bookkeeping). Ctrl-C or SIGTERM finishes the current step, saves
+stopping and best-checkpoint bookkeeping, gradients pending inside an accumulation window). Ctrl-C or
+SIGTERM finishes the current step (and, on an epoch's last step, that epoch's validation), saves
 ``last.pt`` and exits; ``--resume RUN_DIR`` continues from it and, on CPU, repeats exactly the run that
-would have happened without the interruption.
+would have happened without the interruption. Checkpoints are written atomically (temporary file,
+fsync, rename), so a process killed at any moment leaves loadable ones; the temporary files of a
+killed write are removed at the next start.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import json
 import logging
 import math
 import random
+import resource
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,15 +45,16 @@ from ignite.handlers.tensorboard_logger import OptimizerParamsHandler, OutputHan
 
 from data.batching import Batch, BatchIterable, TokenBatchSampler
 from data.cache import load_or_build
-from data.sources import load_corpus
+from data.sources import DataError, load_corpus
 from models.transformer import Seq2SeqTransformer
 from tokenizer import Tokenizer, build_tokenizer, load_tokenizer
-from utils.checkpoint import load_checkpoint, model_fingerprint, save_checkpoint
+from tokenizer.base import META_FILE as TOKENIZER_META
+from utils.checkpoint import CheckpointError, load_checkpoint, model_fingerprint, save_checkpoint
 from utils.config import Config, TrainConfig
 from utils.evaluation import create_evaluator, token_loss
 from utils.host import cpu_has_native_bf16, keep_freed_memory
 from utils.metrics import corpus_scores
-from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, select_device
+from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, point_latest, select_device
 from utils.translate import encode_sources, translate_ids
 
 log = logging.getLogger("train")
@@ -86,6 +93,34 @@ class RNGState:
             torch.cuda.set_rng_state_all(list(state["cuda"]))
 
 
+class TokenCount:
+    """Target tokens trained on so far by this rank (checkpointed: ``train.max_target_tokens`` holds across resumes)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tokens = int(state["tokens"])
+
+
+class PendingGradients:
+    """Gradients accumulated since the last optimizer step (``train.accumulate`` > 1), checkpointed so that
+    a run stopped inside an accumulation window resumes exactly. Empty at a window's end."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for n, p in self.model.named_parameters():
+            p.grad = state[n].to(p.device, p.dtype) if n in state else None
+
+
 @dataclass
 class RunMeta:
     """Fingerprints stored in every checkpoint, checked when it is loaded."""
@@ -112,17 +147,29 @@ class AtomicSaver(BaseSaveHandler):
     skipped: the rename replaces it.
     """
 
-    def __init__(self, dirname: Path) -> None:
+    def __init__(self, dirname: Path, on_first_save: Callable[[], None] | None = None) -> None:
         self.dirname = Path(dirname)
         self.fixed_names = {"best.pt", "last.pt"}
+        self.on_first_save = on_first_save  # e.g. point <name>_latest at the run once it has a checkpoint
 
     def __call__(self, checkpoint: dict[str, Any], filename: str, metadata: dict | None = None) -> None:
         if idist.get_rank() == 0:  # in data-parallel training only rank 0 writes
             save_checkpoint(self.dirname / filename, checkpoint)
+            if self.on_first_save is not None:
+                self.on_first_save()
+                self.on_first_save = None
 
     def remove(self, filename: str) -> None:
         if filename not in self.fixed_names and idist.get_rank() == 0:
             (self.dirname / filename).unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(ckpt_dir: Path) -> None:
+    """Delete temporary checkpoint files a killed process left (``.last.pt.<random>.pt.tmp``): the real
+    ``best.pt``/``last.pt`` are only ever replaced by a completed rename, so these are never needed."""
+    if idist.get_rank() == 0:
+        for tmp in Path(ckpt_dir).glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
 
 
 def inverse_sqrt(warmup: int) -> Callable[[int], float]:
@@ -178,8 +225,16 @@ class Setup:
     autocast: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
 
 
-def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
-    """Tokenizer (trained, or reloaded on resume), cached data, model, optimizer and schedule.
+def prepare(cfg: Config) -> tuple[Any, Tokenizer]:
+    """The corpus and the tokenizer trained on it: what a new run needs before its directory exists."""
+    corpus = load_corpus(cfg.data)
+    tokenizer = build_tokenizer(cfg.tokenizer, lambda: (corpus["train"]["src"], corpus["train"]["tgt"]), seed=cfg.seed)
+    return corpus, tokenizer
+
+
+def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> Setup:
+    """Tokenizer (trained, or reloaded when the run directory has one), cached data, model, optimizer and
+    schedule. ``corpus``: the corpus if the caller has loaded it already.
 
     Data-parallel (``idist`` world size > 1): rank 0 trains the tokenizer and builds the cache first;
     every rank gets a disjoint shard of the batches; the model is wrapped in DistributedDataParallel.
@@ -190,8 +245,6 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
         torch.set_num_threads(cfg.train.num_threads)
     device = idist.device() if world > 1 else select_device(cfg.train.device)
 
-    corpus = None
-
     def get_corpus():
         nonlocal corpus
         if corpus is None:
@@ -199,13 +252,14 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
         return corpus
 
     tok_dir = run_dir / TOKENIZER_DIR
-    if not resume and rank == 0:
+    tokenizer: Tokenizer | None = None
+    if not resume and rank == 0 and not (tok_dir / TOKENIZER_META).is_file():
         tokenizer = build_tokenizer(
             cfg.tokenizer, lambda: (get_corpus()["train"]["src"], get_corpus()["train"]["tgt"]), seed=cfg.seed
         )
         tokenizer.save(tok_dir)
     idist.barrier()
-    if resume or rank != 0:
+    if tokenizer is None:
         tokenizer = load_tokenizer(tok_dir)
     log.info("tokenizer: %s, vocabulary %d", cfg.tokenizer.type, tokenizer.vocab_size)
 
@@ -214,7 +268,7 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False) -> Setup:
     train, valid = splits["train"], splits["validation"]
     log.info("data: %d training pairs, %d validation pairs", len(train), len(valid))
     if len(train) == 0:
-        raise ValueError("no training pairs left after length filtering (see data.min_len / data.max_len)")
+        raise DataError("no training pairs left after length filtering (see data.min_len / data.max_len)")
 
     ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
     train_sampler = TokenBatchSampler(
@@ -304,10 +358,12 @@ class StopRequest:
         log.warning("%s received: finishing this step, saving checkpoints/last.pt (again to abort)", self.reason)
 
 
-def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
-    """Train in ``run_dir`` (resuming from its last.pt if ``resume``); returns the last validation metrics."""
+def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> dict[str, float]:
+    """Train in ``run_dir`` (resuming from its last.pt if ``resume``); returns the last validation metrics.
+
+    A run directory that already holds a tokenizer (train.py saves it there first) keeps it."""
     keep_freed_memory()  # no page-fault churn from large per-step allocations (see utils/host.py)
-    s = build_setup(cfg, run_dir, resume)
+    s = build_setup(cfg, run_dir, resume, corpus)
     t = cfg.train
     model, optimizer, scheduler, scaler = s.model, s.optimizer, s.scheduler, s.scaler
     pad_id = s.tokenizer.pad_id
@@ -357,6 +413,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
             m["grad_norm"] = out["grad_norm"]
         stats["tokens"] += out["tokens"]
         totals["tokens"] += out["tokens"]
+        seen.tokens += out["tokens"]
         totals["steps"] += 1
         if engine.state.iteration % t.log_every == 0:
             now = time.perf_counter()
@@ -380,7 +437,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         if world > 1:
             shards = [json.loads(x) for x in idist.all_gather(json.dumps(hyps))]
             hyps = [shards[i % world][i // world] for i in range(len(s.valid_sources))]
-        scores = corpus_scores(hyps, s.valid_refs)
+        scores = corpus_scores(hyps, s.valid_refs, lowercase=cfg.tokenizer.lowercase)
         engine.state.metrics["bleu"] = scores.bleu
         engine.state.metrics["chrf"] = scores.chrf
         engine.state.metrics["example"] = hyps[0] if hyps else ""
@@ -388,7 +445,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     meta = RunMeta(
         model_fingerprint(cfg.model, s.tokenizer.vocab_size), s.tokenizer.fingerprint, s.tokenizer.vocab_size
     )
-    saver = AtomicSaver(ckpt_dir)
+    remove_stale_temporaries(ckpt_dir)
+    saver = AtomicSaver(ckpt_dir, on_first_save=None if resume else lambda: point_latest(run_dir))
     best = Checkpoint(
         {"model": core, "meta": meta, "trainer": trainer},  # the trainer state records the step
         saver,
@@ -400,6 +458,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
     )
     stopper = EarlyStopping(t.patience, lambda e: e.state.metrics["bleu"], trainer)
     rng = RNGState()
+    grads = PendingGradients(core)
+    seen = TokenCount()
     to_save = {
         "model": core,
         "optimizer": optimizer,
@@ -410,7 +470,15 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         "meta": meta,
         "early_stopping": stopper,
         "best_checkpoint": best,
+        "grads": grads,
+        "tokens_seen": seen,
     }
+    periodic = None
+    if t.keep_checkpoints > 0:  # weights every checkpoint_every steps (or validation), the last K kept, to average
+        periodic = Checkpoint({"model": core, "meta": meta, "trainer": trainer}, saver,
+                              filename_pattern="step_{global_step}.{ext}", n_saved=t.keep_checkpoints,
+                              global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED))
+        to_save["periodic_checkpoints"] = periodic
     last = Checkpoint(to_save, saver, filename_pattern="last.{ext}", n_saved=1)
 
     tb = TensorboardLogger(log_dir=str(run_dir / "tb")) if rank == 0 else None  # only rank 0 logs
@@ -427,7 +495,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
             ),
             Events.COMPLETED,
         )
-        ProgressBar(persist=False).attach(trainer, metric_names=["loss"])
+        if sys.stderr.isatty():  # without a terminal (nohup, a cluster job) the log_every lines are the progress
+            ProgressBar(persist=False).attach(trainer, metric_names=["loss"])
     evaluator.add_event_handler(Events.COMPLETED, best)
     evaluator.add_event_handler(Events.COMPLETED, stopper)
 
@@ -451,6 +520,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         began = time.perf_counter()
         evaluator.run(s.valid_data)
         totals["eval_s"] += time.perf_counter() - began
+        if periodic is not None and not t.checkpoint_every:
+            periodic(engine)
         m = evaluator.state.metrics
         log.info(
             "epoch %d step %d | valid loss %.3f ppl %.2f acc %.3f BLEU %.2f chrF %.2f | %r",
@@ -465,6 +536,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         )
         last(engine)
 
+    if periodic is not None and t.checkpoint_every:
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=t.checkpoint_every), periodic)
     eval_event = Events.ITERATION_COMPLETED(every=t.eval_every) if t.eval_every > 0 else Events.EPOCH_COMPLETED
     trainer.add_event_handler(eval_event, run_validation)
 
@@ -474,33 +547,59 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         1: f"train.max_steps={t.max_steps} reached",
         2: f"train.max_minutes={t.max_minutes} reached",
         3: "stop requested by a signal",
+        4: f"train.max_target_tokens={t.max_target_tokens} reached",
     }
     stopped = {"code": 0}
     with StopRequest() as stop:
 
-        @trainer.on(Events.ITERATION_COMPLETED)
-        def _maybe_stop(engine: Engine) -> None:
-            code = 0
-            if stop.reason is not None:
-                code = 3
-            elif t.max_steps is not None and engine.state.iteration >= t.max_steps:
-                code = 1
-            elif t.max_minutes is not None and time.monotonic() - start >= 60 * t.max_minutes:
-                code = 2
-            if world > 1:  # every rank stops at the same step
-                code = int(idist.all_reduce(code, op="MAX"))
-            if code == 0:
-                return
-            stopped["code"] = code
+        def _stop(engine: Engine) -> None:
+            code = stopped["code"]
             log.info("stopping at step %d: %s", engine.state.iteration, reasons[code])
             if code != 3:
                 run_validation(engine)
             last(engine)
             engine.terminate()
 
+        @trainer.on(Events.ITERATION_COMPLETED)
+        def _maybe_stop(engine: Engine) -> None:
+            code = 0
+            tokens = seen.tokens
+            if t.max_target_tokens is not None and world > 1:  # every rank joins this all-reduce, every step
+                tokens = idist.all_reduce(tokens)
+            if stop.reason is not None:
+                code = 3
+            elif t.max_steps is not None and engine.state.iteration >= t.max_steps * t.accumulate:
+                code = 1
+            elif t.max_minutes is not None and time.monotonic() - start >= 60 * t.max_minutes:
+                code = 2
+            elif t.max_target_tokens is not None and engine.state.iteration % t.accumulate == 0 \
+                    and tokens >= t.max_target_tokens:
+                code = 4
+            if world > 1:  # every rank stops at the same step
+                code = int(idist.all_reduce(code, op="MAX"))
+            if code == 0:
+                return
+            stopped["code"] = code
+            # On an epoch's last step, its end-of-epoch work (validation when eval_every is 0, the best
+            # checkpoint, early stopping, attention maps) runs first: a resumed run counts that epoch as done.
+            if engine.state.iteration % engine.state.epoch_length != 0:
+                _stop(engine)
+
+        @trainer.on(Events.EPOCH_COMPLETED)  # registered after every other end-of-epoch handler
+        def _stop_after_epoch_end(engine: Engine) -> None:
+            if stopped["code"] and not engine.should_terminate:
+                _stop(engine)
+
         if resume:
             state = load_checkpoint(ckpt_dir / "last.pt")
-            Checkpoint.load_objects(to_load=to_save, checkpoint=state)
+            try:
+                # Checkpoints written before these keys existed resume without them.
+                optional = ("grads", "tokens_seen", "periodic_checkpoints")
+                Checkpoint.load_objects(to_load={k: v for k, v in to_save.items() if k in state or k not in optional},
+                                        checkpoint=state)
+            except (KeyError, ValueError, RuntimeError, TypeError) as e:
+                raise CheckpointError(f"{ckpt_dir / 'last.pt'} cannot resume this run: "
+                                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
             log.info(
                 "resumed from %s at epoch %d, step %d",
                 ckpt_dir / "last.pt",
@@ -519,15 +618,18 @@ def train(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, float]:
         "eval_seconds": round(totals["eval_s"], 3),
         "target_tokens_per_s": round(totals["tokens"] / train_s, 1),
         "valid_ppl": evaluator.state.metrics.get("ppl") if evaluator.state else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this process
     }
     log.info(
-        "trained %d optimizer steps, %d target tokens in %.0f s (%.0f target tokens/s; %.0f s validating)"
+        "trained %d optimizer steps, %d target tokens in %.0f s (%.0f target tokens/s; %.0f s validating; "
+        "peak memory %.0f MB)"
         + SUMMARY_MARK + "%s",
         summary["steps"],
         summary["target_tokens"],
         train_s,
         summary["target_tokens_per_s"],
         totals["eval_s"],
+        summary["peak_rss_mb"],
         json.dumps(summary),
     )
     if tb is not None:
