@@ -5,18 +5,33 @@
     cat fr.txt | python inference.py --model_path RUN_DIR > en.txt
 
 With --src_text: prints the greedy translation and the beam n-best list with scores. With --input FILE
-or standard input: one translation per line to standard output (best beam hypothesis), in batches.
+or standard input: one translation per line to standard output (best beam hypothesis), always one output
+line per input line, streamed in chunks of 2,000 lines (any size of input, bounded memory, progress on
+stderr); lines are read as training data is (UTF-8, split on \n, whitespace runs made one space), and a
+line that cannot be read gives an empty output line and a warning without stopping the others.
 --model_path takes a checkpoint file or a run directory (its best.pt); --config defaults to the run's.
+
+    python inference.py --model_path runs/demo_latest --export-ctranslate2 runs/demo_ct2 [--quantization int8]
+    python inference.py --model_path runs/demo_ct2 --input fr.txt [--compute_type int8]
+
+--export-ctranslate2 writes a CTranslate2 model directory (weights, vocabulary, the run's tokenizer and
+config); --model_path on such a directory translates with ctranslate2.Translator, same flags and output.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from utils.cli import add_alias_args, add_set_arg, run_main, setup_logging
+if TYPE_CHECKING:
+    from utils.config import DecodeConfig
+    from utils.export_ct2 import CT2Model
+    from utils.runs import LoadedRun
+    from utils.translate import Translation
+
+from utils.cli import add_alias_args, add_average_args, add_set_arg, apply_average_args, run_main, setup_logging
 
 
 def main() -> int:
@@ -31,14 +46,19 @@ def main() -> int:
     )
     parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
+    add_average_args(parser)
+    parser.add_argument("--export-ctranslate2", "--export_ctranslate2", dest="export_ct2", metavar="OUT_DIR",
+                        help="write the model as a CTranslate2 model directory and exit (pip install '.[export]')")
+    parser.add_argument("--quantization", choices=["int8", "int8_float32", "float16"],
+                        help="with --export-ctranslate2: store the weights quantized (default: float32)")
+    parser.add_argument("--compute_type", "--compute-type", default="default",
+                        help="CTranslate2 model: compute type, e.g. int8, float32 (default: as stored)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_set_arg(parser)
     args = parser.parse_args()
     setup_logging()
 
     from utils.config import ConfigError
-    from utils.runs import load_run
-    from utils.translate import translate
 
     overrides = list(args.overrides)
     for key, value in (("beam", args.beam), ("lenpen", args.lenpen), ("batch_size", args.batch_size)):
@@ -46,42 +66,99 @@ def main() -> int:
             overrides.append(f"decode.{key}={value}")
     if args.nbest is not None:
         overrides.append(f"decode.nbest={args.nbest}")
-    run = load_run(args.model_path, args.config, overrides, args.device)
-    cfg = run.cfg
+    from utils.translate import open_source, translate_stream
+
+    if args.export_ct2:
+        return export_ctranslate2(parser, args, overrides)
+    stream = open_source(args.input) if args.src_text is None and not args.export_ct2 else None
+    engine = load_engine(parser, args, overrides)  # a bad --input has failed before this (slow) step
+    cfg = engine.cfg
 
     if args.src_text is not None:
         if not args.src_text.strip():
             raise ConfigError("--src_text is empty: give a sentence to translate")
         beam_cfg = replace(cfg.decode, nbest=cfg.decode.beam if args.nbest is None else cfg.decode.nbest)
         greedy_cfg = replace(cfg.decode, beam=1, nbest=1)
-        greedy = translate(run.model, run.tokenizer, [args.src_text], greedy_cfg)[0][0]
+        greedy = engine.translate([args.src_text], greedy_cfg)[0][0]
         print(f"source: {args.src_text}")
         print(f"greedy: {greedy.text}\t(logprob {greedy.logprob:.3f})")
         if beam_cfg.beam > 1:
-            nbest = translate(run.model, run.tokenizer, [args.src_text], beam_cfg)[0]
+            nbest = engine.translate([args.src_text], beam_cfg)[0]
             print(f"beam {beam_cfg.beam} (lenpen {beam_cfg.lenpen}), {len(nbest)}-best:")
             for i, hyp in enumerate(nbest, 1):
                 print(f"  {i}. {hyp.text}\t(score {hyp.score:.3f}, logprob {hyp.logprob:.3f})")
         return 0
 
-    stream = sys.stdin if args.input in (None, "-") else open(args.input, encoding="utf-8")
+    name = "standard input" if args.input in (None, "-") else args.input
+    interactive = args.input in (None, "-") and sys.stdin.isatty()
+    assert stream is not None
     with stream:
-        lines = [line.rstrip("\n") for line in stream]
-    empty = sum(1 for line in lines if not line.strip())
-    if empty:
-        print(f"warning: {empty} empty input line(s) give empty output lines", file=sys.stderr)
-    start = time.perf_counter()
-    results = translate(run.model, run.tokenizer, lines, cfg.decode, strict=False)
-    elapsed = time.perf_counter() - start
-    for i, nbest in enumerate(results):
-        if cfg.decode.nbest == 1:
-            print(nbest[0].text)
-        else:
-            for hyp in nbest:
-                print(f"{i}\t{hyp.score:.4f}\t{hyp.text}")
-    sys.stdout.flush()
-    print(f"translated {len(lines)} sentences in {elapsed:.1f}s ({len(lines) / max(elapsed, 1e-9):.1f} sentences/s)",
-          file=sys.stderr)
+        report = translate_stream(engine.translate, stream, sys.stdout, cfg.decode, name,
+                                  chunk_lines=1 if interactive else 2000, progress=sys.stderr)
+    if report.empty:
+        print(f"warning: {report.empty} empty input line(s) give empty output lines", file=sys.stderr)
+    for n, why in report.bad[:5]:
+        print(f"warning: {name} line {n}: {why}; its output line is empty", file=sys.stderr)
+    if len(report.bad) > 5:
+        print(f"warning: {len(report.bad) - 5} more line(s) could not be read; their output lines are empty",
+              file=sys.stderr)
+    speed = report.lines / max(report.seconds, 1e-9)
+    print(f"translated {report.lines} sentences in {report.seconds:.1f}s ({speed:.1f} sentences/s)", file=sys.stderr)
+    return 0
+
+
+class TorchEngine:
+    """A run's PyTorch model: ``translate(texts, decode)`` as utils.translate does."""
+
+    def __init__(self, run: LoadedRun) -> None:
+        self.run, self.cfg = run, run.cfg
+
+    def translate(self, texts: list[str], decode: DecodeConfig) -> list[list[Translation]]:
+        from utils.translate import translate
+
+        return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False)
+
+
+def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                overrides: list[str]) -> TorchEngine | CT2Model:
+    """The PyTorch run, or an exported CTranslate2 model when --model_path is one."""
+    from utils.export_ct2 import is_export
+    from utils.runs import load_run
+
+    if is_export(args.model_path):
+        if args.average or args.config:
+            parser.error("--average and --config apply to runs, not to an exported CTranslate2 model")
+        from utils.config import load_config
+        from utils.export_ct2 import CT2Model
+        from utils.runs import CONFIG_FILE
+
+        try:
+            engine = CT2Model(args.model_path, device="cuda" if args.device == "cuda" else "cpu",
+                              compute_type=args.compute_type)
+        except ImportError:
+            parser.error("this is a CTranslate2 model: pip install '.[export]' to run it")
+        from pathlib import Path
+
+        engine.cfg = load_config(Path(args.model_path) / CONFIG_FILE, overrides)
+        return engine
+    average = apply_average_args(parser, args)
+    return TorchEngine(load_run(args.model_path, args.config, overrides, args.device, average=average))
+
+
+def export_ctranslate2(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:
+    from pathlib import Path
+
+    from utils.runs import load_run
+
+    try:
+        from utils.export_ct2 import export
+    except ImportError:
+        parser.error("--export-ctranslate2 needs CTranslate2: pip install '.[export]'")
+    average = apply_average_args(parser, args)
+    run = load_run(args.model_path, args.config, overrides, "cpu", average=average)
+    out = export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, Path(args.export_ct2),
+                 args.quantization)
+    print(f"wrote a CTranslate2 model of {run.checkpoint} to {out}")
     return 0
 
 

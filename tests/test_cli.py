@@ -124,4 +124,145 @@ def test_mismatched_checkpoint_weights_are_caught(run_dir: Path, tmp_path: Path)
     save_checkpoint(copy / "checkpoints" / "best.pt", state)
     assert "does not fit the model" in error_line(cli("inference.py", "--model_path", str(copy), "--src_text", "Oui."))
     (copy / "checkpoints" / "best.pt").write_bytes(b"garbage")
-    assert "cannot read checkpoint" in error_line(cli("inference.py", "--model_path", str(copy), "--src_text", "Oui."))
+    line = error_line(cli("inference.py", "--model_path", str(copy), "--src_text", "Oui."))
+    assert "is not a PyTorch checkpoint" in line
+
+
+def test_test_py_scores_a_lowercased_model_case_insensitively(run_dir: Path, tmp_path: Path) -> None:
+    """A run trained with tokenizer.lowercase outputs lowercase text: it is scored as it was trained."""
+    import shutil
+
+    from sacrebleu.metrics import BLEU
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("eval"))
+    cfg = yaml.safe_load((copy / "config.yaml").read_text())
+    cfg["tokenizer"]["lowercase"] = True
+    (copy / "config.yaml").write_text(yaml.safe_dump(cfg))
+    res = cli("test.py", "--model_path", str(copy), "--beam", "1", "--split", "validation")
+    assert res.returncode == 0, res.stderr
+    assert "|case:lc|" in res.stdout
+    entry = json.loads((copy / "eval" / "validation.best.beam1.json").read_text())
+    assert "case:lc" in entry["bleu_signature"]
+    hyps = (copy / "eval" / "validation.best.beam1.hyp").read_text(encoding="utf-8").splitlines()
+    refs = (ROOT / "data" / "demo" / "valid.en").read_text(encoding="utf-8").splitlines()
+    assert entry["bleu"] == pytest.approx(BLEU(lowercase=True).corpus_score(hyps, [refs]).score)
+
+
+def test_inference_reads_crlf_and_stdin_like_files_one_output_line_per_input_line(run_dir: Path,
+                                                                                    tmp_path: Path) -> None:
+    src = ["Bonjour.", "Le chat dort sur le canapé.", "", "Merci beaucoup."]
+    lf = tmp_path / "lf.fr"
+    lf.write_text("\n".join(src) + "\n", encoding="utf-8")
+    crlf = "\r\n".join(src) + "\r\n"
+    from_lf = cli("inference.py", "--model_path", str(run_dir), "--input", str(lf), "--beam", "1")
+    from_crlf_stdin = cli("inference.py", "--model_path", str(run_dir), "--beam", "1", stdin=crlf)
+    messy_input = "\ufeffBonjour.\r\nLe  chat\tdort sur le\u00a0canapé.\r\n\r\nMerci beaucoup."  # BOM, no final EOL
+    messy = cli("inference.py", "--model_path", str(run_dir), "--beam", "1", stdin=messy_input)
+    assert from_lf.returncode == from_crlf_stdin.returncode == messy.returncode == 0, from_crlf_stdin.stderr
+    assert len(from_lf.stdout.split("\n")) == 5 and from_lf.stdout.endswith("\n")
+    assert from_crlf_stdin.stdout == from_lf.stdout == messy.stdout
+
+
+def test_inference_undecodable_lines_do_not_stop_the_others(run_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "mixed.fr"
+    path.write_bytes(b"Bonjour.\ncaf\xe9 latin-1\nMerci beaucoup.\n")
+    res = cli("inference.py", "--model_path", str(run_dir), "--input", str(path), "--beam", "1")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.split("\n")[:-1]
+    assert len(out) == 3 and out[1] == "" and out[0] and out[2]
+    assert "line 2: not valid UTF-8 at byte 3; its output line is empty" in res.stderr
+    good = cli("inference.py", "--model_path", str(run_dir), "--beam", "1", stdin="Bonjour.\nMerci beaucoup.\n")
+    assert [out[0], out[2]] == good.stdout.split("\n")[:-1]
+
+
+def test_inference_bad_input_files_are_one_line(run_dir: Path, tmp_path: Path) -> None:
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\x00\x01\x02PK\x00\x00" * 100)
+    utf16 = tmp_path / "utf16.fr"
+    utf16.write_text("Bonjour.\n", encoding="utf-16")
+    for path, message in ((tmp_path / "missing.fr", "file not found"), (tmp_path, "is a folder, not a text file"),
+                          (binary, "is not a text file"), (utf16, "is not a text file")):
+        line = error_line(cli("inference.py", "--model_path", str(run_dir), "--input", str(path)))
+        assert message in line and str(path) in line, line
+
+
+def test_inference_streams_large_input_in_order_with_bounded_memory(run_dir: Path) -> None:
+    """The first 2,000-line chunk is written before standard input ends; order and numbering hold across chunks."""
+    import select
+
+    lines = [f"Le chat numéro {i} dort." if i % 7 else "Merci." for i in range(2500)]
+    proc = subprocess.Popen([sys.executable, "inference.py", "--model_path", str(run_dir), "--beam", "1"], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("\n".join(lines[:2000]) + "\n")
+    proc.stdin.flush()
+    ready, _, _ = select.select([proc.stdout], [], [], 240)
+    assert ready, "nothing written before the input ended"
+    first = proc.stdout.readline()
+    assert first.strip()  # input still open: the first chunk is already out
+    proc.stdin.write("\n".join(lines[2000:]) + "\n")
+    proc.stdin.close()
+    rest = proc.stdout.read()
+    proc.wait(timeout=240)
+    out = (first + rest).split("\n")[:-1]
+    assert proc.returncode == 0 and len(out) == 2500
+    assert len({out[i] for i in range(0, 2500, 7)}) == 1  # every "Merci." line, wherever its chunk, the same
+
+
+def test_translate_stream_numbers_nbest_rows_across_chunks(run_dir: Path) -> None:
+    import io
+    from dataclasses import replace
+
+    from utils.runs import load_run
+    from utils.translate import translate_stream
+
+    run = load_run(run_dir)
+    out = io.StringIO()
+    decode = replace(run.cfg.decode, beam=2, nbest=2)
+    from utils.translate import translate
+
+    fn = lambda texts, d: translate(run.model, run.tokenizer, texts, d, strict=False)  # noqa: E731
+    report = translate_stream(fn, io.BytesIO(b"Bonjour.\nOui.\n\nMerci.\nNon.\n"), out, decode, chunk_lines=2)
+    rows = [line.split("\t") for line in out.getvalue().splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 1, 1, 2, 3, 3, 4, 4]  # an empty line has one empty hypothesis
+    assert report.lines == 5 and report.empty == 1
+
+
+def test_output_paths_that_cannot_be_used_are_one_line(run_dir: Path, tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    line = error_line(cli("visualize.py", "--model_path", str(run_dir), "--src_text", "Oui.", "--out", str(afile)))
+    assert f"--out {afile} exists and is not a folder" in line
+    line = error_line(cli("train.py", "--config", "configs/demo.yaml", "--runs", str(afile / "runs")))
+    assert "exists and is not a folder" in line
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("eval"))
+    (copy / "eval").write_text("x")
+    line = error_line(cli("test.py", "--model_path", str(copy), "--beam", "1", "--split", "validation"))
+    assert "eval folder" in line and "exists and is not a folder" in line
+
+
+def test_checkpoints_that_are_not_checkpoints_inside_a_run_directory_are_one_line(run_dir: Path,
+                                                                                  tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    best = copy / "checkpoints" / "best.pt"
+    best.write_bytes(b"")
+    assert "is empty (0 bytes)" in error_line(cli("inference.py", "--model_path", str(copy), "--src_text", "Oui."))
+    torch.save({"model": Path("x")}, best)  # a pickled Python object: never unpickled
+    line = error_line(cli("test.py", "--model_path", str(best), "--beam", "1"))
+    assert "never unpickles" in line and "weights_only" not in line
+    (copy / "checkpoints" / "last.pt").write_text("hello")
+    line = error_line(cli("train.py", "--resume", str(copy)))
+    assert "is not a PyTorch checkpoint" in line
+
+
+def test_a_closed_pipe_ends_inference_quietly(run_dir: Path) -> None:
+    res = subprocess.run(f"printf 'Oui.\\nNon.\\n' | {sys.executable} inference.py --model_path {run_dir} --beam 1 "
+                         "| head -c 0", shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in res.stderr and "BrokenPipeError" not in res.stderr

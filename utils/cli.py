@@ -4,20 +4,43 @@ from __future__ import annotations
 
 import argparse
 import logging
+import logging.handlers
+import os
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable
 
+LOG_FORMAT = logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
-def setup_logging(log_file: str | None = None) -> None:
+
+def setup_logging(log_file: str | None = None, buffer: bool = False) -> None:
+    """INFO logs to stderr (and ``log_file``). ``buffer``: also keep them until ``attach_log_file`` names the
+    file they belong in (train.py logs before its run directory exists)."""
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file:
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S",
-                        handlers=handlers, force=True)
+    if buffer:
+        handlers.append(logging.handlers.MemoryHandler(capacity=1_000_000, flushLevel=logging.CRITICAL + 1))
+    for h in handlers:
+        h.setFormatter(LOG_FORMAT)
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
     for noisy in ("httpx", "huggingface_hub", "datasets", "urllib3", "filelock", "ignite"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*torch.jit.*")
+
+
+def attach_log_file(path: str) -> None:
+    """Log to ``path`` from now on, starting with what ``setup_logging(buffer=True)`` kept."""
+    root = logging.getLogger()
+    file_handler = logging.FileHandler(path, encoding="utf-8")
+    file_handler.setFormatter(LOG_FORMAT)
+    for h in list(root.handlers):
+        if isinstance(h, logging.handlers.MemoryHandler):
+            h.setTarget(file_handler)
+            h.flush()
+            root.removeHandler(h)
+    root.addHandler(file_handler)
 
 
 def add_alias_args(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
@@ -33,6 +56,28 @@ def add_set_arg(parser: argparse.ArgumentParser) -> None:
                         help="override a config value, e.g. --set model.attention_pe=rope (repeatable)")
 
 
+def add_average_args(parser: argparse.ArgumentParser) -> None:
+    """--average N and --save_average (checkpoint averaging, see utils.checkpoint.average_checkpoints)."""
+    parser.add_argument("--average", type=int, metavar="N",
+                        help="use the parameters averaged over the run's last N periodic checkpoints")
+    add_alias_args(parser, "save_average", action="store_true",
+                   help="with --average: also save the average as checkpoints/average<N>_....pt")
+
+
+def apply_average_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int | None:
+    """Check --average/--save_average, save the average if asked; the N to pass to ``load_run``."""
+    if args.average is not None and args.average < 1:
+        parser.error(f"--average must be >= 1, got {args.average}")
+    if args.save_average and not args.average:
+        parser.error("--save_average needs --average N")
+    if args.save_average:
+        from utils.runs import save_average
+
+        path = save_average(args.model_path, args.average)
+        print(f"saved the average of the last {args.average} checkpoints as {path}", file=sys.stderr)
+    return args.average
+
+
 def run_main(main: Callable[[], int | None]) -> None:
     """Run ``main``; expected user errors print one line 'error: ...' and exit 2, never a traceback."""
     from data.sources import DataError
@@ -40,13 +85,35 @@ def run_main(main: Callable[[], int | None]) -> None:
     from tokenizer import TokenizerError
     from utils.checkpoint import CheckpointError
     from utils.config import ConfigError
+    from utils.io import PathError
     from utils.translate import InputError
 
     try:
         sys.exit(main() or 0)
-    except (ConfigError, CheckpointError, DataError, TokenizerError, InputError, PositionLimitError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ConfigError, CheckpointError, DataError, TokenizerError, InputError, PositionLimitError, PathError) as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        sys.exit(2)
+    except subprocess.CalledProcessError as e:  # a benchmark's child command failed: it said why above
+        print(f"error: {' '.join(map(str, e.cmd))[:200]} failed with exit code {e.returncode}", file=sys.stderr)
+        sys.exit(2)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except OSError as e:  # a path that cannot be created or written (exists as a file, no permission, disk full)
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def one_line(message: str) -> str:
+    """The first line of a message (library errors sometimes run over several)."""
+    return message.strip().splitlines()[0] if message.strip() else message
+
+
+def os_error_line(e: OSError) -> str:
+    """``cannot write runs/x (Not a directory)``-style line for a filesystem error."""
+    what = e.strerror or type(e).__name__
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    return f"{paths}: {what}" if paths else one_line(str(e)) or what

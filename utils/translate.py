@@ -1,10 +1,19 @@
-"""Text in, text out: tokenise, batch by length, decode (greedy or beam), detokenise, restore order."""
+"""Text in, text out: tokenise, batch by length, decode (greedy or beam), detokenise, restore order.
+
+``translate_stream`` does the same for a file or standard input of any size: lines are read as the
+training data is read (split on ``\n`` only, UTF-8, whitespace runs made one space), translated in
+chunks in bounded memory, and written in input order as each chunk is done.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, TextIO
 
 import torch
 
@@ -42,7 +51,10 @@ def encode_sources(
 ) -> list[list[int]]:
     """Source ids with eos appended. Over-long or empty inputs raise ``InputError`` when ``strict``;
     otherwise over-long ones are truncated (with a warning) and empty ones stay empty."""
-    ids = tokenizer.encode_src(list(texts))
+    from data.sources import clean_text
+
+    texts = [clean_text(t) for t in texts]  # as training data was read, whatever the caller passes
+    ids = tokenizer.encode_src(texts)
     out = []
     truncated = 0
     for n, (text, seq) in enumerate(zip(texts, ids, strict=True), 1):
@@ -103,3 +115,108 @@ def translate(
     """Translate sentences; returns the n-best list of each (``decode.nbest`` long, best first)."""
     sources = encode_sources(tokenizer, texts, model.max_length, strict=strict)
     return translate_ids(model, tokenizer, sources, decode)
+
+
+# ----------------------------------------------------------------------------------------------
+# Streams: files and standard input of any size
+
+
+def open_source(path: str | None) -> BinaryIO:
+    """The bytes of ``--input`` (``None`` or ``-``: standard input); InputError, one line, if unusable."""
+    if path in (None, "-"):
+        return sys.stdin.buffer
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"--input {path} is a folder, not a text file")
+    try:
+        return open(p, "rb")
+    except FileNotFoundError:
+        raise InputError(f"--input {path}: file not found") from None
+    except OSError as e:
+        raise InputError(f"--input {path}: cannot read ({e.strerror or type(e).__name__})") from None
+
+
+@dataclass
+class StreamReport:
+    """What ``translate_stream`` did: lines read and written, and the lines it could not translate."""
+
+    lines: int = 0
+    empty: int = 0
+    bad: list[tuple[int, str]] = field(default_factory=list)  # (line number, why): an empty output line each
+    seconds: float = 0.0
+
+
+def source_lines(stream: BinaryIO, name: str, report: StreamReport) -> Iterator[str]:
+    """Lines of ``stream`` as the training data is read: split on ``\n`` only (any ``\r`` becomes a space),
+    UTF-8 (a BOM is dropped), ``clean_text``. A line that is not valid UTF-8 is yielded as "" and recorded
+    in ``report.bad``; NUL bytes in the first line mean the input is not text (InputError)."""
+    from data.sources import clean_text
+
+    for n, raw in enumerate(stream, 1):
+        if n == 1:
+            if b"\x00" in raw[:65536]:
+                raise InputError(f"{name} is not a text file (NUL bytes in its first line; UTF-16 or binary?)")
+            raw = raw.removeprefix(b"\xef\xbb\xbf")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            report.bad.append((n, f"not valid UTF-8 at byte {e.start}"))
+            yield ""
+            continue
+        if "\x00" in text:
+            report.bad.append((n, "holds NUL bytes"))
+            yield ""
+            continue
+        yield clean_text(text)
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def translate_stream(
+    translate_fn: Callable[[list[str], DecodeConfig], list[list[Translation]]],
+    stream: BinaryIO,
+    out: TextIO,
+    decode: DecodeConfig,
+    name: str = "standard input",
+    chunk_lines: int = 2000,
+    progress: TextIO | None = None,
+    progress_every: float = 10.0,
+) -> StreamReport:
+    """Translate every line of ``stream`` to ``out`` with ``translate_fn(lines, decode)`` (e.g. ``translate``
+    of a model, or an exported CTranslate2 model's), one output line per input line, in input order.
+
+    Lines go in chunks of ``chunk_lines`` (sorted by length inside a chunk for little padding); each chunk
+    is written and flushed when done, so memory stays bounded whatever the input size. ``decode.nbest``
+    > 1 writes ``line<TAB>score<TAB>text`` rows instead (line numbers from 0). Empty, undecodable and
+    over-long lines never stop the others (empty output / truncation). Progress goes to ``progress``
+    every ``progress_every`` seconds.
+    """
+    report = StreamReport()
+    start = last = time.perf_counter()
+    for chunk in _chunks(source_lines(stream, name, report), chunk_lines):
+        first = report.lines
+        results = translate_fn(chunk, decode)
+        for i, (text, nbest) in enumerate(zip(chunk, results, strict=True)):
+            report.empty += not text
+            if decode.nbest == 1:
+                out.write(nbest[0].text + "\n")
+            else:
+                out.writelines(f"{first + i}\t{hyp.score:.4f}\t{hyp.text}\n" for hyp in nbest)
+        out.flush()
+        report.lines += len(chunk)
+        now = time.perf_counter()
+        if progress is not None and now - last >= progress_every:
+            last = now
+            print(f"{report.lines:,} lines translated ({report.lines / (now - start):.1f} sentences/s)",
+                  file=progress, flush=True)
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,105 @@
+"""CTranslate2 export: every encoding maps exactly (teacher-forced log-probs), impossible ones are refused in
+one line, and an exported trained model translates like the run through inference.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, make_tiny_config
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from models.transformer import Seq2SeqTransformer  # noqa: E402
+from utils.config import from_dict  # noqa: E402
+from utils.export_ct2 import ExportError, build_spec, check_exportable  # noqa: E402
+
+V = 40
+TOKENS = ["<pad>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(4, V)]
+SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "decoder_start_token": "<s>"}
+CASES = [{"input_pe": pe} for pe in ("sinusoidal", "learnable", "learnable_ln", "onehot", "gaussian", "binary",
+                                     "none")]
+CASES += [{"input_pe": "none", "attention_pe": a, **extra} for a, extra in (
+    ("rope", {}), ("rope", {"rope": {"scaling": "linear", "factor": 2.0}}),
+    ("rope", {"rope": {"scaling": "ntk", "factor": 2.0}}), ("rope", {"rope": {"dim": 4}}), ("alibi", {}),
+    ("t5", {}), ("shaw", {}), ("shaw", {"shaw": {"values": True}}))]
+CASES += [{"norm": "post", "activation": "gelu", "tie_embeddings": False}]
+
+
+@pytest.mark.parametrize("model_cfg", CASES, ids=[str(c) for c in CASES])
+def test_every_encoding_exports_exactly(model_cfg: dict, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = from_dict({"model": {"d_model": 32, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 2, "d_ff": 64,
+                               "dropout": 0.0, "max_positions": 64, **model_cfg}})
+    model = Seq2SeqTransformer(cfg.model, V, 0).eval()
+    spec = build_spec(model, cfg, TOKENS, SPECIALS)
+    spec.validate()
+    spec.optimize(quantization=None)
+    spec.save(str(tmp_path))
+    translator = ctranslate2.Translator(str(tmp_path), device="cpu", compute_type="float32")
+    g = torch.Generator().manual_seed(1)
+    for n in range(4):  # lengths 4..24: relative schemes see distances past their exact buckets / clipping
+        src = torch.randint(4, V, (3 + 7 * n,), generator=g).tolist() + [2]
+        tgt = torch.randint(4, V, (2 + 6 * n,), generator=g).tolist() + [2]
+        theirs = translator.score_batch([[TOKENS[i] for i in src]], [[TOKENS[i] for i in tgt[:-1]]])[0].log_probs
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([src]), torch.tensor([[1, *tgt[:-1]]]))[0], -1)
+        ours = [logp[i, t].item() for i, t in enumerate(tgt)]
+        assert len(theirs) == len(ours)
+        assert max(abs(a - b) for a, b in zip(theirs, ours, strict=True)) < 2e-5
+
+
+@pytest.mark.parametrize("model_cfg,message", [
+    ({"input_pe": "sinusoidal", "attention_pe": "rope"}, "drops the position table"),
+    ({"input_pe": "none", "attention_pe": "none", "cross_attention_pe": "alibi"}, "cross-attention has no"),
+    ({"input_pe": "none", "attention_pe": "rope", "rope": {"scaling": "yarn", "factor": 2.0}}, "no YaRN"),
+])
+def test_what_ctranslate2_cannot_compute_is_refused_in_one_line(model_cfg: dict, message: str) -> None:
+    with pytest.raises(ExportError, match=message) as err:
+        check_exportable(from_dict({"model": model_cfg}))
+    assert "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from utils.runs import create_run_dir
+    from utils.trainer import train
+
+    tmp = tmp_path_factory.mktemp("ct2")
+    base = make_tiny_config(tmp, max_steps=150, eval_every=150, lr=0.005)
+    cfg = from_dict(base.to_dict(), ["model.input_pe=none"])  # RoPE alone: exportable
+    run = create_run_dir(cfg, tmp / "runs")
+    train(cfg, run)
+    return run
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "inference.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ct2"
+    res = cli("--model_path", str(trained), "--export-ctranslate2", str(out))
+    assert res.returncode == 0, res.stderr
+    assert (out / "model.bin").is_file() and (out / "tokenizer" / "meta.json").is_file()
+    src = ROOT / "data" / "demo" / "test.fr"
+    for flags in (["--beam", "1"], ["--beam", "5", "--set", "decode.beam_stop=k_finished"]):
+        ours = cli("--model_path", str(trained), "--input", str(src), *flags)
+        theirs = cli("--model_path", str(out), "--input", str(src), *flags)
+        assert ours.returncode == theirs.returncode == 0, theirs.stderr
+        a, b = ours.stdout.split("\n"), theirs.stdout.split("\n")
+        assert len(a) == len(b) == 41
+        same = sum(x == y for x, y in zip(a, b, strict=True))
+        assert same >= 38, (flags, same)  # the rest reach the length cap, where ours force EOS
+    res = cli("--model_path", str(trained), "--export-ctranslate2", str(tmp_path / "int8"), "--quantization", "int8")
+    assert res.returncode == 0, res.stderr
+    int8 = cli("--model_path", str(tmp_path / "int8"), "--input", str(src), "--beam", "1")
+    fp32 = cli("--model_path", str(out), "--input", str(src), "--beam", "1")
+    agree = sum(x == y for x, y in zip(int8.stdout.split("\n"), fp32.stdout.split("\n"), strict=True))
+    assert agree >= 30  # int8 weights change a few greedy choices
+    line = cli("--model_path", str(out), "--src_text", "Oui.", "--average", "2").stderr.strip().splitlines()[-1]
+    assert "apply to runs, not to an exported CTranslate2 model" in line

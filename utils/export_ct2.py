@@ -1,0 +1,272 @@
+"""Export a trained run to CTranslate2 (Klein et al. 2020, https://opennmt.net/CTranslate2), and translate with it.
+
+The model is described with ``ctranslate2.specs`` (a ``TransformerSpec`` whose weights are ours), saved
+with the run's tokenizer and resolved config, so text is tokenized and detokenized exactly as the run
+does. Every input-level encoding exports as an explicit position table (learnable_ln and binary folded into
+the token tables); RoPE (rotate-half layout; linear and NTK scaling), ALiBi (decoder: native; encoder: a
+relative-bias table with one exact bucket per distance), Shaw (keys, and values when used) and T5 (one
+table per layer) as CTranslate2's own relative schemes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.transformer import Seq2SeqTransformer
+from utils.config import Config, ConfigError
+
+MARKER = "fr2en_ctranslate2.json"  # written into an export: what it is and how it was made
+TABLE_LENGTH = 2048  # positions written for an unbounded input encoding
+
+
+class ExportError(ConfigError):
+    """A model CTranslate2 cannot represent exactly, as one line naming why."""
+
+
+def check_exportable(cfg: Config) -> None:
+    """ExportError, one line, for what CTranslate2 cannot compute exactly."""
+    m = cfg.model
+    if m.cross_attention_pe != "none":
+        raise ExportError(f"model.cross_attention_pe={m.cross_attention_pe}: CTranslate2's cross-attention has "
+                          "no positional term")
+    if m.attention_pe != "none" and m.input_pe != "none":
+        raise ExportError(f"model.input_pe={m.input_pe} with model.attention_pe={m.attention_pe}: CTranslate2 "
+                          "drops the position table when self-attention has a relative scheme")
+    if m.attention_pe == "rope" and m.rope.scaling == "yarn":
+        raise ExportError("model.rope.scaling=yarn: CTranslate2 has no YaRN scaling (linear and ntk export)")
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy()
+
+
+def _linear(spec: Any, layer: torch.nn.Linear) -> None:
+    spec.weight = _np(layer.weight)
+    spec.bias = _np(layer.bias) if layer.bias is not None else np.zeros(layer.weight.shape[0], np.float32)
+
+
+def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma = _np(norm.weight)
+    spec.beta = _np(norm.bias)
+
+
+def input_table(model: Seq2SeqTransformer, side: str, length: int) -> np.ndarray:
+    """The additive position table ``[length, D]`` of one side's input encoding (zeros for ``none``)."""
+    pe = model.src_pe if side == "src" else model.tgt_pe
+    x = torch.zeros(1, length, model.cfg.d_model)
+    with torch.no_grad():
+        return _np(pe(x, torch.arange(length))[0])
+
+
+def _rotary(cfg: Config) -> dict[str, Any]:
+    """CTranslate2's rotary arguments for our RoPE: rotate-half layout, NTK folded into the base."""
+    from ctranslate2.specs import attention_spec
+
+    r = cfg.model.rope
+    head_dim = cfg.model.d_model // cfg.model.n_heads
+    dim = r.dim or head_dim
+    out: dict[str, Any] = {"rotary_dim": 0 if dim == head_dim else dim, "rotary_interleave": False,
+                           "rotary_base": r.theta}
+    if r.scaling == "linear":
+        out.update(rotary_scaling_type=attention_spec.RotaryScalingType.Linear, rotary_scaling_factor=r.factor)
+    elif r.scaling == "ntk":
+        out["rotary_base"] = r.theta * r.factor ** (dim / (dim - 2))
+    return out
+
+
+def _alibi_table(model: Seq2SeqTransformer, length: int) -> tuple[np.ndarray, int]:
+    """The encoder's symmetric ALiBi as a T5-style relative bias table: with 4 * length buckets every distance
+    below ``length`` has its own (exact) bucket, each holding -m_h |j - i|."""
+    from models.positional.alibi import alibi_slopes
+    from models.positional.t5 import relative_position_bucket
+
+    buckets = 4 * length
+    rel = torch.arange(-(length - 1), length)
+    ids = relative_position_bucket(rel, True, buckets, 2 * buckets)
+    slopes = torch.tensor(alibi_slopes(model.cfg.n_heads))
+    table = torch.zeros(buckets, model.cfg.n_heads)
+    table[ids] = -rel.abs().float()[:, None] * slopes[None, :]
+    return _np(table), 2 * buckets
+
+
+def build_spec(model: Seq2SeqTransformer, cfg: Config, tokens: list[str], specials: dict[str, str]) -> Any:
+    """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights, every encoding mapped exactly."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    m = cfg.model
+    check_exportable(cfg)
+    pre = m.norm == "pre"
+    act = common_spec.Activation.GELU if m.activation == "gelu" else common_spec.Activation.RELU
+    length = model.max_length or TABLE_LENGTH
+    enc_kw: dict[str, Any] = {}
+    dec_kw: dict[str, Any] = {}
+    if m.attention_pe == "rope":
+        enc_kw = dec_kw = _rotary(cfg)
+    elif m.attention_pe == "alibi":
+        enc_kw, dec_kw = {"relative_attention_bias": True}, {"alibi": True}
+    elif m.attention_pe == "t5":
+        enc_kw = dec_kw = {"relative_attention_bias": True}
+    elif m.attention_pe == "shaw":
+        enc_kw = dec_kw = {"relative_position": True}
+    enc = transformer_spec.TransformerEncoderSpec(m.encoder_layers, m.n_heads, pre_norm=pre, activation=act, **enc_kw)
+    dec = transformer_spec.TransformerDecoderSpec(m.decoder_layers, m.n_heads, pre_norm=pre, activation=act, **dec_kw)
+    scale = model.embed_scale
+    for side, stack, embed in (("src", enc, model.src_embed), ("tgt", dec, model.tgt_embed)):
+        table = stack.embeddings[0] if side == "src" else stack.embeddings
+        weight = embed.weight.detach().float()
+        pe = model.src_pe if side == "src" else model.tgt_pe
+        if m.input_pe == "learnable_ln":  # LN(scale E[w]) + p: the LayerNorm depends on the token only
+            with torch.no_grad():
+                weight = pe.norm(weight * scale) / scale
+        elif m.input_pe == "binary":  # the last n_bits dimensions are replaced by the position's bits
+            weight = weight.clone()
+            weight[:, weight.shape[1] - pe.n_bits:] = 0.0
+        table.weight = _np(weight)
+        stack.scale_embeddings = bool(m.scale_embeddings)
+        if hasattr(stack, "position_encodings"):  # always explicit: with none, CTranslate2 adds its own sinusoid
+            stack.position_encodings.encodings = input_table(model, side, length)
+    if pre:
+        _norm(enc.layer_norm, model.encoder_norm)
+        _norm(dec.layer_norm, model.decoder_norm)
+    for ours, theirs in zip(model.encoder, enc.layer, strict=True):
+        _attention_pe(theirs.self_attention, ours.self_attn.pe, m.attention_pe, model, length)
+        _norm(theirs.self_attention.layer_norm, ours.res1.norm)
+        _linear(theirs.self_attention.linear[0], ours.self_attn.qkv_proj)
+        _linear(theirs.self_attention.linear[1], ours.self_attn.out_proj)
+        _norm(theirs.ffn.layer_norm, ours.res2.norm)
+        _linear(theirs.ffn.linear_0, ours.ff.fc1)
+        _linear(theirs.ffn.linear_1, ours.ff.fc2)
+    for ours, theirs in zip(model.decoder, dec.layer, strict=True):
+        if m.attention_pe != "alibi":  # the decoder's causal ALiBi is CTranslate2's own
+            _attention_pe(theirs.self_attention, ours.self_attn.pe, m.attention_pe, model, length)
+        _norm(theirs.self_attention.layer_norm, ours.res1.norm)
+        _linear(theirs.self_attention.linear[0], ours.self_attn.qkv_proj)
+        _linear(theirs.self_attention.linear[1], ours.self_attn.out_proj)
+        _norm(theirs.attention.layer_norm, ours.res2.norm)
+        _linear(theirs.attention.linear[0], ours.cross_attn.q_proj)
+        _linear(theirs.attention.linear[1], ours.cross_attn.kv_proj)
+        _linear(theirs.attention.linear[2], ours.cross_attn.out_proj)
+        _norm(theirs.ffn.layer_norm, ours.res3.norm)
+        _linear(theirs.ffn.linear_0, ours.ff.fc1)
+        _linear(theirs.ffn.linear_1, ours.ff.fc2)
+    out = model.output.weight if model.output is not None else model.tgt_embed.weight
+    dec.projection.weight = _np(out)
+    dec.projection.bias = np.zeros(out.shape[0], np.float32)
+    spec = transformer_spec.TransformerSpec(enc, dec)
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    for key, value in specials.items():
+        setattr(spec.config, key, value)
+    return spec
+
+
+def _attention_pe(spec: Any, pe: Any, name: str, model: Seq2SeqTransformer, length: int) -> None:
+    """Fill one self-attention's relative-position weights (rope and none have none)."""
+    if name == "t5":
+        spec.relative_attention_bias = _np(pe.rel_embed.weight)
+        spec.relative_attention_max_distance = np.dtype("int32").type(pe.max_distance)
+    elif name == "alibi":  # encoder only: the symmetric distances as a bias table
+        table, max_distance = _alibi_table(model, length)
+        spec.relative_attention_bias = table
+        spec.relative_attention_max_distance = np.dtype("int32").type(max_distance)
+    elif name == "shaw":
+        spec.relative_position_keys = _np(pe.key_embed.weight)
+        values = pe.value_embed.weight if pe.value_embed is not None else torch.zeros_like(pe.key_embed.weight)
+        spec.relative_position_values = _np(values)
+
+
+def export(run_dir: Path, checkpoint: Path, model: Seq2SeqTransformer, cfg: Config, tokenizer: Any,
+           out_dir: Path, quantization: str | None = None) -> Path:
+    """Write a CTranslate2 model directory: model.bin + vocabularies, the run's tokenizer/ and config.yaml."""
+    from utils.io import ensure_dir
+    from utils.runs import CONFIG_FILE, TOKENIZER_DIR
+
+    tokens = tokenizer.id_to_token(list(range(tokenizer.vocab_size)))
+    specials = {"bos_token": tokens[tokenizer.bos_id], "eos_token": tokens[tokenizer.eos_id],
+                "unk_token": tokens[tokenizer.unk_id], "decoder_start_token": tokens[tokenizer.bos_id]}
+    spec = build_spec(model.cpu().eval(), cfg, tokens, specials)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    out_dir = ensure_dir(out_dir, "--export-ctranslate2")
+    spec.save(str(out_dir))
+    shutil.copytree(run_dir / TOKENIZER_DIR, out_dir / TOKENIZER_DIR, dirs_exist_ok=True)
+    shutil.copy(run_dir / CONFIG_FILE, out_dir / CONFIG_FILE)
+    (out_dir / MARKER).write_text(json.dumps({"run": str(run_dir), "checkpoint": str(checkpoint),
+                                              "quantization": quantization}, indent=1) + "\n")
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------- translating
+
+
+def is_export(path: Path | str) -> bool:
+    """True for a directory written by ``export``."""
+    return (Path(path) / MARKER).is_file()
+
+
+class CT2Model:
+    """An exported model run by ``ctranslate2.Translator``, decoding as ``utils.translate`` does: the same
+    tokenizer, the source EOS, a cap of ``a * src_len + b`` tokens per sentence (sentences grouped by cap),
+    no minimum length, and the K hypotheses of a beam re-ranked with our GNMT length penalty (CTranslate2's
+    divides by |Y|^beta). Hypotheses that reach the cap can differ: ours force EOS there, CTranslate2 stops."""
+
+    def __init__(self, export_dir: Path | str, device: str = "cpu", compute_type: str = "default",
+                 threads: int = 0) -> None:
+        import ctranslate2
+
+        from tokenizer import load_tokenizer
+        from utils.config import load_config
+        from utils.runs import CONFIG_FILE, TOKENIZER_DIR
+
+        export_dir = Path(export_dir)
+        self.cfg = load_config(export_dir / CONFIG_FILE)
+        self.tokenizer = load_tokenizer(export_dir / TOKENIZER_DIR)
+        self.translator = ctranslate2.Translator(str(export_dir), device=device, compute_type=compute_type,
+                                                 intra_threads=threads)
+        self.vocab = {t: i for i, t in enumerate(self.tokenizer.id_to_token(list(range(self.tokenizer.vocab_size))))}
+        self.max_length = _max_length(self.cfg)
+
+    def translate(self, texts: list[str], decode: Any) -> list[list[Any]]:
+        from models.decoding import length_penalty
+        from utils.translate import Translation, encode_sources
+
+        tok = self.tokenizer
+        ids = encode_sources(tok, texts, self.max_length, strict=False)
+        results: list[list[Any]] = [[Translation("", 0.0, 0.0, [])] for _ in ids]
+        groups: dict[int, list[int]] = {}
+        for i, seq in enumerate(ids):
+            if seq:
+                cap = max(1, int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b))
+                if self.max_length is not None:
+                    cap = min(cap, self.max_length - 1)
+                groups.setdefault(cap, []).append(i)
+        k = decode.beam
+        for cap, rows in groups.items():
+            out = self.translator.translate_batch(
+                [tok.id_to_token(ids[i]) for i in rows], beam_size=k, num_hypotheses=k, length_penalty=0.0,
+                max_decoding_length=cap + 1, min_decoding_length=0, return_scores=True, return_end_token=True,
+                max_batch_size=decode.batch_size)
+            for i, res in zip(rows, out, strict=True):
+                hyps = []
+                for tokens, logprob in zip(res.hypotheses, res.scores, strict=True):
+                    hyp_ids = [self.vocab[t] for t in tokens]
+                    if hyp_ids and hyp_ids[-1] == tok.eos_id:
+                        hyp_ids = hyp_ids[:-1]
+                    score = logprob / length_penalty(len(hyp_ids) + 1, decode.lenpen) if k > 1 else logprob
+                    hyps.append(Translation(tok.decode(hyp_ids), score, logprob, hyp_ids))
+                hyps.sort(key=lambda h: h.score, reverse=True)
+                results[i] = hyps[: decode.nbest]
+        return results
+
+
+def _max_length(cfg: Config) -> int | None:
+    """The model's position limit, as ``Seq2SeqTransformer.max_length`` gives it, without building the model."""
+    from models.positional import build_input_pe
+
+    return build_input_pe(cfg.model).max_length
