@@ -184,3 +184,45 @@ def test_user_errors_are_one_line(runs: dict[str, Path], tmp_path: Path) -> None
         res = cli(*args)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert message in res.stderr.strip().splitlines()[-1]
+
+
+def test_cross_attention_rows_are_the_predicted_tokens_and_alignment_follows_the_argmax(runs: dict[str, Path],
+                                                                                         tmp_path: Path) -> None:
+    from utils.visualization import alignment, attention_from_ids, encode_pair, figures_from_attention
+
+    run = load_run(runs["rope"])
+    src_ids, tgt_ids, _ = encode_pair(run.model, run.tokenizer, SRC, "The cat sleeps on the sofa.")
+    src_tokens, tgt_tokens, attention = attention_from_ids(run.model, run.tokenizer, src_ids, tgt_ids)
+    figs = figures_from_attention(src_tokens, tgt_tokens, attention)
+    cross_ax = figs["attention/cross/layer_0"].axes[0]
+    rows = [t.get_text() for t in cross_ax.get_yticklabels()]
+    assert rows == [*tgt_tokens[1:], "</s>"]  # the row reading <s> predicts the first target token
+    assert cross_ax.get_ylabel() == "predicted target token" and "being predicted" in figs[
+        "attention/cross/layer_0"].get_suptitle()
+    self_rows = [t.get_text() for t in figs["attention/decoder/layer_0"].axes[0].get_yticklabels()]
+    assert self_rows == tgt_tokens  # self-attention keeps the token each position reads
+    a = alignment(src_tokens, tgt_tokens, attention)
+    w = attention.cross[-1][0].mean(0)
+    assert a.links == w.argmax(-1).tolist() and len(a.links) == len(tgt_tokens)
+    diagonal = [i * (len(src_tokens) - 1) / (len(a.links) - 1) for i in range(len(a.links))]
+    expected = sum(abs(j - d) <= 2 for j, d in zip(a.links, diagonal, strict=True)) / len(a.links)
+    assert a.diagonal_agreement() == pytest.approx(expected)
+
+
+def test_alignment_cli_for_a_sentence_and_a_file(runs: dict[str, Path], tmp_path: Path) -> None:
+    res = cli("--model_path", str(runs["rope"]), "--src_text", SRC, "--alignment", "--out", str(tmp_path / "one"))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "one" / "alignment.png").is_file()
+    assert "alignment (layer 0):" in res.stdout and "agreement with the diagonal" in res.stdout
+    src = tmp_path / "in.fr"
+    src.write_text("Le chat dort.\n\nBonjour le monde.\n", encoding="utf-8")
+    res = cli("--model_path", str(runs["rope"]), "--alignment", "--input", str(src), "--out", str(tmp_path / "f"))
+    assert res.returncode == 0, res.stderr
+    lines = (tmp_path / "f" / "alignment.txt").read_text().split("\n")[:-1]
+    assert len(lines) == 3 and lines[1] == ""  # one line per input line; the empty one stays empty
+    for line in (lines[0], lines[2]):
+        pairs = [tuple(map(int, p.split("-"))) for p in line.split()]
+        assert pairs and [t for _, t in pairs] == list(range(len(pairs)))  # one link per target token
+    assert "aligned 2 sentences (1 empty or too long skipped)" in res.stdout
+    bad = cli("--model_path", str(runs["rope"]), "--alignment", "--src_text", SRC, "--layer", "5")
+    assert bad.returncode == 2 and "--layer 5: the decoder has 1 layers" in bad.stderr

@@ -43,7 +43,8 @@ def _label_font(n: int) -> float:
     return 8.0 if n <= 20 else 6.0 if n <= 40 else 4.0
 
 
-def attention_grid(weights: ArrayLike, q_tokens: Sequence[str], k_tokens: Sequence[str], title: str) -> Figure:
+def attention_grid(weights: ArrayLike, q_tokens: Sequence[str], k_tokens: Sequence[str], title: str,
+                   q_axis: str = "query", k_axis: str = "key") -> Figure:
     """One panel per head of ``weights [H, Tq, Tk]`` plus the head average; token-labelled axes, colour scale 0..1."""
     w = to_numpy(weights)
     n_heads, tq, tk = w.shape
@@ -60,8 +61,8 @@ def attention_grid(weights: ArrayLike, q_tokens: Sequence[str], k_tokens: Sequen
         ax.set_title(name, fontsize=9)
         ax.set_xticks(range(tk), list(k_tokens), rotation=90, fontsize=_label_font(tk))
         ax.set_yticks(range(tq), list(q_tokens), fontsize=_label_font(tq))
-        ax.set_xlabel("key", fontsize=8)
-        ax.set_ylabel("query", fontsize=8)
+        ax.set_xlabel(k_axis, fontsize=8)
+        ax.set_ylabel(q_axis, fontsize=8)
     for ax in axes.flat[len(panels) :]:
         ax.set_axis_off()
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
@@ -279,4 +280,26 @@ def rope_scaling_curves(rope_cfg: RopeConfig, head_dim: int, length: int) -> Fig
     right.set_title("per-pair wavelength (dashed: L)")
     right.legend(fontsize=8)
     fig.suptitle(f"RoPE length-extension scalings (L={rope_cfg.original_max_len})")
+    return fig
+
+
+def alignment_figure(weights: ArrayLike, src_tokens: Sequence[str], tgt_tokens: Sequence[str], title: str) -> Figure:
+    """The hard alignment read off cross-attention ``weights [Tt, Ts]`` (mean over heads): for each predicted
+    target token (row) its argmax source token, drawn over the weights, with the monotone diagonal."""
+    w = to_numpy(weights)
+    tt, ts = w.shape
+    fig = Figure(figsize=(min(9.0, 0.3 * ts + 2.5), min(9.0, 0.3 * tt + 1.8)), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(w, vmin=0.0, vmax=1.0, cmap="Greys", aspect="auto", interpolation="nearest")
+    best = w.argmax(axis=1)
+    ax.scatter(best, range(tt), marker="s", s=40, facecolors="none", edgecolors="tab:red", label="argmax source")
+    diagonal = np.arange(tt) * (ts - 1) / max(tt - 1, 1)
+    ax.plot(diagonal, range(tt), color="tab:blue", linewidth=1, linestyle="--", label="monotone diagonal")
+    ax.set_xticks(range(ts), list(src_tokens), rotation=90, fontsize=_label_font(ts))
+    ax.set_yticks(range(tt), list(tgt_tokens), fontsize=_label_font(tt))
+    ax.set_xlabel("source token")
+    ax.set_ylabel("target token being predicted")
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, shrink=0.6, label="attention weight (mean over heads)")
     return fig

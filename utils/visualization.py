@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 BOS_LABEL = "<s>"
+EOS_LABEL = "</s>"
 KINDS = ("encoder", "decoder", "cross")
 TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
@@ -97,17 +98,64 @@ def attention_maps(
     return attention_from_ids(model, tokenizer, src_ids, tgt_ids)
 
 
+def predicted_labels(tgt_tokens: list[str]) -> list[str]:
+    """Decoder rows labelled by the token each predicts: the row reading '<s>' predicts the first target token,
+    the row reading the last one predicts '</s>'."""
+    return [*tgt_tokens[1:], EOS_LABEL]
+
+
 def figures_from_attention(src_tokens: list[str], tgt_tokens: list[str], attention: Attention) -> dict[str, Figure]:
-    """One ``attention_grid`` per layer and kind, tagged ``attention/<kind>/layer_<i>``."""
+    """One ``attention_grid`` per layer and kind, tagged ``attention/<kind>/layer_<i>``.
+
+    Self-attention rows are labelled with the token each position reads; cross-attention rows with the
+    target token being predicted, as alignment plots are (the row reading "The" predicts "little", and
+    attends to "petit"), and the figure says so.
+    """
     figs: dict[str, Figure] = {}
-    labels = {"encoder": (src_tokens, src_tokens), "decoder": (tgt_tokens, tgt_tokens),
-              "cross": (tgt_tokens, src_tokens)}
     for kind in KINDS:
-        q_tokens, k_tokens = labels[kind]
         for i, w in enumerate(getattr(attention, kind)):
             title = f"{TITLES[kind]}, layer {i}"
-            figs[f"attention/{kind}/layer_{i}"] = plots.attention_grid(w[0], q_tokens, k_tokens, title)
+            if kind == "cross":
+                grid = plots.attention_grid(w[0], predicted_labels(tgt_tokens), src_tokens,
+                                            f"{title} (rows: the target token being predicted)",
+                                            q_axis="predicted target token", k_axis="source token")
+            else:
+                tokens = src_tokens if kind == "encoder" else tgt_tokens
+                grid = plots.attention_grid(w[0], tokens, tokens, title)
+            figs[f"attention/{kind}/layer_{i}"] = grid
     return figs
+
+
+@dataclasses.dataclass
+class Alignment:
+    """The argmax source position of each predicted target token (cross-attention of one layer, head mean)."""
+
+    src_tokens: list[str]
+    tgt_tokens: list[str]  # predicted tokens, '</s>' last
+    links: list[int]  # source index per target row
+    weights: torch.Tensor  # [Tt, Ts]
+    layer: int
+
+    def diagonal_agreement(self, window: int = 2) -> float:
+        """Share of target tokens whose argmax source lies within ``window`` of the monotone diagonal."""
+        tt, ts = len(self.links), len(self.src_tokens)
+        near = [abs(j - i * (ts - 1) / max(tt - 1, 1)) <= window for i, j in enumerate(self.links)]
+        return sum(near) / max(tt, 1)
+
+
+def alignment(src_tokens: list[str], tgt_tokens: list[str], attention: Attention, layer: int = -1) -> Alignment:
+    """Hard alignment from cross-attention ``layer`` (default the last), mean over heads."""
+    n = len(attention.cross)
+    if not -n <= layer < n:
+        raise InputError(f"--layer {layer}: the decoder has {n} layers (0..{n - 1}, or -1 for the last)")
+    w = attention.cross[layer][0].mean(0)
+    return Alignment(src_tokens, predicted_labels(tgt_tokens), w.argmax(-1).tolist(), w, layer % n)
+
+
+def alignment_figure(a: Alignment, window: int = 2) -> Figure:
+    title = (f"alignment from cross-attention layer {a.layer}: {a.diagonal_agreement(window):.0%} of target tokens "
+             f"within ±{window} of the diagonal")
+    return plots.alignment_figure(a.weights, a.src_tokens, a.tgt_tokens, title)
 
 
 def attention_figures(
