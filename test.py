@@ -5,16 +5,17 @@
 
 --split names a split of the corpus (e.g. validation, test.tatoeba, tst2010); the default "test" means
 every split listed in data.test. Beam 5 by default; --beam 1 is greedy. Hypotheses and a JSON of the
-scores go to RUN_DIR/eval/.
+scores go to RUN_DIR/eval/<split>.<checkpoint>.beam<N>[.<tag>].{hyp,json}.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 
-from utils.cli import add_alias_args, add_set_arg, run_main, setup_logging
+from utils.cli import add_alias_args, add_average_args, add_set_arg, apply_average_args, run_main, setup_logging
 
 
 def main() -> int:
@@ -27,6 +28,8 @@ def main() -> int:
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
     add_alias_args(parser, "max_sentences", type=int, help="score only the first N sentences of each split")
     parser.add_argument("--buckets", help="source-length bucket edges in tokens, e.g. 10,20,40 (eval.length_buckets)")
+    add_average_args(parser)
+    parser.add_argument("--tag", help="added to the eval file names (e.g. yarn): keeps variants of a checkpoint apart")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_set_arg(parser)
     args = parser.parse_args()
@@ -47,7 +50,8 @@ def main() -> int:
         overrides.append(f"decode.batch_size={args.batch_size}")
     if args.buckets:
         overrides.append(f"eval.length_buckets=[{args.buckets}]")
-    run = load_run(args.model_path, args.config, overrides, args.device)
+    average = apply_average_args(parser, args)
+    run = load_run(args.model_path, args.config, overrides, args.device, average=average)
     cfg = run.cfg
     corpus = load_corpus(cfg.data)
     if args.split in corpus:
@@ -58,7 +62,9 @@ def main() -> int:
         raise DataError(f"--split {args.split}: no such split; available: {', '.join(corpus)}")
 
     out_dir = ensure_dir(run.run_dir / "eval", "the run's eval folder")
-    tag = f"{run.checkpoint.stem}.beam{cfg.decode.beam}"
+    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.+-]+", args.tag):
+        parser.error(f"--tag {args.tag!r}: use letters, digits and _ . + - only")
+    tag = f"{run.checkpoint.stem}.beam{cfg.decode.beam}" + (f".{args.tag}" if args.tag else "")
     report = {}
     for name in names:
         split = corpus[name]

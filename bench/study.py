@@ -1,0 +1,394 @@
+"""The study this toolkit exists for: a grid of configurations x seeds trained at an equal budget, every run
+scored on every test split (beam 5 and greedy), attention quantified, and a report that says which
+differences are significant.
+
+    python bench/study.py --config configs/bench_small_rope.yaml --grid model.attention_pe=none,rope,alibi,t5,shaw \\
+        --grid model.input_pe=sinusoidal,none --seeds 3 --steps 1500 --name pe
+    python bench/study.py --preset seed-table --seeds 3 --steps 1500          # sinusoidal / learnable / RoPE
+    python bench/study.py --preset all-encodings --seeds 3 --steps 1500
+    python bench/study.py --preset train-short-test-long --seeds 3 --steps 1500
+    python bench/study.py --preset tokenization --seeds 3 --steps 1500
+
+Budget: ``--steps`` optimizer steps or ``--tokens`` target tokens per run, never wall time, so a busy
+machine cannot bias the comparison. Each (variant, seed) is a normal run directory under
+``runs/study_<name>/runs/<variant>/seed<k>/`` that train.py, test.py and visualize.py understand. The
+study is resumable and idempotent: run the same command again and finished runs and evaluations are
+skipped, a run killed mid-training is resumed from its last checkpoint. With several GPUs, one process
+per device. Writes ``results.json`` (every number), ``report.md`` (tables, figures, significance in
+words), ``figures/*.png`` and ``tb/`` (TensorBoard HParams: compare the runs in the HParams tab).
+
+Statistics: mean +- standard deviation over seeds; paired bootstrap resampling against the baseline
+(Koehn 2004, sacreBLEU's implementation, 1,000 samples) on the hypotheses of all seeds pooled, giving
+the 95 % confidence interval of each system and the p-value of its difference; attention distance,
+entropy and cross-attention diagonality per layer and head (utils/attention_stats.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from utils.config import ConfigError  # noqa: E402
+
+DECODERS = {"beam5": 5, "greedy": 1}
+
+
+@dataclass
+class Variant:
+    """One configuration of the grid: a label and its ``--set`` overrides; ``tests`` adds evaluations of the
+    same trained model under inference-only overrides (e.g. RoPE scalings), label -> overrides."""
+
+    label: str
+    overrides: list[str]
+    tests: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Preset:
+    config: str
+    variants: list[Variant]
+    baseline: str
+
+
+def _encodings() -> tuple[list[str], list[str]]:
+    from models.positional import names
+
+    return [n for n in names("input") if n != "none"], [n for n in names("attention") if n != "none"]
+
+
+def _pe(label: str, input_pe: str, attention_pe: str) -> Variant:
+    return Variant(label, [f"model.input_pe={input_pe}", f"model.attention_pe={attention_pe}"])
+
+
+def presets() -> dict[str, Preset]:
+    inputs, attentions = _encodings()
+    short_scalings = {s: [f"model.rope.scaling={s}", "model.rope.factor=8", "model.rope.original_max_len=16"]
+                      for s in ("linear", "ntk", "yarn")}
+    short = [_pe(e, e, "none") for e in ("sinusoidal", "learnable")] + [_pe(e, "none", e) for e in ("alibi", "t5")]
+    rope = _pe("rope", "none", "rope")
+    rope.tests = short_scalings
+    return {
+        "seed-table": Preset("configs/bench_small.yaml", [_pe("sinusoidal", "sinusoidal", "none"),
+                                                          _pe("learnable", "learnable", "none"),
+                                                          _pe("rope", "none", "rope")], "sinusoidal"),
+        "all-encodings": Preset("configs/bench_small.yaml", [_pe("none", "none", "none")]
+                                + [_pe(e, e, "none") for e in inputs] + [_pe(e, "none", e) for e in attentions],
+                                "sinusoidal"),
+        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope], "sinusoidal"),
+        "tokenization": Preset("configs/bench_small_rope.yaml", [
+            Variant("bpe", ["tokenizer.type=bpe"]),
+            Variant("unigram", ["tokenizer.type=unigram"]),
+            Variant("char", ["tokenizer.type=char", "tokenizer.vocab_size=1000", "data.max_len=512",
+                             "data.max_tokens=8192", "model.max_positions=1024"]),
+            Variant("word", ["tokenizer.type=word", "tokenizer.vocab_size=32000", "tokenizer.min_frequency=2"]),
+        ], "bpe"),
+    }
+
+
+def grid_variants(grids: Sequence[str]) -> list[Variant]:
+    """``["a.b=1,2", "c=x,y"]`` -> the cross product, labelled ``b=1,c=x`` (the last key part)."""
+    axes = []
+    for item in grids:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,... e.g. model.attention_pe=rope,alibi")
+        axes.append([(key.strip(), v.strip()) for v in values.split(",") if v.strip()])
+    variants = []
+    for combo in itertools.product(*axes):
+        label = ",".join(f"{k.split('.')[-1]}={v}" for k, v in combo)
+        variants.append(Variant(label, [f"{k}={v}" for k, v in combo]))
+    return variants
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", label)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+def budget_overrides(steps: int | None, tokens: int | None, eval_every: int) -> list[str]:
+    """The budget decides when a run ends: no wall-clock limit, no early stopping, epochs never run out."""
+    out = ["train.max_minutes=null", "train.epochs=100000", "train.patience=1000000",
+           f"train.eval_every={eval_every}"]
+    out.append(f"train.max_steps={steps}" if steps else "train.max_steps=null")
+    out.append(f"train.max_target_tokens={tokens}" if tokens else "train.max_target_tokens=null")
+    return out
+
+
+def find_run(root: Path) -> Path | None:
+    """The run directory under ``root`` that has a checkpoint (runs killed before their first are removed)."""
+    from utils.runs import discard_if_untrained
+
+    if not root.is_dir():
+        return None
+    runs = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    for run in runs:
+        discard_if_untrained(run)
+    runs = [p for p in runs if p.is_dir()]
+    return runs[-1] if runs else None
+
+
+def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
+    from utils.checkpoint import load_checkpoint
+
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    accumulate = _run_cfg(run).train.accumulate
+    if steps and state["trainer"]["iteration"] >= steps * accumulate:
+        return True
+    return bool(tokens) and int(state.get("tokens_seen", {}).get("tokens", 0)) >= tokens
+
+
+def _run_cfg(run: Path):
+    from utils.config import load_config
+
+    return load_config(run / "config.yaml")
+
+
+@dataclass
+class Job:
+    variant: Variant
+    seed: int
+    root: Path  # runs/study_<name>/runs/<variant>/seed<k>
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant.label} seed {self.seed}"
+
+
+def train_command(job: Job, config: str, budget: list[str]) -> list[str]:
+    run = find_run(job.root)
+    sets = [*job.variant.overrides, f"seed={job.seed}", *budget]
+    if run is None:
+        cmd = [sys.executable, "train.py", "--config", config, "--runs", str(job.root)]
+    else:  # a killed run continues from its last checkpoint; only the budget keys are set again
+        cmd = [sys.executable, "train.py", "--resume", str(run)]
+        sets = budget
+    return cmd + [x for s in sets for x in ("--set", s)]
+
+
+def run_commands(commands: list[tuple[str, list[str], Path]], devices: int) -> None:
+    """Run (label, argv, log) commands: one at a time, or one per GPU when there are several."""
+    pending = list(commands)
+    active: list[tuple[str, subprocess.Popen, Path]] = []
+    free = list(range(devices)) if devices > 1 else [None]
+    while pending or active:
+        while pending and free:
+            label, cmd, log = pending.pop(0)
+            device = free.pop(0)
+            env = dict(os.environ)
+            if device is not None:
+                env["CUDA_VISIBLE_DEVICES"] = str(device)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            print(f"  {label}: {' '.join(cmd[1:])}", flush=True)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+            proc.device = device  # type: ignore[attr-defined]
+            active.append((label, proc, log))
+        label, proc, log = active.pop(0)
+        if proc.wait() != 0:
+            raise SystemExit(f"study: {label} failed (exit {proc.returncode}); see {log}")
+        free.append(proc.device)  # type: ignore[attr-defined]
+
+
+def eval_file(run: Path, split: str, beam: int, checkpoint: str, tag: str | None) -> Path:
+    return run / "eval" / f"{split}.{checkpoint}.beam{beam}{'.' + tag if tag else ''}.json"
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def attention_file(run: Path, checkpoint: str) -> Path:
+    return run / "eval" / f"attention_stats.{checkpoint}.json"
+
+
+def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any]:
+    """Attention statistics of a run on its first ``sentences`` validation pairs (cached in the run)."""
+    out = attention_file(run, checkpoint)
+    if out.is_file():
+        return json.loads(out.read_text())
+    from data.sources import load_corpus
+    from utils.attention_stats import attention_statistics
+    from utils.io import atomic_write_text
+    from utils.runs import load_run
+    from utils.translate import encode_sources
+
+    loaded = load_run(run / "checkpoints" / f"{checkpoint}.pt", device="cpu")
+    valid = load_corpus(loaded.cfg.data)["validation"]
+    n = min(sentences, len(valid))
+    limit = loaded.model.max_length
+    src = encode_sources(loaded.tokenizer, list(valid["src"][:n]), limit, strict=False)
+    tgt = loaded.tokenizer.encode_tgt(list(valid["tgt"][:n]))
+    if limit is not None:
+        tgt = [t[: limit - 1] for t in tgt]
+    stats = attention_statistics(loaded.model, loaded.tokenizer.bos_id, list(zip(src, tgt, strict=True))).to_dict()
+    atomic_write_text(out, json.dumps(stats) + "\n")
+    return stats
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def paired_bootstrap(base: list[str], system: list[str], refs: list[str], samples: int) -> dict[str, Any]:
+    """sacreBLEU's paired bootstrap (BLEU and chrF): each system's mean and 95 % CI half-width, and the p-value
+    of the system's difference from the baseline."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    sigs, res = PairedTest([("baseline", base), ("system", system)], {"BLEU": BLEU(), "chrF": CHRF()}, [refs],
+                           test_type="bs", n_samples=samples)()
+    out: dict[str, Any] = {}
+    for metric, key in (("BLEU", "BLEU"), ("chrF", "chrF2")):  # sacreBLEU names the chrF results "chrF2"
+        b, s = res[key]
+        out[metric] = {"baseline": {"score": b.score, "mean": float(b.mean), "ci": float(b.ci)},
+                       "system": {"score": s.score, "mean": float(s.mean), "ci": float(s.ci)},
+                       "delta": s.score - b.score, "p_value": float(s.p_value), "signature": str(sigs[key])}
+    return out
+
+
+def valid_curve(run: Path) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run / "tb"))
+    ea.Reload()
+    if "valid/bleu" not in ea.Tags().get("scalars", []):
+        return []
+    return [(e.step, e.value) for e in ea.Scalars("valid/bleu")]
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(presets()), help="a ready-made study (sets config and grid)")
+    parser.add_argument("--config", help="the base config every variant starts from")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                        help="a grid axis (repeatable: the cross product of all axes)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="applied to every run")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant: 1..N (default 3)")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--steps", type=int, help="optimizer steps per run")
+    budget.add_argument("--tokens", type=int, help="target tokens per run")
+    parser.add_argument("--eval-every", type=int, help="validation every N iterations (default: a fifth of --steps)")
+    parser.add_argument("--name", help="study name: runs/study_<name>/ (default: the preset's name)")
+    parser.add_argument("--baseline", help="variant label the others are compared with (default: the first)")
+    parser.add_argument("--checkpoint", choices=["best", "last"], default="best",
+                        help="checkpoint scored (default best: the best validation BLEU within the budget)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap samples (default 1000)")
+    parser.add_argument("--attention-sentences", type=int, default=200, help="validation pairs for attention stats")
+    parser.add_argument("--max-sentences", type=int, help="score only the first N sentences of each split (quick)")
+    parser.add_argument("--runs", default="runs", help="folder for the study (default runs)")
+    args = parser.parse_args()
+
+    if args.preset:
+        preset = presets()[args.preset]
+        config, variants, baseline = args.config or preset.config, preset.variants, preset.baseline
+        if args.grid:
+            parser.error("--grid and --preset exclude each other")
+    elif args.config and args.grid:
+        config, variants, baseline = args.config, grid_variants(args.grid), None
+    else:
+        parser.error("give --preset NAME, or --config CONFIG with at least one --grid")
+    name = args.name or args.preset
+    if not name:
+        parser.error("--name is required without --preset")
+    for value, flag in ((args.seeds, "--seeds"), (args.steps or args.tokens, "--steps/--tokens"),
+                        (args.bootstrap, "--bootstrap"), (args.attention_sentences, "--attention-sentences")):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    labels = [v.label for v in variants]
+    baseline = args.baseline or baseline or labels[0]
+    if baseline not in labels:
+        parser.error(f"--baseline {baseline!r} is not a variant; variants: {', '.join(labels)}")
+
+    from utils.config import load_config
+
+    base_cfg = load_config(config, args.overrides)
+    for v in variants:  # every variant must load before anything runs
+        load_config(config, [*args.overrides, *v.overrides])
+        for extra in v.tests.values():
+            load_config(config, [*args.overrides, *v.overrides, *extra])
+    study = Path(args.runs) / f"study_{slug(name)}"
+    from utils.io import ensure_dir
+
+    ensure_dir(study, "the study folder")
+    eval_every = args.eval_every or max(1, (args.steps or 1000) // 5)
+    budget_sets = budget_overrides(args.steps, args.tokens, eval_every)
+    seeds = list(range(1, args.seeds + 1))
+    jobs = [Job(v, seed, study / "runs" / slug(v.label) / f"seed{seed}") for v in variants for seed in seeds]
+    import torch
+
+    devices = torch.cuda.device_count()
+    spec = {"command": " ".join(sys.argv), "config": config, "variants": [v.__dict__ for v in variants],
+            "baseline": baseline, "seeds": seeds, "steps": args.steps, "tokens": args.tokens,
+            "overrides": args.overrides, "checkpoint": args.checkpoint}
+    spec_file = study / "study.json"
+    if spec_file.is_file():
+        old = json.loads(spec_file.read_text())
+        for key in ("config", "variants", "steps", "tokens", "overrides"):
+            if old.get(key) != spec[key]:
+                raise ConfigError(f"{study} holds a study with another {key}; use another --name")
+    from utils.io import atomic_write_text
+
+    atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
+
+    # 1. Train what is not trained yet (resuming killed runs).
+    todo = []
+    for job in jobs:
+        run = find_run(job.root)
+        if run is not None and training_done(run, args.steps, args.tokens):
+            continue
+        todo.append((f"train {job.key}", train_command(job, config, [*args.overrides, *budget_sets]
+                                                       if run is None else budget_sets), job.root / "study.log"))
+    print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
+    run_commands(todo, devices)
+
+    # 2. Score every run on every test split, beam 5 and greedy (and each inference-only test variant).
+    todo = []
+    runs = {job.key: find_run(job.root) for job in jobs}
+    for job in jobs:
+        run = runs[job.key]
+        assert run is not None
+        for tag, extra in [(None, []), *job.variant.tests.items()]:
+            for beam in DECODERS.values():
+                splits = _run_cfg(run).data.test
+                if all(eval_file(run, s, beam, args.checkpoint, tag).is_file() for s in splits):
+                    continue
+                cmd = [sys.executable, "test.py", "--model_path", str(run / "checkpoints" / f"{args.checkpoint}.pt"),
+                       "--beam", str(beam)] + (["--tag", tag] if tag else [])
+                cmd += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
+                cmd += [x for s in extra for x in ("--set", s)]
+                todo.append((f"test {job.key} beam {beam}{' ' + tag if tag else ''}", cmd, job.root / "study.log"))
+    run_commands(todo, devices)
+
+    # 3. Attention statistics, aggregation, report.
+    for job in jobs:
+        compute_attention(runs[job.key], args.checkpoint, args.attention_sentences)
+    from bench.study_report import aggregate, write_report
+
+    results = aggregate(jobs, runs, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap)
+    write_report(study, spec, results)
+    print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    from utils.cli import run_main
+
+    run_main(main)

@@ -1,0 +1,255 @@
+"""bench/study.py's second half: gather every run's scores, compare with the baseline, write the report.
+
+``aggregate`` reads the eval JSON and hypotheses test.py wrote, the attention statistics and the
+validation curves, and computes means, standard deviations and paired bootstrap tests. ``write_report``
+writes ``results.json``, ``report.md``, ``figures/*.png`` and TensorBoard HParams summaries.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+DECODERS = {"beam5": 5, "greedy": 1}
+ALPHA = 0.05
+
+
+def _read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: str, checkpoint: str,
+              samples: int) -> dict[str, Any]:
+    """Every number of the study: per variant (and test variant), split and decoder."""
+    from bench.study import compute_attention, eval_file, mean_std, paired_bootstrap, valid_curve
+    from data.sources import load_corpus
+    from utils.config import load_config
+
+    labels = list(dict.fromkeys(job.variant.label for job in jobs))
+    seeds = sorted({job.seed for job in jobs})
+    by_key = {(job.variant.label, job.seed): job for job in jobs}
+    first = runs[jobs[0].key]
+    corpus = load_corpus(load_config(first / "config.yaml").data)
+    systems: dict[str, dict[str, Any]] = {}
+    for label in labels:
+        tags = [None, *by_key[(label, seeds[0])].variant.tests]
+        for tag in tags:
+            name = label if tag is None else f"{label}+{tag}"
+            entry: dict[str, Any] = {"variant": label, "test_variant": tag, "splits": {}}
+            for split in splits:
+                for decoder, beam in DECODERS.items():
+                    per_seed = []
+                    for seed in seeds:
+                        run = runs[by_key[(label, seed)].key]
+                        js = eval_file(run, split, beam, checkpoint, tag)
+                        scores = json.loads(js.read_text())
+                        scores["hyps"] = _read_lines(js.with_suffix(".hyp"))
+                        per_seed.append(scores)
+                    bleu = [s["bleu"] for s in per_seed]
+                    chrf = [s["chrf"] for s in per_seed]
+                    row = {"bleu": bleu, "chrf": chrf, "bleu_mean_std": mean_std(bleu), "chrf_mean_std": mean_std(chrf),
+                           "signature": per_seed[0]["bleu_signature"],
+                           "by_source_length": _bucket_means([s["by_source_length"] for s in per_seed]),
+                           "_hyps": [s["hyps"] for s in per_seed]}
+                    entry["splits"].setdefault(split, {})[decoder] = row
+            if tag is None:
+                entry["attention"] = [compute_attention(runs[by_key[(label, s)].key], checkpoint, 0) for s in seeds]
+                entry["valid_bleu"] = [valid_curve(runs[by_key[(label, s)].key]) for s in seeds]
+            systems[name] = entry
+
+    comparisons: dict[str, Any] = {}
+    for name, entry in systems.items():
+        if name == baseline:
+            continue
+        comparisons[name] = {}
+        for split in splits:
+            refs_one = list(corpus[split]["tgt"])
+            for decoder in DECODERS:
+                base_h = systems[baseline]["splits"][split][decoder]["_hyps"]
+                sys_h = entry["splits"][split][decoder]["_hyps"]
+                n = len(base_h[0])
+                refs = refs_one[:n] * len(seeds)
+                pooled_base = [h for hyps in base_h for h in hyps]
+                pooled_sys = [h for hyps in sys_h for h in hyps]
+                comparisons[name].setdefault(split, {})[decoder] = paired_bootstrap(pooled_base, pooled_sys, refs,
+                                                                                      samples)
+    for entry in systems.values():
+        for split in entry["splits"].values():
+            for row in split.values():
+                row.pop("_hyps")
+    return {"baseline": baseline, "seeds": seeds, "splits": splits, "systems": systems,
+            "comparisons": comparisons, "bootstrap_samples": samples, "alpha": ALPHA}
+
+
+def _bucket_means(per_seed: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    from bench.study import mean_std
+
+    out = []
+    for rows in zip(*per_seed, strict=True):
+        scored = [r["bleu"] for r in rows if r.get("n")]
+        out.append({"bucket": rows[0]["bucket"], "n": rows[0]["n"],
+                    "bleu_mean_std": mean_std(scored) if scored else None})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def _fmt(ms: tuple[float, float] | list[float] | None) -> str:
+    return "-" if ms is None else f"{ms[0]:.2f} ± {ms[1]:.2f}"
+
+
+def significance_lines(results: dict[str, Any]) -> list[str]:
+    """One sentence per comparison on beam 5: the difference, its p-value and what it means."""
+    k = max(1, sum(len(c) for c in results["comparisons"].values()))
+    lines = []
+    for name, per_split in results["comparisons"].items():
+        for split, per_dec in per_split.items():
+            c = per_dec["beam5"]["BLEU"]
+            p, d = c["p_value"], c["delta"]
+            if p < ALPHA / k:
+                verdict = f"significant (p < {ALPHA} even after Bonferroni over {k} comparisons)"
+            elif p < ALPHA:
+                verdict = f"significant at p < {ALPHA} alone, not after Bonferroni over {k} comparisons"
+            else:
+                verdict = "not resolved: the difference is within what resampling the test set gives"
+            lines.append(f"- {name} vs {results['baseline']} on {split}: {d:+.2f} BLEU (p = {p:.3f}), {verdict}.")
+    return lines
+
+
+def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None:
+    from utils.io import atomic_write_text
+
+    figures = study / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(study / "results.json", json.dumps({"spec": spec, **results}, indent=1) + "\n")
+    paths = _figures(results, figures)
+    _hparams(study, spec, results)
+    base = results["baseline"]
+    n_seeds = len(results["seeds"])
+    budget = f"{spec['steps']} optimizer steps" if spec.get("steps") else f"{spec['tokens']} target tokens"
+    out = [f"# Study: {Path(spec['config']).name}, {len(spec['variants'])} variants x {n_seeds} seeds, {budget} each",
+           "", f"Command: `{spec['command']}`", "",
+           f"Baseline: **{base}**. Checkpoint scored: {spec['checkpoint']}.pt. BLEU is sacreBLEU (signature below), "
+           f"mean ± standard deviation over {n_seeds} seeds; Δ is the paired bootstrap difference with the baseline on "
+           f"all seeds' hypotheses pooled ({results['bootstrap_samples']} samples), with the system's 95 % confidence "
+           "half-width and the p-value.", ""]
+    for decoder in ("beam5", "greedy"):
+        out += [f"## BLEU, {'beam 5' if decoder == 'beam5' else 'greedy'}", ""]
+        head = "| system | " + " | ".join(results["splits"]) + " |"
+        out += [head, "|---|" + "---|" * len(results["splits"])]
+        for name, entry in results["systems"].items():
+            cells = []
+            for split in results["splits"]:
+                row = entry["splits"][split][decoder]
+                cell = _fmt(row["bleu_mean_std"])
+                comp = results["comparisons"].get(name, {}).get(split, {}).get(decoder)
+                if comp:
+                    c = comp["BLEU"]
+                    mark = " *" if c["p_value"] < ALPHA else ""
+                    cell += f" (Δ {c['delta']:+.2f}, ±{c['system']['ci']:.2f}, p {c['p_value']:.3f}){mark}"
+                cells.append(cell)
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append("")
+    out += ["\\* p < 0.05 against the baseline (paired bootstrap).", "", "## What the intervals resolve", "",
+            *significance_lines(results), ""]
+    out += ["## chrF, beam 5", "", "| system | " + " | ".join(results["splits"]) + " |",
+            "|---|" + "---|" * len(results["splits"])]
+    for name, entry in results["systems"].items():
+        out.append(f"| {name} | " + " | ".join(_fmt(entry["splits"][s]["beam5"]["chrf_mean_std"])
+                                            for s in results["splits"]) + " |")
+    out += ["", "## Attention (validation sample; mean over heads and layers, then over seeds)", "",
+            "| variant | encoder distance | encoder entropy | decoder distance | decoder entropy | cross entropy "
+            "| cross diagonal (±2) |", "|---|---|---|---|---|---|---|"]
+    for name, entry in results["systems"].items():
+        if "attention" not in entry:
+            continue
+        vals = [_attention_mean(entry["attention"], kind, stat) for kind, stat in
+                (("encoder", "distance"), ("encoder", "entropy"), ("decoder", "distance"), ("decoder", "entropy"),
+                 ("cross", "entropy"), ("cross", "diagonal"))]
+        out.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
+    out += ["", "## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in paths]
+    sig = next(iter(results["systems"].values()))["splits"][results["splits"][0]]["beam5"]["signature"]
+    out += ["", f"sacreBLEU signature: `{sig}`", ""]
+    atomic_write_text(study / "report.md", "\n".join(out))
+
+
+def _attention_mean(per_seed: list[dict[str, Any]], kind: str, stat: str) -> float:
+    values = [v for s in per_seed for layer in s["stats"][kind][stat] for v in layer]
+    return sum(values) / len(values)
+
+
+def _figures(results: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for split in results["splits"]:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, entry in results["systems"].items():
+            rows = entry["splits"][split]["beam5"]["by_source_length"]
+            xs = [i for i, r in enumerate(rows) if r["bleu_mean_std"]]
+            ax.errorbar([x + 0.03 * len(paths) for x in xs], [rows[i]["bleu_mean_std"][0] for i in xs],
+                        yerr=[rows[i]["bleu_mean_std"][1] for i in xs], marker="o", capsize=3, label=name)
+        buckets = [r["bucket"] for r in next(iter(results["systems"].values()))["splits"][split]["beam5"][
+            "by_source_length"]]
+        ax.set_xticks(range(len(buckets)), buckets)
+        ax.set(xlabel="source length (subword tokens)", ylabel="BLEU (beam 5), mean ± std over seeds", title=split)
+        ax.legend(fontsize=7)
+        paths.append(_save(fig, out / f"bleu_by_length_{split}.png"))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, entry in results["systems"].items():
+        curves = [c for c in entry.get("valid_bleu", []) if c]
+        if not curves:
+            continue
+        steps = [s for s, _ in curves[0]]
+        means = [sum(c[i][1] for c in curves if i < len(c)) / len(curves) for i in range(len(steps))]
+        ax.plot(steps, means, marker=".", label=name)
+    ax.set(xlabel="training iteration", ylabel="validation BLEU (mean over seeds)")
+    ax.legend(fontsize=7)
+    paths.append(_save(fig, out / "valid_bleu.png"))
+    for kind, stats in (("encoder", ("distance", "entropy")), ("decoder", ("distance", "entropy")),
+                        ("cross", ("entropy", "diagonal"))):
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        for name, entry in results["systems"].items():
+            if "attention" not in entry:
+                continue
+            for ax, stat in zip(axes, stats, strict=True):
+                layers = [sum(sum(h) / len(h) for h in [s["stats"][kind][stat][i] for s in entry["attention"]])
+                          / len(entry["attention"]) for i in range(len(entry["attention"][0]["stats"][kind][stat]))]
+                ax.plot(range(1, len(layers) + 1), layers, marker="o", label=name)
+                ax.set(xlabel="layer", ylabel=stat, title=f"{kind} attention: {stat}")
+        axes[0].legend(fontsize=7)
+        paths.append(_save(fig, out / f"attention_{kind}.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _hparams(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None:
+    """One HParams summary per run, so TensorBoard's HParams tab lists and compares them."""
+    import shutil
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    shutil.rmtree(study / "tb", ignore_errors=True)  # rewritten whole: a re-run adds no duplicates
+    variants = {v["label"]: v for v in spec["variants"]}
+    for name, entry in results["systems"].items():
+        overrides = dict(o.split("=", 1) for o in variants[entry["variant"]]["overrides"])
+        for i, seed in enumerate(results["seeds"]):
+            hparams = {"variant": name, "seed": seed, **overrides}
+            metrics = {f"test/{split}/bleu_{dec}": entry["splits"][split][dec]["bleu"][i]
+                       for split in results["splits"] for dec in DECODERS}
+            writer = SummaryWriter(log_dir=str(study / "tb" / f"{name}_seed{seed}"))
+            writer.add_hparams(hparams, metrics, run_name=".")
+            writer.close()
