@@ -20,9 +20,10 @@ from the first batch, no validation inside the budget, then beam 5 on the three 
 
 Each system reports optimizer steps, target tokens/s, validation perplexity, peak resident memory of
 its training process, and per test set sacreBLEU, chrF and beam-5 sentences/s (reading, tokenizing,
-decoding and writing; model loading excluded). Results go to WORK/<system>/result.json (``--reuse``
-keeps finished systems) and WORK/report.md. Run it alone on the machine: timings are only comparable
-within one run.
+decoding and writing; model loading excluded). Our runs that kept periodic checkpoints
+(``train.keep_checkpoints``) are also scored with their last 5 averaged (``test.py --average 5``).
+Results go to WORK/<system>/result.json (``--reuse`` keeps finished systems) and WORK/report.md. Run it
+alone on the machine: timings are only comparable within one run.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.measure import run_measured  # noqa: E402
+from utils.checkpoint import periodic_checkpoints  # noqa: E402
 from utils.host import cpu_has_native_bf16  # noqa: E402
+from utils.runs import average_path  # noqa: E402
 from utils.trainer import read_summary  # noqa: E402
 
 TEST_SETS = ["test.tatoeba", "test.multi30k-2016", "test.iwslt-tst2010"]
@@ -61,6 +64,7 @@ PROTOCOL = [
     "decode.beam=5",
 ]
 SYSTEMS = {"eole", "ours", "ours-fp32", "ours-defaults"}
+AVERAGE = 5  # our runs are also scored with their last 5 periodic checkpoints averaged, when they kept them
 
 
 def shared_data() -> Path:
@@ -82,10 +86,23 @@ def run_ours(work: Path, minutes: float, overrides: list[str], python: str) -> d
     result = {**stats, "peak_rss_mb": rss, "run_dir": str(run_dir), "tests": {}}
     cmd = [python, "test.py", "--model_path", str(run_dir), "--beam", "5"]
     run_measured(cmd, work / "test.log")
-    for name in TEST_SETS:
-        entry = json.loads(next((run_dir / "eval").glob(f"{name}.*.beam5.json")).read_text())
-        result["tests"][name] = {k: entry[k] for k in ("bleu", "chrf", "sentences_per_s")}
+    checkpoint = "best" if (run_dir / "checkpoints" / "best.pt").is_file() else "last"
+    result["tests"] = read_scores(run_dir, checkpoint)
+    kept = periodic_checkpoints(run_dir / "checkpoints")
+    if len(kept) >= AVERAGE:  # the same run scored with its last checkpoints averaged
+        run_measured(cmd + ["--average", str(AVERAGE)], work / "test_average.log")
+        result["tests_average"] = read_scores(run_dir, average_path(run_dir, kept[-AVERAGE:]).stem)
+        result["averaged"] = [p.stem for p in kept[-AVERAGE:]]
     return result
+
+
+def read_scores(run_dir: Path, checkpoint: str) -> dict[str, dict[str, float]]:
+    """BLEU, chrF and sentences/s per test set from test.py's JSON for ``checkpoint`` (a file stem), beam 5."""
+    out = {}
+    for name in TEST_SETS:
+        entry = json.loads((run_dir / "eval" / f"{name}.{checkpoint}.beam5.json").read_text())
+        out[name] = {k: entry[k] for k in ("bleu", "chrf", "sentences_per_s")}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- eole
@@ -247,6 +264,11 @@ def table(results: dict[str, dict], minutes: float) -> str:
         row(f"chrF {name}", lambda r, n=name: r["tests"][n]["chrf"], "{:.2f}")
     for name in TEST_SETS:
         row(f"beam-5 sentences/s {name}", lambda r, n=name: r["tests"][n]["sentences_per_s"], "{:.1f}")
+    averaged = [n for n in names if "tests_average" in results[n]]
+    for name in TEST_SETS if averaged else []:
+        cells = [f"{results[n]['tests_average'][name]['bleu']:.2f}" if n in averaged else "-" for n in names]
+        lines.append(f"| sacreBLEU {name}, last {AVERAGE} checkpoints averaged | " + " | ".join(cells)
+                     + " | -" * len(ratio_names) + " |")
     if "eole" in results:
         lines.append("")
         for n in ratio_names:
@@ -288,7 +310,9 @@ def main() -> int:
     data = shared_data()
     if not (data / "bench" / "fr-en" / "train.fr").is_file():
         parser.error(f"bench data not found under {data} (set FR2EN_SHARED_DATA)")
-    work = (ROOT / args.work).resolve()
+    from utils.io import ensure_dir
+
+    work = ensure_dir((ROOT / args.work).resolve(), "--work")
     results = {}
     for system in systems:
         out = work / system / "result.json"
@@ -319,4 +343,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from utils.cli import run_main
+
+    run_main(main)

@@ -599,6 +599,49 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
             "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
 
 
+def time_ctranslate2(run: Any, sources: list[str], refs: list[str], decoders: dict[str, Any],
+                     ours: dict[str, list[str]]) -> dict[str, Any]:
+    """The same model exported to CTranslate2 (float32 and int8 weights), greedy and beam with the K-finished
+    rule (CTranslate2's own): sent/s including tokenizing and detokenizing, as ours. Empty without ctranslate2."""
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        print("  (ctranslate2 not installed: pip install '.[export]' to time the CTranslate2 export)", flush=True)
+        return {}
+    import tempfile
+
+    import torch
+
+    from utils.export_ct2 import CT2Model, export
+    from utils.metrics import corpus_scores
+
+    out: dict[str, Any] = {}
+    n = len(sources)
+    with tempfile.TemporaryDirectory() as tmp:
+        for quantization in (None, "int8"):
+            folder = Path(tmp) / str(quantization)
+            export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, folder, quantization)
+            engine = CT2Model(folder, threads=torch.get_num_threads())
+            for label, decode in decoders.items():
+                if label.endswith("stop=bound"):
+                    continue
+                engine.translate(sources[:8], decode)
+                start = time.perf_counter()
+                hyps = [best[0] for best in engine.translate(sources, decode)]
+                took = time.perf_counter() - start
+                name = f"CTranslate2 {quantization or 'float32'}, {label.split(',')[0]}"
+                texts = [h.text for h in hyps]
+                out[name] = {"sent_per_s": n / took, "seconds": took,
+                             "out_tokens": sum(len(h.tokens) for h in hyps) / n,
+                             "bleu": corpus_scores(texts, refs, run.cfg.tokenizer.lowercase).bleu,
+                             # identical outputs: with our decoder of the same rule, and with our default rule
+                             "same_as_ours": sum(a == b for a, b in zip(texts, ours[label], strict=True)),
+                             "same_as_default": sum(a == b for a, b in zip(
+                                 texts, ours[label.replace("k_finished", "bound")], strict=True))}
+                print(f"  trained model, {name}: {n / took:.1f} sent/s", flush=True)
+    return out
+
+
 def time_trained_decoding(model_path: str, sentences: int, beam: int, device: str,
                           profile_to: Path | None = None) -> dict[str, Any]:
     """A trained model (a run directory) on the first ``sentences`` of TEST_SPLIT: greedy, then beam search
@@ -621,16 +664,19 @@ def time_trained_decoding(model_path: str, sentences: int, beam: int, device: st
         decoders[f"beam {beam}, stop={rule}"] = dataclasses.replace(run.cfg.decode, beam=beam, nbest=1, beam_stop=rule)
     out: dict[str, Any] = {"model": str(run.checkpoint), "sentences": n, "lenpen": run.cfg.decode.lenpen,
                            "batch_size": run.cfg.decode.batch_size, "decoders": {}}
+    texts: dict[str, list[str]] = {}
     for label, decode in decoders.items():
         translate_ids(run.model, run.tokenizer, encode_sources(run.tokenizer, sources[:8], None, strict=False), decode)
         start = time.perf_counter()
         ids = encode_sources(run.tokenizer, sources, run.model.max_length, strict=False)
         hyps = [best[0] for best in translate_ids(run.model, run.tokenizer, ids, decode)]
         took = time.perf_counter() - start
+        texts[label] = [h.text for h in hyps]
         out["decoders"][label] = {"sent_per_s": n / took, "seconds": took,
                                   "out_tokens": sum(len(h.tokens) for h in hyps) / n,
                                   "bleu": corpus_scores([h.text for h in hyps], refs, run.cfg.tokenizer.lowercase).bleu}
         print(f"  trained model, {label}: {n / took:.1f} sent/s", flush=True)
+    out["decoders"].update(time_ctranslate2(run, sources, refs, decoders, texts))
     if profile_to is not None:
         from torch.profiler import ProfilerActivity, profile
 
@@ -793,9 +839,12 @@ def real_sections(res: dict[str, dict], meta: dict) -> list[str]:
         lines += ["", f"Trained model ({trained['model']}): the first {trained['sentences']} sentences of "
                   f"{TEST_SPLIT}, batches of {trained['batch_size']}, lenpen {trained['lenpen']:g}, "
                   "tokenizing and detokenizing included", "",
-                  "| decoder | sent/s | mean output tokens | sacreBLEU |", "|---|---|---|---|"]
+                  "| decoder | sent/s | mean output tokens | sacreBLEU | outputs identical to ours: same rule / "
+                  "our default (bound) |", "|---|---|---|---|---|"]
         for label, r in trained["decoders"].items():
-            lines.append(f"| {label} | {_fmt(r['sent_per_s'])} | {_fmt(r['out_tokens'])} | {_fmt(r['bleu'], 2)} |")
+            same = f"{r['same_as_ours']} / {r['same_as_default']}" if "same_as_ours" in r else ""
+            lines.append(f"| {label} | {_fmt(r['sent_per_s'])} | {_fmt(r['out_tokens'])} | {_fmt(r['bleu'], 2)} | "
+                         f"{same} |")
     return lines
 
 
@@ -874,7 +923,9 @@ def main() -> int:
             corpus_cache.append(load_corpus(cfg.data))
         return corpus_cache[0]
 
-    out.mkdir(parents=True, exist_ok=True)
+    from utils.io import ensure_dir
+
+    ensure_dir(out, "--out")
     tok, tok_path = get_tokenizer(cfg, out, corpus)
     splits = load_or_build(cfg, tok, corpus, ["train", TEST_SPLIT])
     inputs = make_inputs(cfg, tok, splits, max_tokens, warmup + steps, sentences)

@@ -81,3 +81,27 @@ def test_report_lists_variants_after_the_defaults_and_before_eole() -> None:
     report = peers.table({"eole": r, "ours-defaults+b": r, "ours-defaults": r, "ours-defaults+a": r}, 30)
     assert report.splitlines()[0].startswith("| 30 min, then beam 5 | ours-defaults | ours-defaults+a | "
                                              "ours-defaults+b | eole |")
+
+
+def test_bench_scripts_answer_bad_paths_with_one_line(tmp_path: Path) -> None:
+    import subprocess
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for cmd, message in (
+        (["bench/peers.py", "--systems", "ours", "--work", str(afile)], f"--work {afile} exists and is not a folder"),
+        (["bench/speed.py", "--parts", "trained", "--model_path", str(tmp_path / "missing")], "missing: not found"),
+        (["bench/study.py", "--preset", "seed-table", "--steps", "10", "--runs", str(afile)],
+         "cannot create it (Not a directory)"),
+    ):
+        res = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, (cmd, res.stderr)
+        assert message in res.stderr.strip().splitlines()[-1], (cmd, res.stderr)
+
+
+def test_report_adds_averaged_checkpoint_rows_when_a_run_has_them() -> None:
+    ours = result(1500, 3000.0, [36.0, 32.0, 5.0], [150.0, 90.0, 60.0])
+    ours["tests_average"] = {t: {"bleu": b, "chrf": 50.0, "sentences_per_s": 1.0}
+                             for t, b in zip(peers.TEST_SETS, [37.0, 33.5, 5.5], strict=True)}
+    report = peers.table({"ours": ours, "eole": result(1000, 1500.0, [35.0, 32.5, 4.0], [1.0, 1.0, 1.0])}, 44)
+    assert "| sacreBLEU test.tatoeba, last 5 checkpoints averaged | 37.00 | - | - |" in report.splitlines()
