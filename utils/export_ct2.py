@@ -250,7 +250,7 @@ class CT2Model:
         for cap, rows in groups.items():
             out = self.translator.translate_batch(
                 [tok.id_to_token(ids[i]) for i in rows], beam_size=k, num_hypotheses=k, length_penalty=0.0,
-                max_decoding_length=cap + 1, min_decoding_length=0, return_scores=True, return_end_token=True,
+                max_decoding_length=cap, min_decoding_length=0, return_scores=True, return_end_token=True,
                 max_batch_size=decode.batch_size)
             for i, res in zip(rows, out, strict=True):
                 hyps = []
