@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import pickle
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -72,10 +71,10 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(f"{path} holds Python objects beyond tensors and numbers: refused, "
-                              "this toolkit never unpickles checkpoints") from None
     except Exception as e:  # noqa: BLE001 - a damaged archive raises many kinds
+        if type(e).__name__ == "UnpicklingError":  # weights_only refused a Python object
+            raise CheckpointError(f"{path} holds Python objects beyond tensors and numbers: refused, "
+                                  "this toolkit never unpickles checkpoints") from None
         raise CheckpointError(f"checkpoint {path} is damaged ({type(e).__name__})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a checkpoint of this toolkit (it holds a {type(state).__name__})")
