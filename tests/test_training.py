@@ -19,7 +19,7 @@ from data.cache import load_or_build
 from data.sources import load_corpus
 from tokenizer import load_tokenizer
 from utils.checkpoint import CheckpointError, load_checkpoint
-from utils.runs import create_run_dir, load_run
+from utils.runs import create_run_dir, load_run, resolve_checkpoint
 from utils.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,6 +359,53 @@ ck.torch.save = slow_save
 cfg = load_config(run / "config.yaml")
 train(cfg, run)
 """
+
+
+PAUSE_CHILD = """
+import sys, time
+from pathlib import Path
+import utils.checkpoint as ck
+from utils.config import load_config
+from utils.trainer import train
+
+run, marker, pause_after = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+saves = {"n": 0}
+real_save = ck.torch.save
+
+def save_then_pause(obj, f, *a, **k):  # complete checkpoints, then a pause in which the parent kills us
+    real_save(obj, f, *a, **k)
+    saves["n"] += 1
+    if saves["n"] == pause_after:
+        marker.write_text("saved")
+        time.sleep(600)
+
+ck.torch.save = save_then_pause
+train(load_config(run / "config.yaml"), run)
+"""
+
+
+def test_a_run_killed_between_validations_resumes_from_its_last_periodic_checkpoint(
+        tmp_path: Path, tiny_config) -> None:
+    # Validation (which used to be the only writer of last.pt besides a clean stop) never comes: every
+    # periodic checkpoint must refresh the resume point, or kill -9 leaves weights that cannot resume.
+    cfg = tiny_config(tmp_path, max_steps=12, eval_every=1000, epochs=100, keep_checkpoints=2, checkpoint_every=3)
+    run = create_run_dir(cfg, tmp_path / "runs")
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", PAUSE_CHILD, str(run), str(marker), "5"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), "the child never reached its fifth checkpoint write"  # step_9.pt, after last.pt at 6
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    ckpt = run / "checkpoints"
+    assert {"last.pt", "step_6.pt"} <= {p.name for p in ckpt.glob("*.pt")}
+    assert load_checkpoint(ckpt / "last.pt")["trainer"]["iteration"] == 6
+    assert resolve_checkpoint(run)[1] == ckpt / "last.pt"  # the run loads for inference too
+    train(cfg, run, resume=True)
+    assert load_checkpoint(ckpt / "last.pt")["trainer"]["iteration"] == 12
+    assert sorted(p.name for p in ckpt.glob("step_*.pt")) == ["step_12.pt", "step_9.pt"]
 
 
 @pytest.mark.parametrize("pause_at", [1, 4])  # the very first checkpoint, and one replacing an existing one

@@ -173,7 +173,7 @@ class TrainConfig:
     valid_beam: int = num(1, ge=1)  # beam used for validation BLEU (1 = greedy)
     log_every: int = num(50, ge=1)
     keep_checkpoints: int = num(0, ge=0)  # keep the last K periodic checkpoints (step_<iteration>.pt) to average
-    checkpoint_every: int = num(0, ge=0)  # periodic checkpoints every N iterations; 0 = at each validation
+    checkpoint_every: int = num(0, ge=0)  # periodic checkpoints (+ last.pt) every N iterations; 0 = each validation
     log_attention_every: int = num(0, ge=0)  # epochs between attention-map images in TensorBoard; 0 = off
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU

@@ -155,7 +155,7 @@ class AtomicSaver(BaseSaveHandler):
     def __call__(self, checkpoint: dict[str, Any], filename: str, metadata: dict | None = None) -> None:
         if idist.get_rank() == 0:  # in data-parallel training only rank 0 writes
             save_checkpoint(self.dirname / filename, checkpoint)
-            if self.on_first_save is not None:
+            if self.on_first_save is not None and filename in self.fixed_names:  # a run one can load or resume
                 self.on_first_save()
                 self.on_first_save = None
 
@@ -537,7 +537,12 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
         last(engine)
 
     if periodic is not None and t.checkpoint_every:
-        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=t.checkpoint_every), periodic)
+
+        def save_periodic(engine: Engine) -> None:  # and the resume point, so a killed run loses < N steps
+            periodic(engine)
+            last(engine)
+
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=t.checkpoint_every), save_periodic)
     eval_event = Events.ITERATION_COMPLETED(every=t.eval_every) if t.eval_every > 0 else Events.EPOCH_COMPLETED
     trainer.add_event_handler(eval_event, run_validation)
 
