@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -119,6 +120,11 @@ def slug(label: str) -> str:
 # ---------------------------------------------------------------------------------------------- runs
 
 
+STUDY_KEYS = {"seed": "--seeds", "train.max_steps": "--steps", "train.max_target_tokens": "--tokens",
+              "train.max_minutes": "never wall time", "train.epochs": "the budget", "train.patience": "the budget",
+              "train.eval_every": "--eval-every"}
+
+
 def budget_overrides(steps: int | None, tokens: int | None, eval_every: int) -> list[str]:
     """The budget decides when a run ends: no wall-clock limit, no early stopping, epochs never run out."""
     out = ["train.max_minutes=null", "train.epochs=100000", "train.patience=1000000",
@@ -136,7 +142,8 @@ def find_run(root: Path) -> Path | None:
         return None
     runs = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
     for run in runs:
-        discard_if_untrained(run)
+        if not discard_if_untrained(run) and not (run / "checkpoints" / "last.pt").is_file():
+            shutil.rmtree(run)  # killed between a periodic checkpoint and its last.pt: nothing to resume from
     runs = [p for p in runs if p.is_dir()]
     return runs[-1] if runs else None
 
@@ -168,9 +175,10 @@ class Job:
         return f"{self.variant.label} seed {self.seed}"
 
 
-def train_command(job: Job, config: str, budget: list[str]) -> list[str]:
+def train_command(job: Job, config: str, overrides: list[str], budget: list[str]) -> list[str]:
+    """train.py for a job: the study's ``--set`` first, the variant's keys over them, then the seed and budget."""
     run = find_run(job.root)
-    sets = [*job.variant.overrides, f"seed={job.seed}", *budget]
+    sets = [*overrides, *job.variant.overrides, f"seed={job.seed}", *budget]
     if run is None:
         cmd = [sys.executable, "train.py", "--config", config, "--runs", str(job.root)]
     else:  # a killed run continues from its last checkpoint; only the budget keys are set again
@@ -198,6 +206,10 @@ def run_commands(commands: list[tuple[str, list[str], Path]], devices: int) -> N
             active.append((label, proc, log))
         label, proc, log = active.pop(0)
         if proc.wait() != 0:
+            for _, other, _ in active:  # stop the others (a signal makes train.py save last.pt): rerun resumes
+                other.terminate()
+            for _, other, _ in active:
+                other.wait()
             raise SystemExit(f"study: {label} failed (exit {proc.returncode}); see {log}")
         free.append(proc.device)  # type: ignore[attr-defined]
 
@@ -243,20 +255,52 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def paired_bootstrap(base: list[str], system: list[str], refs: list[str], samples: int) -> dict[str, Any]:
-    """sacreBLEU's paired bootstrap (BLEU and chrF): each system's mean and 95 % CI half-width, and the p-value
-    of the system's difference from the baseline."""
-    from sacrebleu.metrics import BLEU, CHRF
-    from sacrebleu.significance import PairedTest
+def paired_bootstrap(base: Sequence[Sequence[str]], system: Sequence[Sequence[str]], refs: Sequence[str],
+                     samples: int, lowercase: bool = False) -> dict[str, Any]:
+    """Paired bootstrap resampling (Koehn 2004) of two seed-pooled systems, ``[seeds][sentences]`` hypotheses
+    each: BLEU and chrF of each system with its 95 % CI half-width, and the p-value of their difference.
 
-    sigs, res = PairedTest([("baseline", base), ("system", system)], {"BLEU": BLEU(), "chrF": CHRF()}, [refs],
-                           test_type="bs", n_samples=samples)()
+    It is sacreBLEU's test (``PairedTest(test_type="bs")``: its metrics, sufficient statistics, resampling,
+    ``estimate_ci`` and ``_compute_p_value``), with one change: the unit resampled is a test sentence, whose
+    statistics are summed over the seeds. The seeds' copies of one sentence are not independent draws from
+    the test population; resampling them as separate segments would narrow the intervals by about
+    sqrt(seeds) and overstate significance. With one seed it is exactly sacreBLEU's test.
+    """
+    import numpy as np
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import _compute_p_value, estimate_ci
+
+    n = len(refs)
+    if any(len(h) != n for h in [*base, *system]):
+        raise ValueError("every seed's hypotheses must cover the same sentences as the references")
+    seed = os.environ.get("SACREBLEU_SEED", "12345")  # sacreBLEU's default, so one seed reproduces its test
+    rng = np.random.default_rng(None if seed.lower() == "none" else int(seed))
+    idxs = rng.choice(n, size=(samples, n), replace=True)
     out: dict[str, Any] = {}
-    for metric, key in (("BLEU", "BLEU"), ("chrF", "chrF2")):  # sacreBLEU names the chrF results "chrF2"
-        b, s = res[key]
-        out[metric] = {"baseline": {"score": b.score, "mean": float(b.mean), "ci": float(b.ci)},
-                       "system": {"score": s.score, "mean": float(s.mean), "ci": float(s.ci)},
-                       "delta": s.score - b.score, "p_value": float(s.p_value), "signature": str(sigs[key])}
+    for name, metric in (("BLEU", BLEU(lowercase=lowercase)), ("chrF", CHRF(lowercase=lowercase))):
+        def sentence_stats(hyps_by_seed: Sequence[Sequence[str]], metric: Any = metric) -> np.ndarray:
+            per_seed = [np.array(metric._extract_corpus_statistics(list(h), [list(refs)]), dtype="float32")
+                        for h in hyps_by_seed]
+            return np.sum(per_seed, axis=0)  # [sentences, statistics]: a sentence's counts over all seeds
+
+        scores = {}
+        for side, hyps in (("baseline", base), ("system", system)):
+            stats = sentence_stats(hyps)
+            full = metric._compute_score_from_stats(stats.sum(0)).score
+            resampled = np.array([metric._compute_score_from_stats(stats[i].sum(0)).score for i in idxs])
+            scores[side] = (full, resampled)
+        (b_full, b_res), (s_full, s_res) = scores["baseline"], scores["system"]
+        diffs = np.abs(s_res - b_res)
+        p = _compute_p_value(diffs - diffs.mean(), abs(s_full - b_full))
+        sig = metric.get_signature()
+        sig.update("seed", seed.lower())
+        sig.update("bs", samples)
+        row: dict[str, Any] = {"delta": float(s_full - b_full), "p_value": float(p), "seeds": len(base),
+                               "signature": f"{sig}|unit:sentence,{len(base)}-seed-pooled"}
+        for side, (full, res) in (("baseline", (b_full, b_res)), ("system", (s_full, s_res))):
+            mean, ci = estimate_ci(res)
+            row[side] = {"score": float(full), "mean": float(mean), "ci": float(ci)}
+        out[name] = row
     return out
 
 
@@ -308,10 +352,15 @@ def main() -> int:
     name = args.name or args.preset
     if not name:
         parser.error("--name is required without --preset")
-    for value, flag in ((args.seeds, "--seeds"), (args.steps or args.tokens, "--steps/--tokens"),
-                        (args.bootstrap, "--bootstrap"), (args.attention_sentences, "--attention-sentences")):
-        if value < 1:
+    for value, flag in ((args.seeds, "--seeds"), (args.steps, "--steps"), (args.tokens, "--tokens"),
+                        (args.bootstrap, "--bootstrap"), (args.attention_sentences, "--attention-sentences"),
+                        (args.eval_every, "--eval-every"), (args.max_sentences, "--max-sentences")):
+        if value is not None and value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
+    for item in args.overrides:  # what the study itself decides per run
+        key = item.partition("=")[0].strip()
+        if key in STUDY_KEYS:
+            parser.error(f"--set {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
     labels = [v.label for v in variants]
     baseline = args.baseline or baseline or labels[0]
     if baseline not in labels:
@@ -337,11 +386,11 @@ def main() -> int:
     devices = torch.cuda.device_count()
     spec = {"command": " ".join(sys.argv), "config": config, "variants": [v.__dict__ for v in variants],
             "baseline": baseline, "seeds": seeds, "steps": args.steps, "tokens": args.tokens,
-            "overrides": args.overrides, "checkpoint": args.checkpoint}
+            "overrides": args.overrides, "checkpoint": args.checkpoint, "max_sentences": args.max_sentences}
     spec_file = study / "study.json"
     if spec_file.is_file():
         old = json.loads(spec_file.read_text())
-        for key in ("config", "variants", "steps", "tokens", "overrides"):
+        for key in ("config", "variants", "steps", "tokens", "overrides", "max_sentences"):
             if old.get(key) != spec[key]:
                 raise ConfigError(f"{study} holds a study with another {key}; use another --name")
     from utils.io import atomic_write_text
@@ -354,8 +403,8 @@ def main() -> int:
         run = find_run(job.root)
         if run is not None and training_done(run, args.steps, args.tokens):
             continue
-        todo.append((f"train {job.key}", train_command(job, config, [*args.overrides, *budget_sets]
-                                                       if run is None else budget_sets), job.root / "study.log"))
+        todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
+                     job.root / "study.log"))
     print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
     run_commands(todo, devices)
 

@@ -8,6 +8,7 @@ writes ``results.json``, ``report.md``, ``figures/*.png`` and TensorBoard HParam
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
     seeds = sorted({job.seed for job in jobs})
     by_key = {(job.variant.label, job.seed): job for job in jobs}
     first = runs[jobs[0].key]
-    corpus = load_corpus(load_config(first / "config.yaml").data)
+    first_cfg = load_config(first / "config.yaml")
+    corpus = load_corpus(first_cfg.data)
     systems: dict[str, dict[str, Any]] = {}
     for label in labels:
         tags = [None, *by_key[(label, seeds[0])].variant.tests]
@@ -68,12 +70,9 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
             for decoder in DECODERS:
                 base_h = systems[baseline]["splits"][split][decoder]["_hyps"]
                 sys_h = entry["splits"][split][decoder]["_hyps"]
-                n = len(base_h[0])
-                refs = refs_one[:n] * len(seeds)
-                pooled_base = [h for hyps in base_h for h in hyps]
-                pooled_sys = [h for hyps in sys_h for h in hyps]
-                comparisons[name].setdefault(split, {})[decoder] = paired_bootstrap(pooled_base, pooled_sys, refs,
-                                                                                      samples)
+                refs = refs_one[: len(base_h[0])]
+                comparisons[name].setdefault(split, {})[decoder] = paired_bootstrap(
+                    base_h, sys_h, refs, samples, first_cfg.tokenizer.lowercase)
     for entry in systems.values():
         for split in entry["splits"].values():
             for row in split.values():
@@ -103,7 +102,14 @@ def _fmt(ms: tuple[float, float] | list[float] | None) -> str:
 def significance_lines(results: dict[str, Any]) -> list[str]:
     """One sentence per comparison on beam 5: the difference, its p-value and what it means."""
     k = max(1, sum(len(c) for c in results["comparisons"].values()))
+    floor = 1 / (results["bootstrap_samples"] + 1)  # the smallest p-value the resampling can give
     lines = []
+    if floor >= ALPHA / k:
+        need = math.ceil(k / ALPHA)
+        lines.append(f"- With {results['bootstrap_samples']} bootstrap samples no p-value can go below {floor:.4f}, "
+                     f"so none can pass Bonferroni over {k} comparisons ({ALPHA}/{k}); rerun with --bootstrap {need} "
+                     "or more to test that.")
+    base = results["baseline"]
     for name, per_split in results["comparisons"].items():
         for split, per_dec in per_split.items():
             c = per_dec["beam5"]["BLEU"]
@@ -114,7 +120,10 @@ def significance_lines(results: dict[str, Any]) -> list[str]:
                 verdict = f"significant at p < {ALPHA} alone, not after Bonferroni over {k} comparisons"
             else:
                 verdict = "not resolved: the difference is within what resampling the test set gives"
-            lines.append(f"- {name} vs {results['baseline']} on {split}: {d:+.2f} BLEU (p = {p:.3f}), {verdict}.")
+            stds = [results["systems"][x]["splits"][split]["beam5"]["bleu_mean_std"][1] for x in (name, base)]
+            if len(results["seeds"]) > 1 and abs(d) < max(stds):
+                verdict += f"; it is also smaller than the seed-to-seed standard deviation ({max(stds):.2f})"
+            lines.append(f"- {name} vs {base} on {split}: {d:+.2f} BLEU (p = {p:.3f}), {verdict}.")
     return lines
 
 
@@ -133,7 +142,8 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
            "", f"Command: `{spec['command']}`", "",
            f"Baseline: **{base}**. Checkpoint scored: {spec['checkpoint']}.pt. BLEU is sacreBLEU (signature below), "
            f"mean ± standard deviation over {n_seeds} seeds; Δ is the paired bootstrap difference with the baseline on "
-           f"all seeds' hypotheses pooled ({results['bootstrap_samples']} samples), with the system's 95 % confidence "
+           f"all seeds' hypotheses pooled ({results['bootstrap_samples']} samples, sacreBLEU's test resampling test "
+           "sentences with each sentence's statistics summed over the seeds), with the system's 95 % confidence "
            "half-width and the p-value.", ""]
     for decoder in ("beam5", "greedy"):
         out += [f"## BLEU, {'beam 5' if decoder == 'beam5' else 'greedy'}", ""]

@@ -107,3 +107,84 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert again.returncode == 0 and "4 runs, 4 trained, 0 to train" in again.stdout
     assert "  test " not in again.stdout  # every evaluation was already there
     assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs
+
+
+def _systems() -> tuple[list[str], list[str], list[str]]:
+    refs = (ROOT / "data" / "demo" / "test.en").read_text(encoding="utf-8").splitlines()
+    base = [" ".join(r.split()[:-1]) if i % 2 else r for i, r in enumerate(refs)]  # last word dropped, every other
+    system = [" ".join(r.split()[1:]) if i % 3 == 0 else r for i, r in enumerate(refs)]
+    return refs, base, system
+
+
+def test_paired_bootstrap_is_sacrebleus_for_one_seed_and_seed_copies_add_no_evidence() -> None:
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    refs, base, system = _systems()
+    one = study.paired_bootstrap([base], [system], refs, 200)
+    _, theirs = PairedTest([("baseline", base), ("system", system)], {"BLEU": BLEU(), "chrF": CHRF()}, [refs],
+                           test_type="bs", n_samples=200)()
+    for metric, key in (("BLEU", "BLEU"), ("chrF", "chrF2")):
+        b, s = theirs[key]
+        assert one[metric]["p_value"] == pytest.approx(s.p_value)
+        assert one[metric]["system"]["ci"] == pytest.approx(s.ci, abs=1e-4)
+        assert one[metric]["baseline"]["ci"] == pytest.approx(b.ci, abs=1e-4)
+        assert one[metric]["delta"] == pytest.approx(s.score - b.score)
+    # Three seeds that happen to translate alike are one test set, not three: the interval must not shrink
+    # (pooling the copies as separate segments, as sacreBLEU would see them, narrows it by about sqrt(3)).
+    three = study.paired_bootstrap([base] * 3, [system] * 3, refs, 200)
+    assert three["BLEU"]["system"]["ci"] == pytest.approx(one["BLEU"]["system"]["ci"], rel=1e-3)
+    assert three["BLEU"]["p_value"] == pytest.approx(one["BLEU"]["p_value"])
+    _, pooled = PairedTest([("baseline", base * 3), ("system", system * 3)], {"BLEU": BLEU()}, [refs * 3],
+                           test_type="bs", n_samples=200)()
+    assert pooled["BLEU"][1].ci < 0.75 * one["BLEU"]["system"]["ci"]
+    assert "unit:sentence,3-seed-pooled" in three["BLEU"]["signature"] and "bs:200" in three["BLEU"]["signature"]
+    lower = study.paired_bootstrap([[h.upper() for h in base]], [system], refs, 50, lowercase=True)
+    assert lower["BLEU"]["baseline"]["score"] == pytest.approx(one["BLEU"]["baseline"]["score"])
+
+
+def test_significance_lines_say_when_bonferroni_is_out_of_reach_and_when_seeds_vary_more() -> None:
+    from study_report import significance_lines
+
+    def split(mean: float, std: float) -> dict:
+        return {"t": {"beam5": {"bleu_mean_std": [mean, std]}}}
+
+    comp = {f"s{i}": {"t": {"beam5": {"BLEU": {"p_value": 0.0099, "delta": 0.5}}}} for i in range(6)}
+    results = {"baseline": "b", "seeds": [1, 2, 3], "bootstrap_samples": 100, "comparisons": comp,
+               "systems": {"b": {"splits": split(20.0, 1.5)},
+                           **{f"s{i}": {"splits": split(20.5, 0.2)} for i in range(6)}}}
+    lines = significance_lines(results)
+    assert "no p-value can go below 0.0099" in lines[0] and "--bootstrap 120" in lines[0]
+    assert "significant at p < 0.05 alone" in lines[1]
+    assert "smaller than the seed-to-seed standard deviation (1.50)" in lines[1]
+
+
+def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_path: Path) -> None:
+    job = study.Job(study.Variant("rope", ["model.attention_pe=rope"]), 2, tmp_path / "rope" / "seed2")
+    cmd = study.train_command(job, "configs/demo.yaml", ["model.attention_pe=none", "model.d_model=32"],
+                              ["train.max_steps=8"])
+    sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
+    assert sets == ["model.attention_pe=none", "model.d_model=32", "model.attention_pe=rope", "seed=2",
+                    "train.max_steps=8"]  # later --set wins: the variant, then the study's seed and budget
+    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "8", "--set",
+                          "seed=7", "--runs", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--set seed is decided by the study (--seeds)" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "study_seed-table").exists()
+    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--steps must be >= 1, got 0" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_run_without_a_resume_point_is_started_again(tmp_path: Path) -> None:
+    root = tmp_path / "seed1"
+    weights_only = root / "demo_20260101_000000"
+    (weights_only / "checkpoints").mkdir(parents=True)
+    (weights_only / "checkpoints" / "step_100.pt").write_bytes(b"weights")  # killed before last.pt was written
+    resumable = root / "demo_20260101_000001"
+    (resumable / "checkpoints").mkdir(parents=True)
+    (resumable / "checkpoints" / "last.pt").write_bytes(b"state")
+    assert study.find_run(root) == resumable
+    assert not weights_only.exists()
+    (resumable / "checkpoints" / "last.pt").unlink()
+    (resumable / "checkpoints" / "step_1.pt").write_bytes(b"weights")
+    assert study.find_run(root) is None and not resumable.exists()
