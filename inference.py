@@ -128,7 +128,7 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if is_export(args.model_path):
         if args.average or args.config:
             parser.error("--average and --config apply to runs, not to an exported CTranslate2 model")
-        from utils.config import load_config
+        from utils.config import ConfigError, load_config
         from utils.export_ct2 import CT2Model
         from utils.runs import CONFIG_FILE
 
@@ -137,6 +137,9 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
                               compute_type=args.compute_type)
         except ImportError:
             parser.error("this is a CTranslate2 model: pip install '.[export]' to run it")
+        except (ValueError, RuntimeError, OSError) as err:  # a compute type or device it lacks, a damaged model
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"cannot load the CTranslate2 model {args.model_path}: {first}") from None
         from pathlib import Path
 
         engine.cfg = load_config(Path(args.model_path) / CONFIG_FILE, overrides)

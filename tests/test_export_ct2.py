@@ -86,9 +86,20 @@ def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_pa
     res = cli("--model_path", str(trained), "--export-ctranslate2", str(out))
     assert res.returncode == 0, res.stderr
     assert (out / "model.bin").is_file() and (out / "tokenizer" / "meta.json").is_file()
+    again = cli("--model_path", str(trained), "--export-ctranslate2", str(out))  # replaces the earlier export whole
+    assert again.returncode == 0 and not [p for p in tmp_path.iterdir() if p.name.startswith(".")], again.stderr
+    refused = cli("--model_path", str(trained), "--export-ctranslate2", str(trained))  # never into a run directory
+    assert refused.returncode != 0 and "holds something other than an export" in refused.stderr
+    assert "Traceback" not in refused.stderr and (trained / "checkpoints" / "best.pt").is_file()
+    from utils.export_ct2 import CT2Model
+
+    assert CT2Model(out).max_length == 2048  # its position table: sources and caps are cut to fit in it
+    long = cli("--model_path", str(out), "--src_text", " ".join(["chat"] * 3000), "--beam", "1")
+    assert long.returncode == 0 and "(logprob" in long.stdout.splitlines()[-1], long.stderr
+    assert "truncated 1 source sentences to the model's 2048 positions" in long.stderr
     src = ROOT / "data" / "demo" / "test.fr"
-    # Greedy: identical but where a hypothesis reaches the cap. Beam 5 (K-finished, CTranslate2's rule): 37 of
-    # 41 lines identical on this model; the rest reach the cap or differ in which finished hypotheses are kept.
+    # Greedy: identical but where a hypothesis reaches the cap. Beam 5 (K-finished, CTranslate2's rule): a few
+    # lines of this d-32 model reach the cap; on the 44-minute bench model 497/500 TED lines are identical.
     for flags, least in ((["--beam", "1"], 38), (["--beam", "5", "--set", "decode.beam_stop=k_finished"], 36)):
         ours = cli("--model_path", str(trained), "--input", str(src), *flags)
         theirs = cli("--model_path", str(out), "--input", str(src), *flags)
@@ -105,3 +116,10 @@ def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_pa
     assert int8.returncode == 0 and agree >= 15  # int8 weights of a d-32 model change many greedy choices (23/41)
     line = cli("--model_path", str(out), "--src_text", "Oui.", "--average", "2").stderr.strip().splitlines()[-1]
     assert "apply to runs, not to an exported CTranslate2 model" in line
+    # What CTranslate2 itself refuses is one line too: a compute type the device lacks, a damaged model.
+    res = cli("--model_path", str(out), "--src_text", "Oui.", "--compute_type", "float16")
+    assert res.returncode != 0 and "cannot load the CTranslate2 model" in res.stderr and "Traceback" not in res.stderr
+    (tmp_path / "int8" / "model.bin").write_bytes(b"not a model")
+    res = cli("--model_path", str(tmp_path / "int8"), "--src_text", "Oui.")
+    assert res.returncode != 0 and "cannot load the CTranslate2 model" in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

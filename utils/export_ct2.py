@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -184,21 +185,40 @@ def _attention_pe(spec: Any, pe: Any, name: str, model: Seq2SeqTransformer, leng
 def export(run_dir: Path, checkpoint: Path, model: Seq2SeqTransformer, cfg: Config, tokenizer: Any,
            out_dir: Path, quantization: str | None = None) -> Path:
     """Write a CTranslate2 model directory: model.bin + vocabularies, the run's tokenizer/ and config.yaml."""
-    from utils.io import ensure_dir
+    from utils.io import PathError, ensure_dir
     from utils.runs import CONFIG_FILE, TOKENIZER_DIR
 
     tokens = tokenizer.id_to_token(list(range(tokenizer.vocab_size)))
     specials = {"bos_token": tokens[tokenizer.bos_id], "eos_token": tokens[tokenizer.eos_id],
                 "unk_token": tokens[tokenizer.unk_id], "decoder_start_token": tokens[tokenizer.bos_id]}
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PathError(f"--export-ctranslate2 {out_dir} exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not is_export(out_dir):
+        raise PathError(f"--export-ctranslate2 {out_dir} is a folder that holds something other than an export; "
+                        "give a new or empty folder")
     spec = build_spec(model.cpu().eval(), cfg, tokens, specials)
     spec.validate()
     spec.optimize(quantization=quantization)
-    out_dir = ensure_dir(out_dir, "--export-ctranslate2")
-    spec.save(str(out_dir))
-    shutil.copytree(run_dir / TOKENIZER_DIR, out_dir / TOKENIZER_DIR, dirs_exist_ok=True)
-    shutil.copy(run_dir / CONFIG_FILE, out_dir / CONFIG_FILE)
-    (out_dir / MARKER).write_text(json.dumps({"run": str(run_dir), "checkpoint": str(checkpoint),
-                                              "quantization": quantization}, indent=1) + "\n")
+    # Written whole next to its place, then renamed there: a crash never leaves a half export behind a marker.
+    ensure_dir(out_dir.parent, "--export-ctranslate2")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        spec.save(str(tmp))
+        shutil.copytree(run_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
+        shutil.copy(run_dir / CONFIG_FILE, tmp / CONFIG_FILE)
+        (tmp / MARKER).write_text(json.dumps({"run": str(run_dir), "checkpoint": str(checkpoint),
+                                              "quantization": quantization,
+                                              "positions": model.max_length or TABLE_LENGTH}, indent=1) + "\n")
+        old = None
+        if out_dir.exists():  # an earlier export (or an empty folder) is replaced
+            old = out_dir.with_name(tmp.name + ".old")
+            out_dir.rename(old)
+        tmp.rename(out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
@@ -214,7 +234,13 @@ class CT2Model:
     """An exported model run by ``ctranslate2.Translator``, decoding as ``utils.translate`` does: the same
     tokenizer, the source EOS, a cap of ``a * src_len + b`` tokens per sentence (sentences grouped by cap),
     no minimum length, and the K hypotheses of a beam re-ranked with our GNMT length penalty (CTranslate2's
-    divides by |Y|^beta). Hypotheses that reach the cap can differ: ours force EOS there, CTranslate2 stops."""
+    divides by |Y|^beta). Beam search stops as ``decode.beam_stop=k_finished`` does: after K finished
+    hypotheses. CTranslate2 applies that rule only with a non-zero length penalty beta (with 0 it also waits
+    for the top beam to finish); the log-probability is recovered as score * |Y|^beta. Two differences stay:
+    in the step where the K-th hypothesis ends, CTranslate2 keeps every ending candidate and returns the K
+    best by logprob / |Y|^beta (ours keep the first K and rank by GNMT); beta = 0.7 alpha orders lengths of
+    5-40 tokens about as GNMT does, so our best is almost always among those K. And hypotheses that reach
+    the cap: ours force EOS there, CTranslate2 stops."""
 
     def __init__(self, export_dir: Path | str, device: str = "cpu", compute_type: str = "default",
                  threads: int = 0) -> None:
@@ -230,7 +256,9 @@ class CT2Model:
         self.translator = ctranslate2.Translator(str(export_dir), device=device, compute_type=compute_type,
                                                  intra_threads=threads)
         self.vocab = {t: i for i, t in enumerate(self.tokenizer.id_to_token(list(range(self.tokenizer.vocab_size))))}
-        self.max_length = _max_length(self.cfg)
+        # Every export holds a position table (zeros where the model has none): CTranslate2 cannot go past it.
+        marker = json.loads((export_dir / MARKER).read_text())
+        self.max_length = int(marker.get("positions") or _max_length(self.cfg) or TABLE_LENGTH)
 
     def translate(self, texts: list[str], decode: Any) -> list[list[Any]]:
         from models.decoding import length_penalty
@@ -243,18 +271,20 @@ class CT2Model:
         for i, seq in enumerate(ids):
             if seq:
                 cap = max(1, int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b))
-                if self.max_length is not None:
-                    cap = min(cap, self.max_length - 1)
+                cap = min(cap, self.max_length - 1)
                 groups.setdefault(cap, []).append(i)
         k = decode.beam
+        beta = ctranslate2_penalty(decode.lenpen)
         for cap, rows in groups.items():
             out = self.translator.translate_batch(
-                [tok.id_to_token(ids[i]) for i in rows], beam_size=k, num_hypotheses=k, length_penalty=0.0,
+                [tok.id_to_token(ids[i]) for i in rows], beam_size=k, num_hypotheses=k, length_penalty=beta,
                 max_decoding_length=cap, min_decoding_length=0, return_scores=True, return_end_token=True,
+                max_input_length=0,  # sources are already cut to the position table, as ours are to max_length
                 max_batch_size=decode.batch_size)
             for i, res in zip(rows, out, strict=True):
                 hyps = []
-                for tokens, logprob in zip(res.hypotheses, res.scores, strict=True):
+                for tokens, normalized in zip(res.hypotheses, res.scores, strict=True):
+                    logprob = normalized * max(len(tokens), 1) ** beta  # |Y| counts the returned EOS
                     hyp_ids = [self.vocab[t] for t in tokens]
                     if hyp_ids and hyp_ids[-1] == tok.eos_id:
                         hyp_ids = hyp_ids[:-1]
@@ -263,6 +293,13 @@ class CT2Model:
                 hyps.sort(key=lambda h: h.score, reverse=True)
                 results[i] = hyps[: decode.nbest]
         return results
+
+
+def ctranslate2_penalty(alpha: float) -> float:
+    """CTranslate2's length penalty beta (score = logprob / |Y|^beta) for our GNMT alpha: never 0, so that
+    beam search stops after K finished hypotheses; 0.7 alpha ranks 5-40-token hypotheses about as GNMT does."""
+    beta = 0.7 * alpha
+    return beta if abs(beta) >= 1e-3 else 1e-3
 
 
 def _max_length(cfg: Config) -> int | None:
