@@ -172,6 +172,7 @@ def test_inference_undecodable_lines_do_not_stop_the_others(run_dir: Path, tmp_p
     out = res.stdout.split("\n")[:-1]
     assert len(out) == 3 and out[1] == "" and out[0] and out[2]
     assert "line 2: not valid UTF-8 at byte 3; its output line is empty" in res.stderr
+    assert "empty input line" not in res.stderr  # the unreadable line is reported once, as unreadable
     good = cli("inference.py", "--model_path", str(run_dir), "--beam", "1", stdin="Bonjour.\nMerci beaucoup.\n")
     assert [out[0], out[2]] == good.stdout.split("\n")[:-1]
 

@@ -338,6 +338,20 @@ def test_unseen_characters_round_trip_through_byte_fallback(kind: str) -> None:
     assert plain.decode(plain.encode_src([text])[0]) != text  # without it, unseen characters are lost
 
 
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_byte_tokens_for_newlines_and_tabs_never_split_an_output_line(kind: str) -> None:
+    """A model may emit the byte tokens of a newline or tab: a hypothesis must stay one line of clean text."""
+    tok = _trained(kind)
+    vocab = tok.id_to_token(list(range(tok.vocab_size)))
+    newline, tab = vocab.index("<0x0A>"), vocab.index("<0x09>")
+    ids = tok.encode_tgt(["le chat est noir"])[0]
+    middle = len(ids) // 2
+    noisy = ids[:middle] + [newline, tab, newline] + ids[middle:]
+    for text in (tok.decode(noisy), tok.decode_batch([noisy])[0]):
+        assert "\n" not in text and "\t" not in text and "  " not in text and text == text.strip()
+        assert text.replace(" ", "") == "lechatestnoir"
+
+
 def test_every_bench_test_line_round_trips(shared_data: Path) -> None:
     """A BPE vocabulary trained on 20,000 training pairs sees every line of the three bench test sets (both
     languages) come back from decode(encode(line)) as the normalised line, with no <unk>."""

@@ -98,13 +98,14 @@ class Tokenizer(ABC):
         return out
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Detokenized text of ``ids``: stops at the first eos, drops pad/bos/unk."""
-        return self._detokenize([self._clean(ids)])[0]
+        """Detokenized text of ``ids`` as one line: stops at the first eos, drops pad/bos/unk; whitespace runs
+        (also newlines or tabs a byte-fallback model may emit as byte tokens) become one space."""
+        return " ".join(self._detokenize([self._clean(ids)])[0].split())
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """``decode`` over a batch."""
         cleaned = [self._clean(ids) for ids in batch]
-        return self._detokenize(cleaned) if cleaned else []
+        return [" ".join(text.split()) for text in self._detokenize(cleaned)] if cleaned else []
 
     def meta(self) -> dict[str, Any]:
         """What meta.json records (``type`` picks the class on load)."""

@@ -141,7 +141,7 @@ class StreamReport:
     """What ``translate_stream`` did: lines read and written, and the lines it could not translate."""
 
     lines: int = 0
-    empty: int = 0
+    empty: int = 0  # empty input lines (unreadable ones are in ``bad``)
     bad: list[tuple[int, str]] = field(default_factory=list)  # (line number, why): an empty output line each
     seconds: float = 0.0
 
@@ -218,5 +218,6 @@ def translate_stream(
             last = now
             print(f"{report.lines:,} lines translated ({report.lines / (now - start):.1f} sentences/s)",
                   file=progress, flush=True)
+    report.empty -= len(report.bad)  # unreadable lines are reported as such, not as empty ones
     report.seconds = time.perf_counter() - start
     return report
