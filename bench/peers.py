@@ -237,6 +237,20 @@ def run_eole(work: Path, minutes: float, data: Path, venv: Path) -> dict:
 # ---------------------------------------------------------------------------------------------- report
 
 
+def add_output_lengths(work: Path, system: str, result: dict) -> None:
+    """Words and lines of each test set's beam-5 output (read from the hypotheses files), so that decoding
+    speed can also be compared per output word: a system that stops early looks fast in sentences/s."""
+    for name in TEST_SETS:
+        if system == "eole":
+            hyp = work / system / f"{name}.hyp"
+        else:
+            run_dir = Path(result["run_dir"])
+            checkpoint = "best" if (run_dir / "checkpoints" / "best.pt").is_file() else "last"
+            hyp = run_dir / "eval" / f"{name}.{checkpoint}.beam5.hyp"
+        lines = hyp.read_text(encoding="utf-8").splitlines()
+        result["tests"][name].update(words=sum(len(line.split()) for line in lines), lines=len(lines))
+
+
 def table(results: dict[str, dict], minutes: float) -> str:
     order = ("ours", "ours-fp32", "ours-defaults")
     names = [n for n in order if n in results] + sorted(n for n in results if n not in (*order, "eole"))
@@ -264,6 +278,13 @@ def table(results: dict[str, dict], minutes: float) -> str:
         row(f"chrF {name}", lambda r, n=name: r["tests"][n]["chrf"], "{:.2f}")
     for name in TEST_SETS:
         row(f"beam-5 sentences/s {name}", lambda r, n=name: r["tests"][n]["sentences_per_s"], "{:.1f}")
+    for name in TEST_SETS:
+        row(f"beam-5 output words per line {name}", lambda r, n=name: r["tests"][n]["words"] / r["tests"][n]["lines"],
+            "{:.1f}")
+    for name in TEST_SETS:
+        row(f"beam-5 output words/s {name}",
+            lambda r, n=name: r["tests"][n]["sentences_per_s"] * r["tests"][n]["words"] / r["tests"][n]["lines"],
+            "{:.0f}")
     averaged = [n for n in names if "tests_average" in results[n]]
     for name in TEST_SETS if averaged else []:
         cells = [f"{results[n]['tests_average'][name]['bleu']:.2f}" if n in averaged else "-" for n in names]
@@ -336,6 +357,8 @@ def main() -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
         results[system] = result
+    for system, result in results.items():
+        add_output_lengths(work, system, result)
     report = table(results, args.minutes)
     (work / "report.md").write_text(report + "\n")
     print(report)

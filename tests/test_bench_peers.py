@@ -17,9 +17,9 @@ from bench.measure import CommandFailed, run_measured  # noqa: E402
 from utils.config import load_config  # noqa: E402
 
 
-def result(steps: int, tok_s: float, bleu: list[float], speed: list[float]) -> dict:
+def result(steps: int, tok_s: float, bleu: list[float], speed: list[float], words: int = 1000) -> dict:
     return {"steps": steps, "target_tokens_per_s": tok_s, "valid_ppl": 10.0, "peak_rss_mb": 2000.0,
-            "tests": {t: {"bleu": b, "chrf": 50.0, "sentences_per_s": s}
+            "tests": {t: {"bleu": b, "chrf": 50.0, "sentences_per_s": s, "words": words, "lines": 100}
                       for t, b, s in zip(peers.TEST_SETS, bleu, speed, strict=True)}}
 
 
@@ -105,3 +105,26 @@ def test_report_adds_averaged_checkpoint_rows_when_a_run_has_them() -> None:
                              for t, b in zip(peers.TEST_SETS, [37.0, 33.5, 5.5], strict=True)}
     report = peers.table({"ours": ours, "eole": result(1000, 1500.0, [35.0, 32.5, 4.0], [1.0, 1.0, 1.0])}, 44)
     assert "| sacreBLEU test.tatoeba, last 5 checkpoints averaged | 37.00 | - | - |" in report.splitlines()
+
+
+def test_decoding_speed_is_also_given_per_output_word(tmp_path: Path) -> None:
+    """A system whose outputs are half as long looks faster in sentences/s: words/s shows the work done."""
+    run_dir = tmp_path / "ours" / "run"
+    (run_dir / "eval").mkdir(parents=True)
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "best.pt").write_bytes(b"")
+    (tmp_path / "eole").mkdir()
+    for name in peers.TEST_SETS:
+        (run_dir / "eval" / f"{name}.best.beam5.hyp").write_text("one two three four\n" * 100)
+        (tmp_path / "eole" / f"{name}.hyp").write_text("one two\n" * 100)
+    ours = {**result(1500, 3000.0, [36.0, 32.0, 5.0], [30.0, 30.0, 30.0]), "run_dir": str(run_dir)}
+    eole = result(1000, 1500.0, [35.0, 32.5, 4.0], [40.0, 40.0, 40.0])
+    for system, r in (("ours", ours), ("eole", eole)):
+        for t in r["tests"].values():
+            del t["words"], t["lines"]
+        peers.add_output_lengths(tmp_path, system, r)
+    assert ours["tests"]["test.tatoeba"]["words"] == 400 and eole["tests"]["test.tatoeba"]["lines"] == 100
+    lines = peers.table({"ours": ours, "eole": eole}, 44).splitlines()
+    assert "| beam-5 sentences/s test.iwslt-tst2010 | 30.0 | 40.0 | 0.75x |" in lines
+    assert "| beam-5 output words per line test.iwslt-tst2010 | 4.0 | 2.0 | 2.00x |" in lines
+    assert "| beam-5 output words/s test.iwslt-tst2010 | 120 | 80 | 1.50x |" in lines
