@@ -100,12 +100,14 @@ class Tokenizer(ABC):
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized text of ``ids`` as one line: stops at the first eos, drops pad/bos/unk; whitespace runs
         (also newlines or tabs a byte-fallback model may emit as byte tokens) become one space."""
-        return " ".join(self._detokenize([self._clean(ids)])[0].split())
+        return self.decode_batch([ids])[0]
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """``decode`` over a batch."""
+        from data.sources import clean_text
+
         cleaned = [self._clean(ids) for ids in batch]
-        return [" ".join(text.split()) for text in self._detokenize(cleaned)] if cleaned else []
+        return [clean_text(text) for text in self._detokenize(cleaned)] if cleaned else []
 
     def meta(self) -> dict[str, Any]:
         """What meta.json records (``type`` picks the class on load)."""

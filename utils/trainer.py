@@ -540,7 +540,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
 
         def save_periodic(engine: Engine) -> None:  # and the resume point, so a killed run loses < N steps
             periodic(engine)
-            last(engine)
+            if not (t.eval_every > 0 and engine.state.iteration % t.eval_every == 0):  # validation writes it next
+                last(engine)
 
         trainer.add_event_handler(Events.ITERATION_COMPLETED(every=t.checkpoint_every), save_periodic)
     eval_event = Events.ITERATION_COMPLETED(every=t.eval_every) if t.eval_every > 0 else Events.EPOCH_COMPLETED
