@@ -599,40 +599,52 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
             "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
 
 
+def _ct2_worker(folder: str, sources: list[str], decoders: dict[str, Any], threads: int) -> dict[str, Any]:
+    """In a fresh process: time ``CT2Model.translate`` per decoder; label -> (seconds, texts, output tokens)."""
+    from utils.export_ct2 import CT2Model
+
+    engine = CT2Model(folder, threads=threads)
+    timed = {}
+    for label, decode in decoders.items():
+        engine.translate(sources[:8], decode)
+        start = time.perf_counter()
+        hyps = [best[0] for best in engine.translate(sources, decode)]
+        timed[label] = (time.perf_counter() - start, [h.text for h in hyps], [len(h.tokens) for h in hyps])
+    return timed
+
+
 def time_ctranslate2(run: Any, sources: list[str], refs: list[str], decoders: dict[str, Any],
                      ours: dict[str, list[str]]) -> dict[str, Any]:
     """The same model exported to CTranslate2 (float32 and int8 weights), greedy and beam with the K-finished
-    rule (CTranslate2's own): sent/s including tokenizing and detokenizing, as ours. Empty without ctranslate2."""
+    rule (CTranslate2's own): sent/s including tokenizing and detokenizing, as ours. Empty without ctranslate2.
+
+    Timed in a fresh process, as ``inference.py --model_path EXPORT`` runs it: once PyTorch's CPU thread pool
+    has run (our decoding, in this process), CTranslate2's own OpenMP threads compete with it and decode
+    2-3x slower."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
         print("  (ctranslate2 not installed: pip install '.[export]' to time the CTranslate2 export)", flush=True)
         return {}
-    import tempfile
+    import multiprocessing
 
     import torch
 
-    from utils.export_ct2 import CT2Model, export
+    from utils.export_ct2 import export
     from utils.metrics import corpus_scores
 
     out: dict[str, Any] = {}
     n = len(sources)
+    ct2_decoders = {label: d for label, d in decoders.items() if not label.endswith("stop=bound")}
     with tempfile.TemporaryDirectory() as tmp:
         for quantization in (None, "int8"):
             folder = Path(tmp) / str(quantization)
             export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, folder, quantization)
-            engine = CT2Model(folder, threads=torch.get_num_threads())
-            for label, decode in decoders.items():
-                if label.endswith("stop=bound"):
-                    continue
-                engine.translate(sources[:8], decode)
-                start = time.perf_counter()
-                hyps = [best[0] for best in engine.translate(sources, decode)]
-                took = time.perf_counter() - start
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                timed = pool.apply(_ct2_worker, (str(folder), sources, ct2_decoders, torch.get_num_threads()))
+            for label, (took, texts, lengths) in timed.items():
                 name = f"CTranslate2 {quantization or 'float32'}, {label.split(',')[0]}"
-                texts = [h.text for h in hyps]
-                out[name] = {"sent_per_s": n / took, "seconds": took,
-                             "out_tokens": sum(len(h.tokens) for h in hyps) / n,
+                out[name] = {"sent_per_s": n / took, "seconds": took, "out_tokens": sum(lengths) / n,
                              "bleu": corpus_scores(texts, refs, run.cfg.tokenizer.lowercase).bleu,
                              # identical outputs: with our decoder of the same rule, and with our default rule
                              "same_as_ours": sum(a == b for a, b in zip(texts, ours[label], strict=True)),

@@ -123,3 +123,35 @@ def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_pa
     res = cli("--model_path", str(tmp_path / "int8"), "--src_text", "Oui.")
     assert res.returncode != 0 and "cannot load the CTranslate2 model" in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Path, tmp_path: Path) -> None:
+    """One ``translate_batch`` per batch of sentences (not one per length cap, which made CTranslate2 1.6x
+    slower), and every n-best list exactly what the sentence decoded alone, with its own cap, gives."""
+    import dataclasses
+
+    from utils.export_ct2 import CT2Model, export
+    from utils.runs import load_run
+
+    run = load_run(str(trained))
+    export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, tmp_path / "ct2", None)
+    engine = CT2Model(tmp_path / "ct2")
+    lines = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()[:30]
+    calls: list[int] = []
+    inner = engine.translator
+
+    class Counting:
+        def translate_batch(self, batch: list[list[str]], **kwargs: object) -> list:
+            calls.append(len(batch))
+            return inner.translate_batch(batch, **kwargs)
+
+    engine.translator = Counting()
+    for beam in (1, 5):
+        decode = dataclasses.replace(engine.cfg.decode, beam=beam, nbest=beam, batch_size=64)
+        calls.clear()
+        together = engine.translate(lines, decode)
+        assert calls[0] == len(lines)  # all 30 lines (of many lengths, so many caps) in the first call
+        alone = [engine.translate([line], decode)[0] for line in lines]
+        for a, b in zip(together, alone, strict=True):
+            assert [h.text for h in a] == [h.text for h in b]
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-3)

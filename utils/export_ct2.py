@@ -232,7 +232,7 @@ def is_export(path: Path | str) -> bool:
 
 class CT2Model:
     """An exported model run by ``ctranslate2.Translator``, decoding as ``utils.translate`` does: the same
-    tokenizer, the source EOS, a cap of ``a * src_len + b`` tokens per sentence (sentences grouped by cap),
+    tokenizer, the source EOS, a cap of ``a * src_len + b`` tokens per sentence (exactly, see ``translate``),
     no minimum length, and the K hypotheses of a beam re-ranked with our GNMT length penalty (CTranslate2's
     divides by |Y|^beta). Beam search stops as ``decode.beam_stop=k_finished`` does: after K finished
     hypotheses. CTranslate2 applies that rule only with a non-zero length penalty beta (with 0 it also waits
@@ -259,40 +259,66 @@ class CT2Model:
         # Every export holds a position table (zeros where the model has none): CTranslate2 cannot go past it.
         marker = json.loads((export_dir / MARKER).read_text())
         self.max_length = int(marker.get("positions") or _max_length(self.cfg) or TABLE_LENGTH)
+        self.eos = self.tokenizer.id_to_token([self.tokenizer.eos_id])[0]
 
     def translate(self, texts: list[str], decode: Any) -> list[list[Any]]:
-        from models.decoding import length_penalty
+        """Best-first hypotheses (``decode.nbest``) for each text, as ``utils.translate.translate_ids`` gives.
+
+        One ``translate_batch`` call for all the texts (CTranslate2 sorts them by length into batches of
+        ``decode.batch_size``), decoding up to the longest cap; each sentence still gets exactly its own cap.
+        Greedy: a step callback stops a sentence at its cap. Beam: every step before a sentence's cap is what a
+        search with that cap computes, so a sentence whose hypotheses all ended (EOS) before its cap has its
+        exact result; the few others are decoded again with their own cap. (One call per distinct cap made
+        decoding 1.6x slower.)"""
         from utils.translate import Translation, encode_sources
 
-        tok = self.tokenizer
-        ids = encode_sources(tok, texts, self.max_length, strict=False)
+        ids = encode_sources(self.tokenizer, texts, self.max_length, strict=False)
         results: list[list[Any]] = [[Translation("", 0.0, 0.0, [])] for _ in ids]
-        groups: dict[int, list[int]] = {}
-        for i, seq in enumerate(ids):
-            if seq:
-                cap = max(1, int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b))
-                cap = min(cap, self.max_length - 1)
-                groups.setdefault(cap, []).append(i)
-        k = decode.beam
-        beta = ctranslate2_penalty(decode.lenpen)
-        for cap, rows in groups.items():
-            out = self.translator.translate_batch(
-                [tok.id_to_token(ids[i]) for i in rows], beam_size=k, num_hypotheses=k, length_penalty=beta,
-                max_decoding_length=cap, min_decoding_length=0, return_scores=True, return_end_token=True,
-                max_input_length=0,  # sources are already cut to the position table, as ours are to max_length
-                max_batch_size=decode.batch_size)
-            for i, res in zip(rows, out, strict=True):
-                hyps = []
-                for tokens, normalized in zip(res.hypotheses, res.scores, strict=True):
-                    logprob = normalized * max(len(tokens), 1) ** beta  # |Y| counts the returned EOS
-                    hyp_ids = [self.vocab[t] for t in tokens]
-                    if hyp_ids and hyp_ids[-1] == tok.eos_id:
-                        hyp_ids = hyp_ids[:-1]
-                    score = logprob / length_penalty(len(hyp_ids) + 1, decode.lenpen) if k > 1 else logprob
-                    hyps.append(Translation(tok.decode(hyp_ids), score, logprob, hyp_ids))
-                hyps.sort(key=lambda h: h.score, reverse=True)
-                results[i] = hyps[: decode.nbest]
+        rows = [i for i, seq in enumerate(ids) if seq]
+        caps = {i: min(max(1, int(decode.max_len_a * (len(ids[i]) - 1) + decode.max_len_b)), self.max_length - 1)
+                for i in rows}
+        top = max(caps.values(), default=0)
+        again: dict[int, list[int]] = {}
+        for i, res in zip(rows, self._decode(ids, rows, top, decode, caps), strict=True):
+            ended = all(t and t[-1] == self.eos and len(t) < caps[i] for t in res.hypotheses)
+            if decode.beam == 1 or caps[i] == top or ended:
+                results[i] = self._hypotheses(res, decode)
+            else:  # a beam still open at its cap (a runaway, usually): decode it again with that cap
+                again.setdefault(caps[i], []).append(i)
+        for cap, group in again.items():
+            for i, res in zip(group, self._decode(ids, group, cap, decode, caps), strict=True):
+                results[i] = self._hypotheses(res, decode)
         return results
+
+    def _decode(self, ids: list[list[int]], rows: list[int], cap: int, decode: Any, caps: dict[int, int]) -> list[Any]:
+        """``translate_batch`` on the sources ``ids[rows]`` up to ``cap`` tokens (greedy: each to its own cap)."""
+
+        def stop_at_cap(step: Any) -> bool:  # greedy only: CTranslate2 calls it for each token of beam size 1
+            return step.step + 1 >= caps[rows[step.batch_id]]
+
+        return self.translator.translate_batch(
+            [self.tokenizer.id_to_token(ids[i]) for i in rows], beam_size=decode.beam, num_hypotheses=decode.beam,
+            length_penalty=ctranslate2_penalty(decode.lenpen), max_decoding_length=cap, min_decoding_length=0,
+            return_scores=True, return_end_token=True,
+            max_input_length=0,  # sources are already cut to the position table, as ours are to max_length
+            max_batch_size=decode.batch_size, callback=stop_at_cap if decode.beam == 1 else None)
+
+    def _hypotheses(self, res: Any, decode: Any) -> list[Any]:
+        """CTranslate2's K hypotheses re-ranked with our GNMT penalty, the ``decode.nbest`` best."""
+        from models.decoding import length_penalty
+        from utils.translate import Translation
+
+        beta = ctranslate2_penalty(decode.lenpen)
+        hyps = []
+        for tokens, normalized in zip(res.hypotheses, res.scores, strict=True):
+            logprob = normalized * max(len(tokens), 1) ** beta  # |Y| counts the returned EOS
+            hyp_ids = [self.vocab[t] for t in tokens]
+            if hyp_ids and hyp_ids[-1] == self.tokenizer.eos_id:
+                hyp_ids = hyp_ids[:-1]
+            score = logprob / length_penalty(len(hyp_ids) + 1, decode.lenpen) if decode.beam > 1 else logprob
+            hyps.append(Translation(self.tokenizer.decode(hyp_ids), score, logprob, hyp_ids))
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        return hyps[: decode.nbest]
 
 
 def ctranslate2_penalty(alpha: float) -> float:
