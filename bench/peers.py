@@ -22,8 +22,11 @@ Each system reports optimizer steps, target tokens/s, validation perplexity, pea
 its training process, and per test set sacreBLEU, chrF and beam-5 sentences/s (reading, tokenizing,
 decoding and writing; model loading excluded). Our runs that kept periodic checkpoints
 (``train.keep_checkpoints``) are also scored with their last 5 averaged (``test.py --average 5``).
-Results go to WORK/<system>/result.json (``--reuse`` keeps finished systems) and WORK/report.md. Run it
-alone on the machine: timings are only comparable within one run.
+``--ctranslate2`` adds a system ``NAME.ct2`` for each of our runs: the run exported to CTranslate2 (float32)
+and decoded by ``inference.py --model_path EXPORT --beam 5``. Results go to WORK/<system>/result.json
+(``--reuse`` keeps finished systems; ``--reuse --retime`` decodes again with each kept system without
+training, so that every decoding speed comes from one run) and WORK/report.md. Run it alone on the
+machine: timings are only comparable within one run.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.measure import run_measured  # noqa: E402
+from bench.measure import CommandFailed, run_measured  # noqa: E402
 from utils.checkpoint import periodic_checkpoints  # noqa: E402
 from utils.host import cpu_has_native_bf16  # noqa: E402
 from utils.runs import average_path  # noqa: E402
@@ -84,15 +87,47 @@ def run_ours(work: Path, minutes: float, overrides: list[str], python: str) -> d
     stats = read_summary(log_text)
     run_dir = Path(next(ln.split("run directory: ", 1)[1] for ln in log_text.splitlines() if "run directory: " in ln))
     result = {**stats, "peak_rss_mb": rss, "run_dir": str(run_dir), "tests": {}}
+    result.update(decode_ours(work, run_dir, python))
+    return result
+
+
+def decode_ours(work: Path, run_dir: Path, python: str, average: bool = True) -> dict:
+    """``test.py --beam 5`` on the run (and, with ``average``, on its last checkpoints averaged where it kept them)."""
     cmd = [python, "test.py", "--model_path", str(run_dir), "--beam", "5"]
     run_measured(cmd, work / "test.log")
     checkpoint = "best" if (run_dir / "checkpoints" / "best.pt").is_file() else "last"
-    result["tests"] = read_scores(run_dir, checkpoint)
+    result: dict = {"tests": read_scores(run_dir, checkpoint)}
     kept = periodic_checkpoints(run_dir / "checkpoints")
-    if len(kept) >= AVERAGE:  # the same run scored with its last checkpoints averaged
+    if average and len(kept) >= AVERAGE:  # the same run scored with its last checkpoints averaged
         run_measured(cmd + ["--average", str(AVERAGE)], work / "test_average.log")
         result["tests_average"] = read_scores(run_dir, average_path(run_dir, kept[-AVERAGE:]).stem)
         result["averaged"] = [p.stem for p in kept[-AVERAGE:]]
+    return result
+
+
+def decode_ctranslate2(work: Path, run_dir: Path, python: str, data: Path) -> dict:
+    """The run exported to CTranslate2 (float32), then ``inference.py --model_path EXPORT --beam 5 --input``
+    on each test set: sentences/s as inference.py reports it (reading, tokenizing, decoding, writing; model
+    loading excluded), sacreBLEU and chrF of its output."""
+    from utils.metrics import corpus_scores
+
+    export = work / "export"
+    run_measured([python, "inference.py", "--model_path", str(run_dir), "--export-ctranslate2", str(export)],
+                 work / "export.log")
+    bench = data / "bench" / "fr-en"
+    result: dict = {"run_dir": str(run_dir), "hyp_dir": str(work), "tests": {}}
+    for name in TEST_SETS:
+        hyp, log = work / f"{name}.hyp", work / f"{name}.log"
+        with open(hyp, "w", encoding="utf-8") as out, open(log, "w") as err:
+            code = subprocess.call([python, "inference.py", "--model_path", str(export), "--beam", "5", "--input",
+                                    str(bench / f"{name}.fr")], stdout=out, stderr=err, cwd=ROOT)
+        lines = log.read_text(errors="replace").strip().splitlines()
+        if code != 0 or not lines or not lines[-1].startswith("translated "):
+            raise CommandFailed(f"inference.py on the CTranslate2 export failed (exit {code}), see {log}")
+        speed = float(lines[-1].rsplit("(", 1)[1].split()[0])  # "translated N sentences in Xs (Y sentences/s)"
+        refs = (bench / f"{name}.en").read_text(encoding="utf-8").splitlines()
+        scores = corpus_scores(hyp.read_text(encoding="utf-8").splitlines(), refs)
+        result["tests"][name] = {"bleu": scores.bleu, "chrf": scores.chrf, "sentences_per_s": speed}
     return result
 
 
@@ -217,10 +252,19 @@ def run_eole(work: Path, minutes: float, data: Path, venv: Path) -> dict:
                           work / "train.log").peak_rss_mib
     stats = json.loads(stats_file.read_text())
     result = {"steps": stats["steps"], "target_tokens_per_s": stats["target_tokens_per_s"],
-              "valid_ppl": stats["valid_ppl"], "peak_rss_mb": rss, "tests": {}}
-    model = max((work / "model").glob("step_*"), key=lambda p: int(p.name.split("_")[1]), default=work / "model")
+              "valid_ppl": stats["valid_ppl"], "peak_rss_mb": rss}
+    result.update(decode_eole(work, python, data))
+    return result
+
+
+def decode_eole(work: Path, python: str, data: Path) -> dict:
+    """Eole's ``InferenceEnginePY.infer_file`` (bench/eole_runner.py predict), beam 5, on each test set."""
     from utils.metrics import corpus_scores
 
+    bench = data / "bench" / "fr-en"
+    runner = str(ROOT / "bench" / "eole_runner.py")
+    model = max((work / "model").glob("step_*"), key=lambda p: int(p.name.split("_")[1]), default=work / "model")
+    result: dict = {"hyp_dir": str(work), "tests": {}}
     for name in TEST_SETS:
         hyp, pred_stats = work / f"{name}.hyp", work / f"{name}.predict.json"
         run_measured([python, runner, "predict", str(pred_stats), "-model_path", str(model), "-src",
@@ -241,7 +285,9 @@ def add_output_lengths(work: Path, system: str, result: dict) -> None:
     """Words and lines of each test set's beam-5 output (read from the hypotheses files), so that decoding
     speed can also be compared per output word: a system that stops early looks fast in sentences/s."""
     for name in TEST_SETS:
-        if system == "eole":
+        if "hyp_dir" in result:  # Eole, a CTranslate2 export
+            hyp = Path(result["hyp_dir"]) / f"{name}.hyp"
+        elif system == "eole":  # a result.json written before hyp_dir was recorded
             hyp = work / system / f"{name}.hyp"
         else:
             run_dir = Path(result["run_dir"])
@@ -317,8 +363,15 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[], metavar='"NAME: KEY=VALUE ..."',
                         help="also run the defaults with these overrides, as system ours-defaults+NAME (repeatable)")
     parser.add_argument("--reuse", action="store_true", help="keep systems whose result.json exists")
+    parser.add_argument("--retime", action="store_true",
+                        help="with --reuse: decode the test sets again with every kept system (no training), so "
+                             "that decoding speeds come from this one run")
+    parser.add_argument("--ctranslate2", action="store_true",
+                        help="also export each of our runs to CTranslate2 and decode with it: system NAME.ct2")
     parser.add_argument("--eole-venv", help="Eole's virtual environment (default WORK/eole-venv, made on first use)")
     args = parser.parse_args()
+    if args.retime and not args.reuse:
+        parser.error("--retime decodes again with the systems --reuse keeps: give both")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(systems) - SYSTEMS)
     if unknown:
@@ -339,7 +392,17 @@ def main() -> int:
         out = work / system / "result.json"
         if args.reuse and out.is_file():
             results[system] = json.loads(out.read_text())
-            print(f"{system}: reusing {out}", flush=True)
+            if not args.retime:
+                print(f"{system}: reusing {out}", flush=True)
+                continue
+            print(f"{system}: reusing the trained model, decoding the test sets again", flush=True)
+            result = results[system]
+            if system == "eole":
+                venv = Path(args.eole_venv).resolve() if args.eole_venv else work / "eole-venv"
+                result.update(decode_eole(work / system, eole_python(venv), data))
+            else:
+                result.update(decode_ours(work / system, Path(result["run_dir"]), sys.executable, average=False))
+            out.write_text(json.dumps(result, indent=1) + "\n")
             continue
         print(f"{system}: training for {args.minutes:g} min, then beam 5 on {len(TEST_SETS)} test sets", flush=True)
         if system == "eole":
@@ -357,6 +420,19 @@ def main() -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
         results[system] = result
+    if args.ctranslate2:
+        try:
+            import ctranslate2  # noqa: F401
+        except ImportError:
+            parser.error("--ctranslate2: pip install '.[export]' first")
+        for system in [s for s in results if s != "eole"]:
+            print(f"{system}.ct2: exporting {system}'s run to CTranslate2, beam 5 on the test sets", flush=True)
+            source = results[system]
+            keep = ("steps", "target_tokens_per_s", "valid_ppl", "peak_rss_mb", "minutes", "precision")
+            result = {**{k: source[k] for k in keep if k in source},
+                      **decode_ctranslate2(work / f"{system}.ct2", Path(source["run_dir"]), sys.executable, data)}
+            (work / f"{system}.ct2" / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+            results[f"{system}.ct2"] = result
     for system, result in results.items():
         add_output_lengths(work, system, result)
     report = table(results, args.minutes)

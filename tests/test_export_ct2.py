@@ -126,12 +126,13 @@ def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_pa
 
 
 def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Path, tmp_path: Path) -> None:
-    """One ``translate_batch`` per batch of sentences (not one per length cap, which made CTranslate2 1.6x
-    slower), and every n-best list exactly what the sentence decoded alone, with its own cap, gives."""
+    """Greedy: one ``translate_batch`` for sentences of every length cap (one per cap made CTranslate2's greedy
+    1.6x slower); beam: one per cap. Every n-best list is what the sentence decoded alone, with its cap, gives."""
     import dataclasses
 
     from utils.export_ct2 import CT2Model, export
     from utils.runs import load_run
+    from utils.translate import encode_sources
 
     run = load_run(str(trained))
     export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, tmp_path / "ct2", None)
@@ -150,8 +151,36 @@ def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Pa
         decode = dataclasses.replace(engine.cfg.decode, beam=beam, nbest=beam, batch_size=64)
         calls.clear()
         together = engine.translate(lines, decode)
-        assert calls[0] == len(lines)  # all 30 lines (of many lengths, so many caps) in the first call
+        caps = {int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b)
+                for seq in encode_sources(engine.tokenizer, lines, None)}
+        assert len(caps) > 5
+        assert calls == [len(lines)] if beam == 1 else len(calls) == len(caps)
         alone = [engine.translate([line], decode)[0] for line in lines]
         for a, b in zip(together, alone, strict=True):
             assert [h.text for h in a] == [h.text for h in b]
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-3)
+
+
+def test_peers_decodes_an_export_of_our_run_next_to_the_others(trained: Path, tmp_path: Path) -> None:
+    """bench/peers.py --ctranslate2: the run exported and decoded by inference.py on each test set; a column."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import peers
+
+    bench = tmp_path / "data" / "bench" / "fr-en"
+    bench.mkdir(parents=True)
+    src = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()
+    ref = (ROOT / "data" / "demo" / "test.en").read_text(encoding="utf-8").splitlines()
+    for k, name in enumerate(peers.TEST_SETS):
+        (bench / f"{name}.fr").write_text("\n".join(src[k * 10 : k * 10 + 10]) + "\n", encoding="utf-8")
+        (bench / f"{name}.en").write_text("\n".join(ref[k * 10 : k * 10 + 10]) + "\n", encoding="utf-8")
+    result = peers.decode_ctranslate2(tmp_path / "ours.ct2", trained, sys.executable, tmp_path / "data")
+    assert (tmp_path / "ours.ct2" / "export" / "model.bin").is_file()
+    for name in peers.TEST_SETS:
+        assert result["tests"][name]["sentences_per_s"] > 0 and 0 <= result["tests"][name]["bleu"] <= 100
+    result.update(steps=100, target_tokens_per_s=1000.0, valid_ppl=9.0, peak_rss_mb=900.0)
+    peers.add_output_lengths(tmp_path, "ours.ct2", result)
+    assert [result["tests"][n]["lines"] for n in peers.TEST_SETS] == [10, 10, 10]
+    report = peers.table({"ours.ct2": result, "eole": {**result, "tests": {
+        n: {**t, "sentences_per_s": t["sentences_per_s"] / 2} for n, t in result["tests"].items()}}}, 44)
+    assert "| 44 min, then beam 5 | ours.ct2 | eole | ours.ct2/eole |" in report
+    assert "| beam-5 sentences/s test.tatoeba |" in report and "| 2.00x |" in report
