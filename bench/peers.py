@@ -23,7 +23,8 @@ its training process, and per test set sacreBLEU, chrF and beam-5 sentences/s (r
 decoding and writing; model loading excluded). Our runs that kept periodic checkpoints
 (``train.keep_checkpoints``) are also scored with their last 5 averaged (``test.py --average 5``).
 ``--ctranslate2`` adds a system ``NAME.ct2`` for each of our runs: the run exported to CTranslate2 (float32)
-and decoded by ``inference.py --model_path EXPORT --beam 5``. Results go to WORK/<system>/result.json
+and decoded by ``inference.py --model_path EXPORT --beam 5`` (its training rows are "-": it is NAME's model).
+Results go to WORK/<system>/result.json
 (``--reuse`` keeps finished systems; ``--reuse --retime`` decodes again with each kept system without
 training, so that every decoding speed comes from one run) and WORK/report.md. Run it alone on the
 machine: timings are only comparable within one run.
@@ -123,7 +124,8 @@ def decode_ctranslate2(work: Path, run_dir: Path, python: str, data: Path) -> di
                                     str(bench / f"{name}.fr")], stdout=out, stderr=err, cwd=ROOT)
         lines = log.read_text(errors="replace").strip().splitlines()
         if code != 0 or not lines or not lines[-1].startswith("translated "):
-            raise CommandFailed(f"inference.py on the CTranslate2 export failed (exit {code}), see {log}")
+            raise CommandFailed(f"inference.py on the CTranslate2 export failed (exit {code}), see {log}: "
+                                + " | ".join(lines[-3:]))
         speed = float(lines[-1].rsplit("(", 1)[1].split()[0])  # "translated N sentences in Xs (Y sentences/s)"
         refs = (bench / f"{name}.en").read_text(encoding="utf-8").splitlines()
         scores = corpus_scores(hyp.read_text(encoding="utf-8").splitlines(), refs)
@@ -308,16 +310,17 @@ def table(results: dict[str, dict], minutes: float) -> str:
     head += "".join(f" | {n}/eole" for n in ratio_names) + " |"
     lines = [head, "|" + "---|" * (1 + len(names) + len(ratio_names))]
 
-    def row(label: str, get, fmt: str) -> None:
+    def row(label: str, get, fmt: str) -> None:  # "-" where a system has no such number (an export's training)
         vals = [get(results[n]) for n in names]
-        cells = [fmt.format(v) for v in vals]
+        cells = ["-" if v is None else fmt.format(v) for v in vals]
         if ratio_names:
             e = get(results["eole"])
-            cells += [f"{get(results[n]) / e:.2f}x" if e else "-" for n in ratio_names]
+            cells += [f"{get(results[n]) / e:.2f}x" if e and get(results[n]) is not None else "-"
+                      for n in ratio_names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     for label, key, fmt in rows:
-        row(label, lambda r, k=key: r[k], fmt)
+        row(label, lambda r, k=key: r.get(k), fmt)
     for name in TEST_SETS:
         row(f"sacreBLEU {name}", lambda r, n=name: r["tests"][n]["bleu"], "{:.2f}")
     for name in TEST_SETS:
@@ -372,6 +375,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.retime and not args.reuse:
         parser.error("--retime decodes again with the systems --reuse keeps: give both")
+    if args.ctranslate2:
+        try:
+            import ctranslate2  # noqa: F401
+        except ImportError:
+            parser.error("--ctranslate2: pip install '.[export]' first")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(systems) - SYSTEMS)
     if unknown:
@@ -420,19 +428,18 @@ def main() -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
         results[system] = result
-    if args.ctranslate2:
-        try:
-            import ctranslate2  # noqa: F401
-        except ImportError:
-            parser.error("--ctranslate2: pip install '.[export]' first")
-        for system in [s for s in results if s != "eole"]:
-            print(f"{system}.ct2: exporting {system}'s run to CTranslate2, beam 5 on the test sets", flush=True)
-            source = results[system]
-            keep = ("steps", "target_tokens_per_s", "valid_ppl", "peak_rss_mb", "minutes", "precision")
-            result = {**{k: source[k] for k in keep if k in source},
-                      **decode_ctranslate2(work / f"{system}.ct2", Path(source["run_dir"]), sys.executable, data)}
-            (work / f"{system}.ct2" / "result.json").write_text(json.dumps(result, indent=1) + "\n")
-            results[f"{system}.ct2"] = result
+    for system in [s for s in results if s != "eole"] if args.ctranslate2 else []:
+        out = work / f"{system}.ct2" / "result.json"
+        if args.reuse and not args.retime and out.is_file():
+            print(f"{system}.ct2: reusing {out}", flush=True)
+            results[f"{system}.ct2"] = json.loads(out.read_text())
+            continue
+        if "run_dir" not in results[system]:
+            raise CommandFailed(f"{work / system / 'result.json'} names no run directory to export")
+        print(f"{system}.ct2: exporting {system}'s run to CTranslate2, beam 5 on the test sets", flush=True)
+        result = decode_ctranslate2(work / f"{system}.ct2", Path(results[system]["run_dir"]), sys.executable, data)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        results[f"{system}.ct2"] = result
     for system, result in results.items():
         add_output_lengths(work, system, result)
     report = table(results, args.minutes)

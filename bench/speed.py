@@ -620,13 +620,15 @@ def time_ctranslate2(run: Any, sources: list[str], refs: list[str], decoders: di
 
     Timed in a fresh process, as ``inference.py --model_path EXPORT`` runs it: once PyTorch's CPU thread pool
     has run (our decoding, in this process), CTranslate2's own OpenMP threads compete with it and decode
-    2-3x slower."""
+    2-5x slower."""
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
         print("  (ctranslate2 not installed: pip install '.[export]' to time the CTranslate2 export)", flush=True)
         return {}
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     import torch
 
@@ -640,8 +642,13 @@ def time_ctranslate2(run: Any, sources: list[str], refs: list[str], decoders: di
         for quantization in (None, "int8"):
             folder = Path(tmp) / str(quantization)
             export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, folder, quantization)
-            with multiprocessing.get_context("spawn").Pool(1) as pool:
-                timed = pool.apply(_ct2_worker, (str(folder), sources, ct2_decoders, torch.get_num_threads()))
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                try:
+                    timed = pool.submit(_ct2_worker, str(folder), sources, ct2_decoders,
+                                        torch.get_num_threads()).result()
+                except BrokenProcessPool:  # the worker died (memory, a crash): no CTranslate2 rows, say why
+                    print(f"  (the CTranslate2 {quantization or 'float32'} worker process died: not timed)", flush=True)
+                    continue
             for label, (took, texts, lengths) in timed.items():
                 name = f"CTranslate2 {quantization or 'float32'}, {label.split(',')[0]}"
                 out[name] = {"sent_per_s": n / took, "seconds": took, "out_tokens": sum(lengths) / n,

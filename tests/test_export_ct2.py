@@ -130,7 +130,7 @@ def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Pa
     1.6x slower); beam: one per cap. Every n-best list is what the sentence decoded alone, with its cap, gives."""
     import dataclasses
 
-    from utils.export_ct2 import CT2Model, export
+    from utils.export_ct2 import CT2Model, ctranslate2_penalty, export
     from utils.runs import load_run
     from utils.translate import encode_sources
 
@@ -147,23 +147,34 @@ def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Pa
             return inner.translate_batch(batch, **kwargs)
 
     engine.translator = Counting()
-    for beam in (1, 5):
-        decode = dataclasses.replace(engine.cfg.decode, beam=beam, nbest=beam, batch_size=64)
+    ids = encode_sources(engine.tokenizer, lines, None)
+    for beam, batch_size in ((1, 64), (1, 7), (5, 64)):
+        decode = dataclasses.replace(engine.cfg.decode, beam=beam, nbest=beam, batch_size=batch_size)
+        caps = [int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b) for seq in ids]
         calls.clear()
         together = engine.translate(lines, decode)
-        caps = {int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b)
-                for seq in encode_sources(engine.tokenizer, lines, None)}
-        assert len(caps) > 5
-        assert calls == [len(lines)] if beam == 1 else len(calls) == len(caps)
-        alone = [engine.translate([line], decode)[0] for line in lines]
+        assert len(set(caps)) > 5
+        if beam == 1:
+            assert calls == [len(lines)]  # CTranslate2 splits it into batches of batch_size itself
+        else:
+            assert len(calls) == len(set(caps))
+        # The reference: each sentence alone, its cap as max_decoding_length, no callback.
+        alone = [engine._hypotheses(inner.translate_batch(
+            [engine.tokenizer.id_to_token(seq)], beam_size=beam, num_hypotheses=beam, max_decoding_length=cap,
+            min_decoding_length=0, length_penalty=ctranslate2_penalty(decode.lenpen), return_scores=True,
+            return_end_token=True, max_input_length=0)[0], decode) for seq, cap in zip(ids, caps, strict=True)]
         for a, b in zip(together, alone, strict=True):
             assert [h.text for h in a] == [h.text for h in b]
             assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-3)
+        # Some hypotheses run to their own cap, below the longest: the cap is per sentence, not per batch.
+        assert any(len(h[0].tokens) == cap < max(caps) for h, cap in zip(together, caps, strict=True))
+        assert all(len(h.tokens) <= cap for hyps, cap in zip(together, caps, strict=True) for h in hyps)
 
 
-def test_peers_decodes_an_export_of_our_run_next_to_the_others(trained: Path, tmp_path: Path) -> None:
+def test_peers_decodes_an_export_of_our_run_next_to_the_others(trained: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/peers.py --ctranslate2: the run exported and decoded by inference.py on each test set; a column."""
-    sys.path.insert(0, str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import peers
 
     bench = tmp_path / "data" / "bench" / "fr-en"
@@ -177,10 +188,11 @@ def test_peers_decodes_an_export_of_our_run_next_to_the_others(trained: Path, tm
     assert (tmp_path / "ours.ct2" / "export" / "model.bin").is_file()
     for name in peers.TEST_SETS:
         assert result["tests"][name]["sentences_per_s"] > 0 and 0 <= result["tests"][name]["bleu"] <= 100
-    result.update(steps=100, target_tokens_per_s=1000.0, valid_ppl=9.0, peak_rss_mb=900.0)
     peers.add_output_lengths(tmp_path, "ours.ct2", result)
     assert [result["tests"][n]["lines"] for n in peers.TEST_SETS] == [10, 10, 10]
-    report = peers.table({"ours.ct2": result, "eole": {**result, "tests": {
-        n: {**t, "sentences_per_s": t["sentences_per_s"] / 2} for n, t in result["tests"].items()}}}, 44)
+    eole = {"steps": 100, "target_tokens_per_s": 1000.0, "valid_ppl": 9.0, "peak_rss_mb": 900.0, "tests": {
+        n: {**t, "sentences_per_s": t["sentences_per_s"] / 2} for n, t in result["tests"].items()}}
+    report = peers.table({"ours.ct2": result, "eole": eole}, 44)
     assert "| 44 min, then beam 5 | ours.ct2 | eole | ours.ct2/eole |" in report
+    assert "| optimizer steps | - | 100 | - |" in report  # the export has no training of its own
     assert "| beam-5 sentences/s test.tatoeba |" in report and "| 2.00x |" in report
