@@ -13,9 +13,12 @@ Budget: ``--steps`` optimizer steps or ``--tokens`` target tokens per run, never
 machine cannot bias the comparison. Each (variant, seed) is a normal run directory under
 ``runs/study_<name>/runs/<variant>/seed<k>/`` that train.py, test.py and visualize.py understand. The
 study is resumable and idempotent: run the same command again and finished runs and evaluations are
-skipped, a run killed mid-training is resumed from its last checkpoint. With several GPUs, one process
-per device. Writes ``results.json`` (every number), ``report.md`` (tables, figures, significance in
-words), ``figures/*.png`` and ``tb/`` (TensorBoard HParams: compare the runs in the HParams tab).
+skipped, a run killed mid-training is resumed from its last checkpoint. A run that another study in the
+same ``--runs`` folder already finished with exactly the same config (seed and budget included) is linked,
+not trained again: ``all-encodings`` reuses ``seed-table``'s sinusoidal, learnable and RoPE runs. With
+several GPUs, one process per device. Writes ``results.json`` (every number), ``report.md`` (tables,
+figures, significance in words), ``figures/*.png`` and ``tb/`` (TensorBoard HParams: compare the runs in
+the HParams tab).
 
 Statistics: mean +- standard deviation over seeds; paired bootstrap resampling against the baseline
 (Koehn 2004, sacreBLEU's implementation, 1,000 samples) on the hypotheses of all seeds pooled, giving
@@ -146,6 +149,29 @@ def find_run(root: Path) -> Path | None:
             shutil.rmtree(run)  # killed between a periodic checkpoint and its last.pt: nothing to resume from
     runs = [p for p in runs if p.is_dir()]
     return runs[-1] if runs else None
+
+
+def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | None, tokens: int | None) -> Path | None:
+    """A seed folder of another study in the same runs folder whose finished run has exactly the config this
+    job would train (e.g. seed-table's runs inside all-encodings): link it instead of training it again."""
+    from utils.config import ConfigError, load_config
+
+    for other in sorted(study.parent.glob("study_*/runs/*/seed*")):
+        if other.is_symlink() or study in other.parents or not other.is_dir():
+            continue
+        runs = sorted(p for p in other.iterdir()
+                      if p.is_dir() and not p.is_symlink() and (p / "checkpoints" / "last.pt").is_file())
+        if not runs:
+            continue
+        try:
+            same = load_config(runs[-1] / "config.yaml").to_dict() == expected
+        except ConfigError:
+            continue
+        if same and training_done(runs[-1], steps, tokens):
+            job.root.parent.mkdir(parents=True, exist_ok=True)
+            job.root.symlink_to(os.path.relpath(other, job.root.parent), target_is_directory=True)
+            return other
+    return None
 
 
 def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
@@ -401,6 +427,13 @@ def main() -> int:
     todo = []
     for job in jobs:
         run = find_run(job.root)
+        if run is None and not job.root.exists():
+            expected = load_config(config, [*args.overrides, *job.variant.overrides, f"seed={job.seed}",
+                                            *budget_sets]).to_dict()
+            other = shared_run(job, study, expected, args.steps, args.tokens)
+            if other is not None:
+                print(f"  {job.key}: the same run is in {other}, linked", flush=True)
+                continue
         if run is not None and training_done(run, args.steps, args.tokens):
             continue
         todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),

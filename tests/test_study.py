@@ -54,11 +54,12 @@ def test_budget_never_uses_wall_time_or_early_stopping() -> None:
         "1000000"
 
 
-def run_study(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def run_study(tmp: Path, *extra: str, grid: str = "model.attention_pe=none,rope",
+              name: str = "t") -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid",
-           "model.attention_pe=none,rope", "--set", "model.input_pe=none", "--set", "data.cache_dir=" + str(tmp / "c"),
+           grid, "--set", "model.input_pe=none", "--set", "data.cache_dir=" + str(tmp / "c"),
            "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.encoder_layers=1",
-           "--set", "model.decoder_layers=1", "--seeds", "2", "--steps", "8", "--eval-every", "4", "--name", "t",
+           "--set", "model.decoder_layers=1", "--seeds", "2", "--steps", "8", "--eval-every", "4", "--name", name,
            "--runs", str(tmp), "--max-sentences", "12", "--attention-sentences", "6", "--bootstrap", "100", *extra]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
@@ -107,6 +108,17 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert again.returncode == 0 and "4 runs, 4 trained, 0 to train" in again.stdout
     assert "  test " not in again.stdout  # every evaluation was already there
     assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs
+
+    # Another study in the same runs folder with one variant in common: those runs are linked, not trained.
+    other = run_study(tmp_path, grid="model.attention_pe=none,alibi", name="u")
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert "4 runs, 2 trained, 2 to train" in other.stdout and "train attention_pe=none" not in other.stdout
+    for seed in (1, 2):
+        linked = tmp_path / "study_u" / "runs" / study.slug("attention_pe=none") / f"seed{seed}"
+        assert linked.is_symlink()
+        assert linked.resolve() == (root / "runs" / study.slug("attention_pe=none") / f"seed{seed}").resolve()
+    assert json.loads((tmp_path / "study_u" / "results.json").read_text())["baseline"] == "attention_pe=none"
+    assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs  # nothing of study t was redone
 
 
 def _systems() -> tuple[list[str], list[str], list[str]]:
