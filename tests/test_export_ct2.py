@@ -196,3 +196,29 @@ def test_peers_decodes_an_export_of_our_run_next_to_the_others(trained: Path, tm
     assert "| 44 min, then beam 5 | ours.ct2 | eole | ours.ct2/eole |" in report
     assert "| optimizer steps | - | 100 | - |" in report  # the export has no training of its own
     assert "| beam-5 sentences/s test.tatoeba |" in report and "| 2.00x |" in report
+
+
+def test_speed_times_the_export_in_a_fresh_process(trained: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/speed.py's CTranslate2 rows: timed in a spawned process (PyTorch's thread pool, once used, slows
+    CTranslate2 in the same process); greedy outputs are ours, float32 and int8 both timed."""
+    import dataclasses
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import speed
+
+    from utils.runs import load_run
+    from utils.translate import encode_sources, translate_ids
+
+    run = load_run(str(trained))
+    lines = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()[:12]
+    refs = (ROOT / "data" / "demo" / "test.en").read_text(encoding="utf-8").splitlines()[:12]
+    decoders = {"greedy": dataclasses.replace(run.cfg.decode, beam=1, nbest=1)}
+    for rule in ("bound", "k_finished"):
+        decoders[f"beam 5, stop={rule}"] = dataclasses.replace(run.cfg.decode, beam=5, nbest=1, beam_stop=rule)
+    ids = encode_sources(run.tokenizer, lines, run.model.max_length, strict=False)
+    ours = {label: [best[0].text for best in translate_ids(run.model, run.tokenizer, ids, d)]
+            for label, d in decoders.items()}
+    rows = speed.time_ctranslate2(run, lines, refs, decoders, ours)
+    assert set(rows) == {f"CTranslate2 {q}, {d}" for q in ("float32", "int8") for d in ("greedy", "beam 5")}
+    assert all(r["sent_per_s"] > 0 and r["seconds"] > 0 for r in rows.values())
+    assert rows["CTranslate2 float32, greedy"]["same_as_ours"] >= 11  # of 12: greedy is ours but where a cap is hit
