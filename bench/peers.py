@@ -110,8 +110,6 @@ def decode_ctranslate2(work: Path, run_dir: Path, python: str, data: Path) -> di
     """The run exported to CTranslate2 (float32), then ``inference.py --model_path EXPORT --beam 5 --input``
     on each test set: sentences/s as inference.py reports it (reading, tokenizing, decoding, writing; model
     loading excluded), sacreBLEU and chrF of its output."""
-    from utils.metrics import corpus_scores
-
     export = work / "export"
     run_measured([python, "inference.py", "--model_path", str(run_dir), "--export-ctranslate2", str(export)],
                  work / "export.log")
@@ -127,10 +125,17 @@ def decode_ctranslate2(work: Path, run_dir: Path, python: str, data: Path) -> di
             raise CommandFailed(f"inference.py on the CTranslate2 export failed (exit {code}), see {log}: "
                                 + " | ".join(lines[-3:]))
         speed = float(lines[-1].rsplit("(", 1)[1].split()[0])  # "translated N sentences in Xs (Y sentences/s)"
-        refs = (bench / f"{name}.en").read_text(encoding="utf-8").splitlines()
-        scores = corpus_scores(hyp.read_text(encoding="utf-8").splitlines(), refs)
-        result["tests"][name] = {"bleu": scores.bleu, "chrf": scores.chrf, "sentences_per_s": speed}
+        result["tests"][name] = score_hyps(bench, name, hyp, speed)
     return result
+
+
+def score_hyps(bench: Path, name: str, hyp: Path, speed: float) -> dict[str, float]:
+    """sacreBLEU and chrF of a hypotheses file against the test set's references, with its sentences/s."""
+    from utils.metrics import corpus_scores
+
+    refs = (bench / f"{name}.en").read_text(encoding="utf-8").splitlines()
+    scores = corpus_scores(hyp.read_text(encoding="utf-8").splitlines(), refs)
+    return {"bleu": scores.bleu, "chrf": scores.chrf, "sentences_per_s": speed}
 
 
 def read_scores(run_dir: Path, checkpoint: str) -> dict[str, dict[str, float]]:
@@ -261,8 +266,6 @@ def run_eole(work: Path, minutes: float, data: Path, venv: Path) -> dict:
 
 def decode_eole(work: Path, python: str, data: Path) -> dict:
     """Eole's ``InferenceEnginePY.infer_file`` (bench/eole_runner.py predict), beam 5, on each test set."""
-    from utils.metrics import corpus_scores
-
     bench = data / "bench" / "fr-en"
     runner = str(ROOT / "bench" / "eole_runner.py")
     model = max((work / "model").glob("step_*"), key=lambda p: int(p.name.split("_")[1]), default=work / "model")
@@ -272,11 +275,7 @@ def decode_eole(work: Path, python: str, data: Path) -> dict:
         run_measured([python, runner, "predict", str(pred_stats), "-model_path", str(model), "-src",
                       str(bench / f"{name}.fr"), "-output", str(hyp), "-beam_size", "5", "-batch_size", "32",
                       "-batch_type", "sents", "-seed", "1234"], work / f"{name}.predict.log")
-        refs = (bench / f"{name}.en").read_text(encoding="utf-8").splitlines()
-        hyps = hyp.read_text(encoding="utf-8").splitlines()
-        scores = corpus_scores(hyps, refs)
-        speed = json.loads(pred_stats.read_text())["sentences_per_s"]
-        result["tests"][name] = {"bleu": scores.bleu, "chrf": scores.chrf, "sentences_per_s": speed}
+        result["tests"][name] = score_hyps(bench, name, hyp, json.loads(pred_stats.read_text())["sentences_per_s"])
     return result
 
 
