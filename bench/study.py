@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -327,6 +328,31 @@ def paired_bootstrap(base: Sequence[Sequence[str]], system: Sequence[Sequence[st
             mean, ci = estimate_ci(res)
             row[side] = {"score": float(full), "mean": float(mean), "ci": float(ci)}
         out[name] = row
+    return out
+
+
+def seed_test(base: Sequence[float], system: Sequence[float], alpha: float, power: float = 0.8) -> dict[str, Any]:
+    """Welch's t-test of two variants' per-seed corpus scores (Reimers & Gurevych 2017): does the difference
+    of the means exceed what training again with another seed gives? The test-set bootstrap cannot see
+    that variation. ``seeds_needed``: seeds per variant for ``power`` at level ``alpha`` if the true
+    difference were the observed one (normal approximation, n = 2 (z_{1-alpha/2} + z_power)^2 s^2 / delta^2,
+    s^2 the mean of the two variances). ``p_value`` is None with fewer than two seeds a side."""
+    import statistics
+
+    from scipy import stats
+
+    delta = statistics.fmean(system) - statistics.fmean(base)
+    out: dict[str, Any] = {"delta": delta, "p_value": None, "seeds_needed": None}
+    if min(len(base), len(system)) < 2:
+        return out
+    var = (statistics.variance(base) + statistics.variance(system)) / 2
+    if var == 0:  # every seed scores alike on both sides: the means differ or they do not
+        out["p_value"] = 1.0 if delta == 0 else 0.0
+    else:
+        out["p_value"] = float(stats.ttest_ind(system, base, equal_var=False).pvalue)
+    if delta != 0:
+        z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+        out["seeds_needed"] = max(2, math.ceil(2 * z * z * var / (delta * delta)))
     return out
 
 

@@ -23,7 +23,7 @@ def _read_lines(path: Path) -> list[str]:
 def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: str, checkpoint: str,
               samples: int) -> dict[str, Any]:
     """Every number of the study: per variant (and test variant), split and decoder."""
-    from bench.study import compute_attention, eval_file, mean_std, paired_bootstrap, valid_curve
+    from bench.study import compute_attention, eval_file, mean_std, paired_bootstrap, seed_test, valid_curve
     from data.sources import load_corpus
     from utils.config import load_config
 
@@ -61,6 +61,7 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
             systems[name] = entry
 
     comparisons: dict[str, Any] = {}
+    k = max(1, (len(systems) - 1) * len(splits))  # comparisons per decoder: Bonferroni's divisor
     for name, entry in systems.items():
         if name == baseline:
             continue
@@ -71,14 +72,16 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
                 base_h = systems[baseline]["splits"][split][decoder]["_hyps"]
                 sys_h = entry["splits"][split][decoder]["_hyps"]
                 refs = refs_one[: len(base_h[0])]
-                comparisons[name].setdefault(split, {})[decoder] = paired_bootstrap(
-                    base_h, sys_h, refs, samples, first_cfg.tokenizer.lowercase)
+                comp = paired_bootstrap(base_h, sys_h, refs, samples, first_cfg.tokenizer.lowercase)
+                comp["seeds"] = seed_test(systems[baseline]["splits"][split][decoder]["bleu"],
+                                          entry["splits"][split][decoder]["bleu"], ALPHA / k)
+                comparisons[name].setdefault(split, {})[decoder] = comp
     for entry in systems.values():
         for split in entry["splits"].values():
             for row in split.values():
                 row.pop("_hyps")
     return {"baseline": baseline, "seeds": seeds, "splits": splits, "systems": systems,
-            "comparisons": comparisons, "bootstrap_samples": samples, "alpha": ALPHA}
+            "comparisons": comparisons, "bootstrap_samples": samples, "alpha": ALPHA, "comparisons_per_decoder": k}
 
 
 def _bucket_means(per_seed: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -99,9 +102,31 @@ def _fmt(ms: tuple[float, float] | list[float] | None) -> str:
     return "-" if ms is None else f"{ms[0]:.2f} ± {ms[1]:.2f}"
 
 
-def significance_lines(results: dict[str, Any]) -> list[str]:
-    """One sentence per comparison on beam 5: the difference, its p-value and what it means."""
-    k = max(1, sum(len(c) for c in results["comparisons"].values()))
+def resolved(comp: dict[str, Any], k: int) -> tuple[bool, str]:
+    """Whether one comparison's BLEU difference is resolved, and why: it must pass both tests after
+    Bonferroni over ``k`` comparisons, the paired bootstrap (the test set could have been other sentences)
+    and Welch's t-test over seeds (the models could have been trained with other seeds)."""
+    level = ALPHA / k
+    bs, seeds = comp["BLEU"], comp.get("seeds") or {"p_value": None}
+    bs_ok, seed_p = bs["p_value"] < level, seeds["p_value"]
+    where = f"after Bonferroni over {k} comparisons (p < {level:.4f})"
+    if bs_ok and seed_p is not None and seed_p < level:
+        return True, f"resolved: significant on the test-set bootstrap and across seeds {where}"
+    if bs_ok and seed_p is None:
+        return False, (f"the test-set bootstrap resolves it {where}, but with one seed a side the variation "
+                       "between training runs is not measured")
+    if bs_ok:
+        need = seeds.get("seeds_needed")
+        more = f"; about {need} seeds per variant would resolve a true difference this size" if need else ""
+        return False, (f"not resolved: the test-set bootstrap separates these models' outputs {where}, but the "
+                       f"seeds do not (Welch's t-test p = {seed_p:.3f}): another set of seeds could reverse it{more}")
+    alone = " (p < 0.05 alone)" if bs["p_value"] < ALPHA else ""
+    return False, f"not resolved: within what resampling the test set gives{alone}"
+
+
+def significance_lines(results: dict[str, Any], decoder: str = "beam5") -> list[str]:
+    """One sentence per comparison: both differences, both p-values and what they mean together."""
+    k = results.get("comparisons_per_decoder") or max(1, sum(len(c) for c in results["comparisons"].values()))
     floor = 1 / (results["bootstrap_samples"] + 1)  # the smallest p-value the resampling can give
     lines = []
     if floor >= ALPHA / k:
@@ -112,18 +137,14 @@ def significance_lines(results: dict[str, Any]) -> list[str]:
     base = results["baseline"]
     for name, per_split in results["comparisons"].items():
         for split, per_dec in per_split.items():
-            c = per_dec["beam5"]["BLEU"]
-            p, d = c["p_value"], c["delta"]
-            if p < ALPHA / k:
-                verdict = f"significant (p < {ALPHA} even after Bonferroni over {k} comparisons)"
-            elif p < ALPHA:
-                verdict = f"significant at p < {ALPHA} alone, not after Bonferroni over {k} comparisons"
-            else:
-                verdict = "not resolved: the difference is within what resampling the test set gives"
-            stds = [results["systems"][x]["splits"][split]["beam5"]["bleu_mean_std"][1] for x in (name, base)]
-            if len(results["seeds"]) > 1 and abs(d) < max(stds):
-                verdict += f"; it is also smaller than the seed-to-seed standard deviation ({max(stds):.2f})"
-            lines.append(f"- {name} vs {base} on {split}: {d:+.2f} BLEU (p = {p:.3f}), {verdict}.")
+            comp = per_dec[decoder]
+            seeds = comp.get("seeds") or {}
+            mean = f"{seeds['delta']:+.2f} BLEU in the mean over seeds" if "delta" in seeds else ""
+            if seeds.get("p_value") is not None:
+                mean += f" (Welch p = {seeds['p_value']:.3f})"
+            pooled = f"{comp['BLEU']['delta']:+.2f} pooled (bootstrap p = {comp['BLEU']['p_value']:.3f})"
+            lines.append(f"- {name} vs {base} on {split}: {', '.join(x for x in (mean, pooled) if x)}; "
+                         f"{resolved(comp, k)[1]}.")
     return lines
 
 
@@ -141,29 +162,50 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     out = [f"# Study: {Path(spec['config']).name}, {len(spec['variants'])} variants x {n_seeds} seeds, {budget} each",
            "", f"Command: `{spec['command']}`", "",
            f"Baseline: **{base}**. Checkpoint scored: {spec['checkpoint']}.pt. BLEU is sacreBLEU (signature below), "
-           f"mean ± standard deviation over {n_seeds} seeds; Δ is the paired bootstrap difference with the baseline on "
-           f"all seeds' hypotheses pooled ({results['bootstrap_samples']} samples, sacreBLEU's test resampling test "
-           "sentences with each sentence's statistics summed over the seeds), with the system's 95 % confidence "
-           "half-width and the p-value.", ""]
+           f"mean ± standard deviation over {n_seeds} seeds. A difference with the baseline is tested twice: across "
+           "seeds (Welch's t-test on the seeds' BLEU: would other training runs agree?) and across test sentences "
+           f"(sacreBLEU's paired bootstrap, {results['bootstrap_samples']} samples, on all seeds' outputs pooled, "
+           "a test sentence's statistics summed over the seeds: would other test sentences agree?). A difference "
+           "counts as resolved only when both say so after Bonferroni's correction.", ""]
+    k = results.get("comparisons_per_decoder", 1)
     for decoder in ("beam5", "greedy"):
-        out += [f"## BLEU, {'beam 5' if decoder == 'beam5' else 'greedy'}", ""]
+        title = "beam 5" if decoder == "beam5" else "greedy"
+        out += [f"## BLEU, {title}", ""]
         head = "| system | " + " | ".join(results["splits"]) + " |"
         out += [head, "|---|" + "---|" * len(results["splits"])]
         for name, entry in results["systems"].items():
             cells = []
             for split in results["splits"]:
-                row = entry["splits"][split][decoder]
-                cell = _fmt(row["bleu_mean_std"])
                 comp = results["comparisons"].get(name, {}).get(split, {}).get(decoder)
-                if comp:
-                    c = comp["BLEU"]
-                    mark = " *" if c["p_value"] < ALPHA else ""
-                    cell += f" (Δ {c['delta']:+.2f}, ±{c['system']['ci']:.2f}, p {c['p_value']:.3f}){mark}"
-                cells.append(cell)
+                mark = " *" if comp and resolved(comp, k)[0] else ""
+                cells.append(_fmt(entry["splits"][split][decoder]["bleu_mean_std"]) + mark)
             out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out += ["", f"Against {base}, {title}:", "",
+                "| system | split | Δ mean | Welch p (seeds) | seeds for 80 % power | pooled BLEU ± 95 % CI "
+                "| Δ pooled | bootstrap p | resolved |", "|---|---|---|---|---|---|---|---|---|"]
+        for name, per_split in results["comparisons"].items():
+            for split, per_dec in per_split.items():
+                comp = per_dec[decoder]
+                seeds, bs = comp.get("seeds") or {}, comp["BLEU"]
+                sp = "-" if seeds.get("p_value") is None else f"{seeds['p_value']:.3f}"
+                need = seeds.get("seeds_needed") or "-"
+                mean = f"{seeds['delta']:+.2f}" if "delta" in seeds else "-"
+                out.append(f"| {name} | {split} | {mean} | {sp} | {need} | {bs['system']['score']:.2f} ± "
+                           f"{bs['system']['ci']:.2f} | {bs['delta']:+.2f} | {bs['p_value']:.3f} | "
+                           f"{'yes' if resolved(comp, k)[0] else 'no'} |")
         out.append("")
-    out += ["\\* p < 0.05 against the baseline (paired bootstrap).", "", "## What the intervals resolve", "",
-            *significance_lines(results), ""]
+    out += [f"\\* resolved against {base}: significant after Bonferroni over {k} comparisons on both tests, "
+            "the paired bootstrap over test sentences (sacreBLEU's, on all seeds' outputs pooled) and Welch's "
+            "t-test over the seeds' BLEU. Pooled BLEU is the corpus BLEU of every seed's output together, what "
+            "the bootstrap resamples; it need not equal the mean of the seeds' BLEU. Seeds for 80 % power: "
+            "per variant, if the true difference were the observed mean difference.", ""]
+    for decoder, title in (("beam5", "beam 5"), ("greedy", "greedy")):
+        lines = significance_lines(results, decoder)
+        n = sum(resolved(per_dec[decoder], k)[0] for per_split in results["comparisons"].values()
+                for per_dec in per_split.values())
+        total = sum(len(per_split) for per_split in results["comparisons"].values())
+        out += [f"## What the intervals resolve, {title}", "", f"{n} of {total} differences resolved.", "",
+                *lines, ""]
     out += ["## chrF, beam 5", "", "| system | " + " | ".join(results["splits"]) + " |",
             "|---|" + "---|" * len(results["splits"])]
     for name, entry in results["systems"].items():

@@ -94,11 +94,15 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert rope["bleu"][0] == pytest.approx(one["bleu"])  # the report's numbers are test.py's
     comp = results["comparisons"]["attention_pe=rope"]["test"]["beam5"]["BLEU"]
     assert 0.0 <= comp["p_value"] <= 1.0 and comp["system"]["ci"] >= 0.0 and "bs:100" in comp["signature"]
+    seeds = results["comparisons"]["attention_pe=rope"]["test"]["beam5"]["seeds"]
+    base_bleu = results["systems"]["attention_pe=none"]["splits"]["test"]["beam5"]["bleu"]
+    assert seeds["delta"] == pytest.approx(sum(rope["bleu"]) / 2 - sum(base_bleu) / 2)
     att = results["systems"]["attention_pe=rope"]["attention"][0]
     assert att["sentences"] == 6 and len(att["stats"]["cross"]["diagonal"]) == 1  # 1 decoder layer
 
     report = (root / "report.md").read_text()
-    assert "## BLEU, beam 5" in report and "## What the intervals resolve" in report
+    assert "## BLEU, beam 5" in report and "## What the intervals resolve, beam 5" in report
+    assert "| system | split | Δ mean | Welch p (seeds) |" in report
     assert "attention_pe=rope vs attention_pe=none on test:" in report
     for fig in ("bleu_by_length_test.png", "valid_bleu.png", "attention_encoder.png", "attention_cross.png"):
         assert (root / "figures" / fig).stat().st_size > 1000, fig
@@ -155,20 +159,40 @@ def test_paired_bootstrap_is_sacrebleus_for_one_seed_and_seed_copies_add_no_evid
     assert lower["BLEU"]["baseline"]["score"] == pytest.approx(one["BLEU"]["baseline"]["score"])
 
 
-def test_significance_lines_say_when_bonferroni_is_out_of_reach_and_when_seeds_vary_more() -> None:
-    from study_report import significance_lines
+def test_seed_test_is_welchs_t_test_and_says_how_many_seeds_would_do() -> None:
+    out = study.seed_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], 0.05)
+    assert out["delta"] == pytest.approx(3.0) and out["p_value"] == pytest.approx(0.02131, abs=1e-4)  # t=3.67, df=4
+    assert out["seeds_needed"] == 2
+    # Unequal variances: Welch's df (2.01, by hand: p = 1 - t / sqrt(t^2 + 2) with t = 0.736) decide, not the
+    # pooled t-test's 4 (p 0.502).
+    assert study.seed_test([10.0, 10.2, 9.9], [12.0, 8.0, 14.0], 0.05)["p_value"] == pytest.approx(0.538, abs=1e-3)
+    # n = 2 (z_0.975 + z_0.8)^2 s^2 / delta^2 with s^2 = 1, delta = 0.5: 62.8 -> 63 seeds a variant.
+    assert study.seed_test([-1.0, 0.0, 1.0], [-0.5, 0.5, 1.5], 0.05)["seeds_needed"] == 63
+    assert study.seed_test([1.0], [2.0], 0.05)["p_value"] is None
+    assert study.seed_test([2.0, 2.0], [2.0, 2.0], 0.05) == {"delta": 0.0, "p_value": 1.0, "seeds_needed": None}
 
-    def split(mean: float, std: float) -> dict:
-        return {"t": {"beam5": {"bleu_mean_std": [mean, std]}}}
 
-    comp = {f"s{i}": {"t": {"beam5": {"BLEU": {"p_value": 0.0099, "delta": 0.5}}}} for i in range(6)}
-    results = {"baseline": "b", "seeds": [1, 2, 3], "bootstrap_samples": 100, "comparisons": comp,
-               "systems": {"b": {"splits": split(20.0, 1.5)},
-                           **{f"s{i}": {"splits": split(20.5, 0.2)} for i in range(6)}}}
+def test_a_difference_is_resolved_only_when_the_test_set_and_the_seeds_both_resolve_it() -> None:
+    from study_report import resolved, significance_lines
+
+    def comp(bs_p: float, seed_p: float | None) -> dict:
+        return {"t": {"beam5": {"BLEU": {"p_value": bs_p, "delta": 0.6},
+                                "seeds": {"delta": 0.5, "p_value": seed_p, "seeds_needed": 40}}}}
+
+    cases = {"a": comp(0.001, 0.6), "b": comp(0.001, 0.001), "c": comp(0.03, 0.001), "d": comp(0.001, None)}
+    results = {"baseline": "base", "seeds": [1, 2, 3], "bootstrap_samples": 1000, "comparisons": cases,
+               "comparisons_per_decoder": 4}
     lines = significance_lines(results)
-    assert "no p-value can go below 0.0099" in lines[0] and "--bootstrap 120" in lines[0]
-    assert "significant at p < 0.05 alone" in lines[1]
-    assert "smaller than the seed-to-seed standard deviation (1.50)" in lines[1]
+    assert len(lines) == 4
+    # The test-set bootstrap alone would call a significant; the seeds vary too much for that.
+    assert "a vs base on t: +0.50 BLEU in the mean over seeds (Welch p = 0.600), +0.60 pooled" in lines[0]
+    assert "not resolved" in lines[0] and "the seeds do not" in lines[0] and "about 40 seeds" in lines[0]
+    assert "resolved: significant on the test-set bootstrap and across seeds" in lines[1]
+    assert "not resolved: within what resampling the test set gives (p < 0.05 alone)" in lines[2]
+    assert "with one seed a side the variation between training runs is not measured" in lines[3]
+    assert [resolved(c["t"]["beam5"], 4)[0] for c in cases.values()] == [False, True, False, False]
+    results["bootstrap_samples"] = 50
+    assert "no p-value can go below 0.0196" in significance_lines(results)[0]  # 1/51 > 0.05/4
 
 
 def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_path: Path) -> None:
