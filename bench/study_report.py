@@ -232,24 +232,38 @@ def _attention_mean(per_seed: list[dict[str, Any]], kind: str, stat: str) -> flo
     return sum(values) / len(values)
 
 
+def half_width(std: float, n: int) -> float:
+    """95 % confidence half-width of a mean over ``n`` seeds: t_{0.975, n-1} std / sqrt(n) (0 for one seed)."""
+    from scipy import stats
+
+    return 0.0 if n < 2 else float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
+
+
 def _figures(results: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib
+
+    from bench.study import mean_std
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []
+    seeds = len(results["seeds"])
     for split in results["splits"]:
         fig, ax = plt.subplots(figsize=(7, 4))
-        for name, entry in results["systems"].items():
+        n = len(results["systems"])
+        for k, (name, entry) in enumerate(results["systems"].items()):
             rows = entry["splits"][split]["beam5"]["by_source_length"]
             xs = [i for i, r in enumerate(rows) if r["bleu_mean_std"]]
-            ax.errorbar([x + 0.03 * len(paths) for x in xs], [rows[i]["bleu_mean_std"][0] for i in xs],
-                        yerr=[rows[i]["bleu_mean_std"][1] for i in xs], marker="o", capsize=3, label=name)
+            shift = (k - (n - 1) / 2) * min(0.08, 0.5 / n)  # side by side, so the bars do not hide each other
+            ax.errorbar([x + shift for x in xs], [rows[i]["bleu_mean_std"][0] for i in xs],
+                        yerr=[half_width(rows[i]["bleu_mean_std"][1], seeds) for i in xs], marker="o", capsize=3,
+                        label=name)
         buckets = [r["bucket"] for r in next(iter(results["systems"].values()))["splits"][split]["beam5"][
             "by_source_length"]]
         ax.set_xticks(range(len(buckets)), buckets)
-        ax.set(xlabel="source length (subword tokens)", ylabel="BLEU (beam 5), mean ± std over seeds", title=split)
+        ax.set(xlabel="source length (subword tokens)", ylabel="BLEU (beam 5)",
+               title=f"{split}: mean over {seeds} seeds, 95 % CI")
         ax.legend(fontsize=7)
         paths.append(_save(fig, out / f"bleu_by_length_{split}.png"))
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -258,9 +272,11 @@ def _figures(results: dict[str, Any], out: Path) -> list[Path]:
         if not curves:
             continue
         steps = [s for s, _ in curves[0]]
-        means = [sum(c[i][1] for c in curves if i < len(c)) / len(curves) for i in range(len(steps))]
-        ax.plot(steps, means, marker=".", label=name)
-    ax.set(xlabel="training iteration", ylabel="validation BLEU (mean over seeds)")
+        stats = [mean_std([c[i][1] for c in curves if i < len(c)]) for i in range(len(steps))]
+        (line,) = ax.plot(steps, [m for m, _ in stats], marker=".", label=name)
+        ax.fill_between(steps, [m - d for m, d in stats], [m + d for m, d in stats], color=line.get_color(),
+                        alpha=0.15, linewidth=0)
+    ax.set(xlabel="training iteration", ylabel="validation BLEU, mean ± std over seeds")
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "valid_bleu.png"))
     for kind, stats in (("encoder", ("distance", "entropy")), ("decoder", ("distance", "entropy")),
@@ -270,10 +286,12 @@ def _figures(results: dict[str, Any], out: Path) -> list[Path]:
             if "attention" not in entry:
                 continue
             for ax, stat in zip(axes, stats, strict=True):
-                layers = [sum(sum(h) / len(h) for h in [s["stats"][kind][stat][i] for s in entry["attention"]])
-                          / len(entry["attention"]) for i in range(len(entry["attention"][0]["stats"][kind][stat]))]
-                ax.plot(range(1, len(layers) + 1), layers, marker="o", label=name)
-                ax.set(xlabel="layer", ylabel=stat, title=f"{kind} attention: {stat}")
+                per_seed = [[sum(heads) / len(heads) for heads in s["stats"][kind][stat]] for s in entry["attention"]]
+                layers = [mean_std(values) for values in zip(*per_seed, strict=True)]  # mean over heads, then seeds
+                xs = range(1, len(layers) + 1)
+                ax.errorbar(xs, [m for m, _ in layers], yerr=[d for _, d in layers], marker="o", capsize=3, label=name)
+                ax.set(xlabel="layer", ylabel=f"{stat}, mean ± std over seeds", title=f"{kind} attention: {stat}")
+                ax.set_xticks(list(xs))
         axes[0].legend(fontsize=7)
         paths.append(_save(fig, out / f"attention_{kind}.png"))
     return paths

@@ -170,6 +170,9 @@ def test_seed_test_is_welchs_t_test_and_says_how_many_seeds_would_do() -> None:
     assert study.seed_test([-1.0, 0.0, 1.0], [-0.5, 0.5, 1.5], 0.05)["seeds_needed"] == 63
     assert study.seed_test([1.0], [2.0], 0.05)["p_value"] is None
     assert study.seed_test([2.0, 2.0], [2.0, 2.0], 0.05) == {"delta": 0.0, "p_value": 1.0, "seeds_needed": None}
+    from study_report import half_width
+
+    assert half_width(1.0, 3) == pytest.approx(4.3027 / 3**0.5, abs=1e-4) and half_width(1.0, 1) == 0.0  # t_{.975,2}
 
 
 def test_a_difference_is_resolved_only_when_the_test_set_and_the_seeds_both_resolve_it() -> None:
