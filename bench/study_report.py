@@ -120,8 +120,9 @@ def resolved(comp: dict[str, Any], k: int) -> tuple[bool, str]:
         more = f"; about {need} seeds per variant would resolve a true difference this size" if need else ""
         return False, (f"not resolved: the test-set bootstrap separates these models' outputs {where}, but the "
                        f"seeds do not (Welch's t-test p = {seed_p:.3f}): another set of seeds could reverse it{more}")
-    alone = " (p < 0.05 alone)" if bs["p_value"] < ALPHA else ""
-    return False, f"not resolved: within what resampling the test set gives{alone}"
+    if bs["p_value"] < ALPHA:
+        return False, f"not resolved: the test-set bootstrap gives p < {ALPHA} alone, not {where}"
+    return False, "not resolved: within what resampling the test set gives"
 
 
 def significance_lines(results: dict[str, Any], decoder: str = "beam5") -> list[str]:
@@ -211,7 +212,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     for name, entry in results["systems"].items():
         out.append(f"| {name} | " + " | ".join(_fmt(entry["splits"][s]["beam5"]["chrf_mean_std"])
                                             for s in results["splits"]) + " |")
-    out += ["", "## Attention (validation sample; mean over heads and layers, then over seeds)", "",
+    out += ["", "## Attention (validation sample; mean over heads and layers, then mean ± std over seeds)", "",
             "| variant | encoder distance | encoder entropy | decoder distance | decoder entropy | cross entropy "
             "| cross diagonal (±2) |", "|---|---|---|---|---|---|---|"]
     for name, entry in results["systems"].items():
@@ -220,16 +221,19 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
         vals = [_attention_mean(entry["attention"], kind, stat) for kind, stat in
                 (("encoder", "distance"), ("encoder", "entropy"), ("decoder", "distance"), ("decoder", "entropy"),
                  ("cross", "entropy"), ("cross", "diagonal"))]
-        out.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
+        out.append(f"| {name} | " + " | ".join(_fmt(v) for v in vals) + " |")
     out += ["", "## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in paths]
     sig = next(iter(results["systems"].values()))["splits"][results["splits"][0]]["beam5"]["signature"]
     out += ["", f"sacreBLEU signature: `{sig}`", ""]
     atomic_write_text(study / "report.md", "\n".join(out))
 
 
-def _attention_mean(per_seed: list[dict[str, Any]], kind: str, stat: str) -> float:
-    values = [v for s in per_seed for layer in s["stats"][kind][stat] for v in layer]
-    return sum(values) / len(values)
+def _attention_mean(per_seed: list[dict[str, Any]], kind: str, stat: str) -> tuple[float, float]:
+    """One statistic over every layer and head of a run, then mean ± std over the seeds."""
+    from bench.study import mean_std
+
+    runs = [[v for layer in s["stats"][kind][stat] for v in layer] for s in per_seed]
+    return mean_std([sum(values) / len(values) for values in runs])
 
 
 def half_width(std: float, n: int) -> float:

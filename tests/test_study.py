@@ -191,7 +191,7 @@ def test_a_difference_is_resolved_only_when_the_test_set_and_the_seeds_both_reso
     assert "a vs base on t: +0.50 BLEU in the mean over seeds (Welch p = 0.600), +0.60 pooled" in lines[0]
     assert "not resolved" in lines[0] and "the seeds do not" in lines[0] and "about 40 seeds" in lines[0]
     assert "resolved: significant on the test-set bootstrap and across seeds" in lines[1]
-    assert "not resolved: within what resampling the test set gives (p < 0.05 alone)" in lines[2]
+    assert "not resolved: the test-set bootstrap gives p < 0.05 alone, not after Bonferroni over 4" in lines[2]
     assert "with one seed a side the variation between training runs is not measured" in lines[3]
     assert [resolved(c["t"]["beam5"], 4)[0] for c in cases.values()] == [False, True, False, False]
     results["bootstrap_samples"] = 50
