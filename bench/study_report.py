@@ -150,6 +150,7 @@ def significance_lines(results: dict[str, Any], decoder: str = "beam5") -> list[
 
 
 def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None:
+    from bench.study import mean_std, seed_test
     from utils.io import atomic_write_text
 
     figures = study / "figures"
@@ -215,25 +216,35 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     out += ["", "## Attention (validation sample; mean over heads and layers, then mean ± std over seeds)", "",
             "| variant | encoder distance | encoder entropy | decoder distance | decoder entropy | cross entropy "
             "| cross diagonal (±2) |", "|---|---|---|---|---|---|---|"]
-    for name, entry in results["systems"].items():
-        if "attention" not in entry:
-            continue
-        vals = [_attention_mean(entry["attention"], kind, stat) for kind, stat in
-                (("encoder", "distance"), ("encoder", "entropy"), ("decoder", "distance"), ("decoder", "entropy"),
-                 ("cross", "entropy"), ("cross", "diagonal"))]
-        out.append(f"| {name} | " + " | ".join(_fmt(v) for v in vals) + " |")
+    with_attention = [name for name, entry in results["systems"].items() if "attention" in entry]
+    k_att = max(1, (len(with_attention) - 1) * len(ATTENTION_STATS))
+    base_runs = results["systems"][base].get("attention")
+    for name in with_attention:
+        cells = []
+        for kind, stat in ATTENTION_STATS:
+            runs = _attention_runs(results["systems"][name]["attention"], kind, stat)
+            cell = _fmt(mean_std(runs))
+            if name != base and base_runs:
+                p = seed_test(_attention_runs(base_runs, kind, stat), runs, ALPHA / k_att)["p_value"]
+                cell += "" if p is None else f" (p {p:.3f}){' *' if p < ALPHA / k_att else ''}"
+            cells.append(cell)
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out += ["", f"p: Welch's t-test over seeds against {base}; \\* significant after Bonferroni over {k_att} "
+            "comparisons.", ""]
     out += ["", "## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in paths]
     sig = next(iter(results["systems"].values()))["splits"][results["splits"][0]]["beam5"]["signature"]
     out += ["", f"sacreBLEU signature: `{sig}`", ""]
     atomic_write_text(study / "report.md", "\n".join(out))
 
 
-def _attention_mean(per_seed: list[dict[str, Any]], kind: str, stat: str) -> tuple[float, float]:
-    """One statistic over every layer and head of a run, then mean ± std over the seeds."""
-    from bench.study import mean_std
+ATTENTION_STATS = (("encoder", "distance"), ("encoder", "entropy"), ("decoder", "distance"), ("decoder", "entropy"),
+                   ("cross", "entropy"), ("cross", "diagonal"))
 
+
+def _attention_runs(per_seed: list[dict[str, Any]], kind: str, stat: str) -> list[float]:
+    """One statistic per seed: its mean over every layer and head of that seed's run."""
     runs = [[v for layer in s["stats"][kind][stat] for v in layer] for s in per_seed]
-    return mean_std([sum(values) / len(values) for values in runs])
+    return [sum(values) / len(values) for values in runs]
 
 
 def half_width(std: float, n: int) -> float:

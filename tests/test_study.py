@@ -103,6 +103,8 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     report = (root / "report.md").read_text()
     assert "## BLEU, beam 5" in report and "## What the intervals resolve, beam 5" in report
     assert "| system | split | Δ mean | Welch p (seeds) |" in report
+    att_row = next(line for line in report.splitlines() if line.startswith("| attention_pe=rope | ") and "(p " in line)
+    assert att_row.count("(p ") == 6 and "p: Welch's t-test over seeds against attention_pe=none" in report
     assert "attention_pe=rope vs attention_pe=none on test:" in report
     for fig in ("bleu_by_length_test.png", "valid_bleu.png", "attention_encoder.png", "attention_cross.png"):
         assert (root / "figures" / fig).stat().st_size > 1000, fig
