@@ -73,7 +73,7 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
                 sys_h = entry["splits"][split][decoder]["_hyps"]
                 refs = refs_one[: len(base_h[0])]
                 comp = paired_bootstrap(base_h, sys_h, refs, samples, first_cfg.tokenizer.lowercase)
-                comp["seeds"] = seed_test(systems[baseline]["splits"][split][decoder]["bleu"],
+                comp["across_seeds"] = seed_test(systems[baseline]["splits"][split][decoder]["bleu"],
                                           entry["splits"][split][decoder]["bleu"], ALPHA / k)
                 comparisons[name].setdefault(split, {})[decoder] = comp
     for entry in systems.values():
@@ -107,7 +107,7 @@ def resolved(comp: dict[str, Any], k: int) -> tuple[bool, str]:
     Bonferroni over ``k`` comparisons, the paired bootstrap (the test set could have been other sentences)
     and Welch's t-test over seeds (the models could have been trained with other seeds)."""
     level = ALPHA / k
-    bs, seeds = comp["BLEU"], comp.get("seeds") or {"p_value": None}
+    bs, seeds = comp["BLEU"], comp.get("across_seeds") or {"p_value": None}
     bs_ok, seed_p = bs["p_value"] < level, seeds["p_value"]
     where = f"after Bonferroni over {k} comparisons (p < {level:.4f})"
     if bs_ok and seed_p is not None and seed_p < level:
@@ -139,7 +139,7 @@ def significance_lines(results: dict[str, Any], decoder: str = "beam5") -> list[
     for name, per_split in results["comparisons"].items():
         for split, per_dec in per_split.items():
             comp = per_dec[decoder]
-            seeds = comp.get("seeds") or {}
+            seeds = comp.get("across_seeds") or {}
             mean = f"{seeds['delta']:+.2f} BLEU in the mean over seeds" if "delta" in seeds else ""
             if seeds.get("p_value") is not None:
                 mean += f" (Welch p = {seeds['p_value']:.3f})"
@@ -188,7 +188,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
         for name, per_split in results["comparisons"].items():
             for split, per_dec in per_split.items():
                 comp = per_dec[decoder]
-                seeds, bs = comp.get("seeds") or {}, comp["BLEU"]
+                seeds, bs = comp.get("across_seeds") or {}, comp["BLEU"]
                 sp = "-" if seeds.get("p_value") is None else f"{seeds['p_value']:.3f}"
                 need = seeds.get("seeds_needed") or "-"
                 mean = f"{seeds['delta']:+.2f}" if "delta" in seeds else "-"

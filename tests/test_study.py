@@ -94,7 +94,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert rope["bleu"][0] == pytest.approx(one["bleu"])  # the report's numbers are test.py's
     comp = results["comparisons"]["attention_pe=rope"]["test"]["beam5"]["BLEU"]
     assert 0.0 <= comp["p_value"] <= 1.0 and comp["system"]["ci"] >= 0.0 and "bs:100" in comp["signature"]
-    seeds = results["comparisons"]["attention_pe=rope"]["test"]["beam5"]["seeds"]
+    seeds = results["comparisons"]["attention_pe=rope"]["test"]["beam5"]["across_seeds"]
     base_bleu = results["systems"]["attention_pe=none"]["splits"]["test"]["beam5"]["bleu"]
     assert seeds["delta"] == pytest.approx(sum(rope["bleu"]) / 2 - sum(base_bleu) / 2)
     att = results["systems"]["attention_pe=rope"]["attention"][0]
@@ -182,7 +182,7 @@ def test_a_difference_is_resolved_only_when_the_test_set_and_the_seeds_both_reso
 
     def comp(bs_p: float, seed_p: float | None) -> dict:
         return {"t": {"beam5": {"BLEU": {"p_value": bs_p, "delta": 0.6},
-                                "seeds": {"delta": 0.5, "p_value": seed_p, "seeds_needed": 40}}}}
+                                "across_seeds": {"delta": 0.5, "p_value": seed_p, "seeds_needed": 40}}}}
 
     cases = {"a": comp(0.001, 0.6), "b": comp(0.001, 0.001), "c": comp(0.03, 0.001), "d": comp(0.001, None)}
     results = {"baseline": "base", "seeds": [1, 2, 3], "bootstrap_samples": 1000, "comparisons": cases,
