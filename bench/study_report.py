@@ -76,12 +76,20 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
                 comp["across_seeds"] = seed_test(systems[baseline]["splits"][split][decoder]["bleu"],
                                           entry["splits"][split][decoder]["bleu"], ALPHA / k)
                 comparisons[name].setdefault(split, {})[decoder] = comp
+    with_attention = [name for name, entry in systems.items() if "attention" in entry]
+    k_att = max(1, (len(with_attention) - 1) * len(ATTENTION_STATS))
+    attention_comparisons = {
+        name: {f"{kind}.{stat}": seed_test(_attention_runs(systems[baseline]["attention"], kind, stat),
+                                           _attention_runs(systems[name]["attention"], kind, stat), ALPHA / k_att)
+               for kind, stat in ATTENTION_STATS}
+        for name in with_attention if name != baseline and "attention" in systems[baseline]}
     for entry in systems.values():
         for split in entry["splits"].values():
             for row in split.values():
                 row.pop("_hyps")
     return {"baseline": baseline, "seeds": seeds, "splits": splits, "systems": systems,
-            "comparisons": comparisons, "bootstrap_samples": samples, "alpha": ALPHA, "comparisons_per_decoder": k}
+            "comparisons": comparisons, "bootstrap_samples": samples, "alpha": ALPHA, "comparisons_per_decoder": k,
+            "attention_comparisons": attention_comparisons, "attention_comparisons_count": k_att}
 
 
 def _bucket_means(per_seed: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -127,7 +135,7 @@ def resolved(comp: dict[str, Any], k: int) -> tuple[bool, str]:
 
 def significance_lines(results: dict[str, Any], decoder: str = "beam5") -> list[str]:
     """One sentence per comparison: both differences, both p-values and what they mean together."""
-    k = results.get("comparisons_per_decoder") or max(1, sum(len(c) for c in results["comparisons"].values()))
+    k = results["comparisons_per_decoder"]
     floor = 1 / (results["bootstrap_samples"] + 1)  # the smallest p-value the resampling can give
     lines = []
     if floor >= ALPHA / k:
@@ -150,7 +158,7 @@ def significance_lines(results: dict[str, Any], decoder: str = "beam5") -> list[
 
 
 def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None:
-    from bench.study import mean_std, seed_test
+    from bench.study import mean_std
     from utils.io import atomic_write_text
 
     figures = study / "figures"
@@ -169,7 +177,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
            f"(sacreBLEU's paired bootstrap, {results['bootstrap_samples']} samples, on all seeds' outputs pooled, "
            "a test sentence's statistics summed over the seeds: would other test sentences agree?). A difference "
            "counts as resolved only when both say so after Bonferroni's correction.", ""]
-    k = results.get("comparisons_per_decoder", 1)
+    k = results["comparisons_per_decoder"]
     for decoder in ("beam5", "greedy"):
         title = "beam 5" if decoder == "beam5" else "greedy"
         out += [f"## BLEU, {title}", ""]
@@ -216,17 +224,15 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     out += ["", "## Attention (validation sample; mean over heads and layers, then mean ± std over seeds)", "",
             "| variant | encoder distance | encoder entropy | decoder distance | decoder entropy | cross entropy "
             "| cross diagonal (±2) |", "|---|---|---|---|---|---|---|"]
-    with_attention = [name for name, entry in results["systems"].items() if "attention" in entry]
-    k_att = max(1, (len(with_attention) - 1) * len(ATTENTION_STATS))
-    base_runs = results["systems"][base].get("attention")
-    for name in with_attention:
+    k_att = results["attention_comparisons_count"]
+    for name, entry in results["systems"].items():
+        if "attention" not in entry:
+            continue
         cells = []
         for kind, stat in ATTENTION_STATS:
-            runs = _attention_runs(results["systems"][name]["attention"], kind, stat)
-            cell = _fmt(mean_std(runs))
-            if name != base and base_runs:
-                p = seed_test(_attention_runs(base_runs, kind, stat), runs, ALPHA / k_att)["p_value"]
-                cell += "" if p is None else f" (p {p:.3f}){' *' if p < ALPHA / k_att else ''}"
+            cell = _fmt(mean_std(_attention_runs(entry["attention"], kind, stat)))
+            p = results["attention_comparisons"].get(name, {}).get(f"{kind}.{stat}", {}).get("p_value")
+            cell += "" if p is None else f" (p {p:.3f}){' *' if p < ALPHA / k_att else ''}"
             cells.append(cell)
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out += ["", f"p: Welch's t-test over seeds against {base}; \\* significant after Bonferroni over {k_att} "
