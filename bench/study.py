@@ -20,6 +20,11 @@ several GPUs, one process per device. Writes ``results.json`` (every number), ``
 figures, significance in words), ``figures/*.png`` and ``tb/`` (TensorBoard HParams: compare the runs in
 the HParams tab).
 
+Test-time variants: ``--test-variant rope+linear:model.rope.scaling=linear,model.rope.factor=8`` scores the
+trained models of variant ``rope`` again under inference-only overrides, as the system ``rope+linear``
+(``train-short-test-long`` does this for the RoPE length extensions), compared with its baseline and with
+its own trained variant (paired over seeds: the same models).
+
 Statistics: mean +- standard deviation over seeds; paired bootstrap resampling against the baseline
 (Koehn 2004, sacreBLEU's implementation, 1,000 samples) on the hypotheses of all seeds pooled, giving
 the 95 % confidence interval of each system and the p-value of its difference; attention distance,
@@ -115,6 +120,26 @@ def grid_variants(grids: Sequence[str]) -> list[Variant]:
         label = ",".join(f"{k.split('.')[-1]}={v}" for k, v in combo)
         variants.append(Variant(label, [f"{k}={v}" for k, v in combo]))
     return variants
+
+
+def add_test_variants(variants: list[Variant], items: Sequence[str]) -> None:
+    """``--test-variant [LABEL+]TAG:KEY=V,KEY=V``: score the trained models of variant LABEL (of every variant
+    without ``LABEL+``) again under inference-only overrides, as the system ``LABEL+TAG``."""
+    labels = {v.label: v for v in variants}
+    for item in items:
+        name, sep, sets = item.partition(":")
+        label, plus, tag = name.rpartition("+")
+        overrides = [x.strip() for x in re.split(r",(?=\s*[A-Za-z_][\w.]*\s*=)", sets) if x.strip()]
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", tag) or not overrides or \
+                any("=" not in x for x in overrides):
+            raise ConfigError(f"--test-variant {item!r}: expected [LABEL+]TAG:KEY=VALUE[,KEY=VALUE...], e.g. "
+                              "rope+linear:model.rope.scaling=linear,model.rope.factor=8 (TAG: letters, digits, _ . -)")
+        if plus and label not in labels:
+            raise ConfigError(f"--test-variant {item!r}: no variant {label!r}; variants: {', '.join(labels)}")
+        for v in [labels[label]] if plus else variants:
+            if tag in v.tests:
+                raise ConfigError(f"--test-variant {item!r}: {v.label} already has a test variant {tag!r}")
+            v.tests[tag] = overrides
 
 
 def slug(label: str) -> str:
@@ -214,8 +239,11 @@ def train_command(job: Job, config: str, overrides: list[str], budget: list[str]
     return cmd + [x for s in sets for x in ("--set", s)]
 
 
-def run_commands(commands: list[tuple[str, list[str], Path]], devices: int) -> None:
-    """Run (label, argv, log) commands: one at a time, or one per GPU when there are several."""
+def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll: float = 2.0) -> None:
+    """Run (label, argv, log) commands: one at a time, or one per GPU when there are several; a GPU takes
+    the next command as soon as its own ends."""
+    import time
+
     pending = list(commands)
     active: list[tuple[str, subprocess.Popen, Path]] = []
     free = list(range(devices)) if devices > 1 else [None]
@@ -231,8 +259,13 @@ def run_commands(commands: list[tuple[str, list[str], Path]], devices: int) -> N
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT)
             proc.device = device  # type: ignore[attr-defined]
             active.append((label, proc, log))
-        label, proc, log = active.pop(0)
-        if proc.wait() != 0:
+        if len(active) == 1:
+            active[0][1].wait()
+        while not (done := [a for a in active if a[1].poll() is not None]):
+            time.sleep(poll)
+        label, proc, log = done[0]
+        active.remove(done[0])
+        if proc.returncode != 0:
             for _, other, _ in active:  # stop the others (a signal makes train.py save last.pt): rerun resumes
                 other.terminate()
             for _, other, _ in active:
@@ -245,6 +278,17 @@ def eval_file(run: Path, split: str, beam: int, checkpoint: str, tag: str | None
     return run / "eval" / f"{split}.{checkpoint}.beam{beam}{'.' + tag if tag else ''}.json"
 
 
+def eval_current(path: Path, max_sentences: int | None) -> bool:
+    """Whether test.py's scores at ``path`` exist and cover the sentences this study scores (a run linked
+    from another study, or a rerun with another ``--max-sentences``, may hold scores of another sample)."""
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("max_sentences") == max_sentences
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
 # ---------------------------------------------------------------------------------------------- statistics
 
 
@@ -252,11 +296,20 @@ def attention_file(run: Path, checkpoint: str) -> Path:
     return run / "eval" / f"attention_stats.{checkpoint}.json"
 
 
+def read_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any] | None:
+    """The cached attention statistics of a run if they were computed on the first ``sentences`` pairs."""
+    out = attention_file(run, checkpoint)
+    if not out.is_file():
+        return None
+    stats = json.loads(out.read_text())
+    return stats if stats.get("requested", stats["sentences"]) == sentences else None
+
+
 def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any]:
     """Attention statistics of a run on its first ``sentences`` validation pairs (cached in the run)."""
-    out = attention_file(run, checkpoint)
-    if out.is_file():
-        return json.loads(out.read_text())
+    cached = read_attention(run, checkpoint, sentences)
+    if cached is not None:
+        return cached
     from data.sources import load_corpus
     from utils.attention_stats import attention_statistics
     from utils.io import atomic_write_text
@@ -272,7 +325,8 @@ def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, A
     if limit is not None:
         tgt = [t[: limit - 1] for t in tgt]
     stats = attention_statistics(loaded.model, loaded.tokenizer.bos_id, list(zip(src, tgt, strict=True))).to_dict()
-    atomic_write_text(out, json.dumps(stats) + "\n")
+    stats["requested"] = sentences
+    atomic_write_text(attention_file(run, checkpoint), json.dumps(stats) + "\n")
     return stats
 
 
@@ -331,39 +385,51 @@ def paired_bootstrap(base: Sequence[Sequence[str]], system: Sequence[Sequence[st
     return out
 
 
-def seed_test(base: Sequence[float], system: Sequence[float], alpha: float, power: float = 0.8) -> dict[str, Any]:
-    """Welch's t-test of two variants' per-seed corpus scores (Reimers & Gurevych 2017): does the difference
-    of the means exceed what training again with another seed gives? The test-set bootstrap cannot see
-    that variation. ``seeds_needed``: seeds per variant for ``power`` at level ``alpha`` if the true
-    difference were the observed one (normal approximation, n = 2 (z_{1-alpha/2} + z_power)^2 s^2 / delta^2,
-    s^2 the mean of the two variances). ``p_value`` is None with fewer than two seeds a side."""
+def seed_test(base: Sequence[float], system: Sequence[float], alpha: float, power: float = 0.8,
+              paired: bool = False) -> dict[str, Any]:
+    """A t-test of two variants' per-seed corpus scores (Reimers & Gurevych 2017): does the difference of the
+    means exceed what training again with another seed gives? The test-set bootstrap cannot see that
+    variation. Welch's test for independently trained variants; with ``paired`` (the same trained models
+    scored two ways, e.g. a RoPE scaling applied at test time) the paired t-test on the per-seed differences.
+    ``seeds_needed``: seeds per variant for ``power`` at level ``alpha`` if the true difference were the
+    observed one (normal approximation: n = 2 (z_{1-alpha/2} + z_power)^2 s^2 / delta^2, s^2 the mean of the
+    two variances; paired, n = (z_{1-alpha/2} + z_power)^2 s_d^2 / delta^2, s_d the std of the differences).
+    ``p_value`` is None with fewer than two seeds a side."""
     import statistics
 
     from scipy import stats
 
     delta = statistics.fmean(system) - statistics.fmean(base)
-    out: dict[str, Any] = {"delta": delta, "p_value": None, "seeds_needed": None}
+    out: dict[str, Any] = {"test": "paired t" if paired else "Welch", "delta": delta, "p_value": None,
+                           "seeds_needed": None}
     if min(len(base), len(system)) < 2:
         return out
-    var = (statistics.variance(base) + statistics.variance(system)) / 2
-    if var == 0:  # every seed scores alike on both sides: the means differ or they do not
+    if paired:
+        var = statistics.variance([s - b for s, b in zip(system, base, strict=True)])
+    else:
+        var = (statistics.variance(base) + statistics.variance(system)) / 2
+    if var == 0:  # every seed scores alike (or differs alike): the means differ or they do not
         out["p_value"] = 1.0 if delta == 0 else 0.0
+    elif paired:
+        out["p_value"] = float(stats.ttest_rel(system, base).pvalue)
     else:
         out["p_value"] = float(stats.ttest_ind(system, base, equal_var=False).pvalue)
     if delta != 0:
         z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-        out["seeds_needed"] = max(2, math.ceil(2 * z * z * var / (delta * delta)))
+        out["seeds_needed"] = max(2, math.ceil((1 if paired else 2) * z * z * var / (delta * delta)))
     return out
 
 
 def valid_curve(run: Path) -> list[tuple[int, float]]:
+    """Validation BLEU of a run against optimizer steps."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(str(run / "tb"))
     ea.Reload()
     if "valid/bleu" not in ea.Tags().get("scalars", []):
         return []
-    return [(e.step, e.value) for e in ea.Scalars("valid/bleu")]
+    accumulate = _run_cfg(run).train.accumulate  # TensorBoard steps are iterations; the budget counts updates
+    return [(e.step // accumulate, e.value) for e in ea.Scalars("valid/bleu")]
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -377,6 +443,9 @@ def main() -> int:
                         help="a grid axis (repeatable: the cross product of all axes)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="applied to every run")
+    parser.add_argument("--test-variant", action="append", default=[], metavar="[LABEL+]TAG:KEY=V,...",
+                        help="also score the trained models under inference-only overrides, e.g. a RoPE scaling: "
+                             "rope+linear:model.rope.scaling=linear,model.rope.factor=8 (repeatable)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per variant: 1..N (default 3)")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--steps", type=int, help="optimizer steps per run")
@@ -409,10 +478,17 @@ def main() -> int:
                         (args.eval_every, "--eval-every"), (args.max_sentences, "--max-sentences")):
         if value is not None and value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
-    for item in args.overrides:  # what the study itself decides per run
-        key = item.partition("=")[0].strip()
-        if key in STUDY_KEYS:
-            parser.error(f"--set {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
+    for flag, items in (("--set", args.overrides), ("--grid", args.grid)):  # what the study decides per run
+        for item in items:
+            key = item.partition("=")[0].strip()
+            if key in STUDY_KEYS:
+                parser.error(f"{flag} {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
+    add_test_variants(variants, args.test_variant)
+    for v in variants:
+        for extra in v.tests.values():
+            for key in (x.partition("=")[0].strip() for x in extra):
+                if key in STUDY_KEYS:
+                    parser.error(f"--test-variant {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
     labels = [v.label for v in variants]
     baseline = args.baseline or baseline or labels[0]
     if baseline not in labels:
@@ -438,11 +514,15 @@ def main() -> int:
     devices = torch.cuda.device_count()
     spec = {"command": " ".join(sys.argv), "config": config, "variants": [v.__dict__ for v in variants],
             "baseline": baseline, "seeds": seeds, "steps": args.steps, "tokens": args.tokens,
-            "overrides": args.overrides, "checkpoint": args.checkpoint, "max_sentences": args.max_sentences}
+            "overrides": args.overrides, "checkpoint": args.checkpoint, "max_sentences": args.max_sentences,
+            "attention_sentences": args.attention_sentences}
     spec_file = study / "study.json"
     if spec_file.is_file():
         old = json.loads(spec_file.read_text())
-        for key in ("config", "variants", "steps", "tokens", "overrides", "max_sentences"):
+        trained = [[v["label"], v["overrides"]] for v in spec["variants"]]  # test variants may be added later
+        if [[v["label"], v["overrides"]] for v in old.get("variants", [])] != trained:
+            raise ConfigError(f"{study} holds a study with other variants; use another --name")
+        for key in ("config", "steps", "tokens", "overrides"):
             if old.get(key) != spec[key]:
                 raise ConfigError(f"{study} holds a study with another {key}; use another --name")
     from utils.io import atomic_write_text
@@ -476,7 +556,8 @@ def main() -> int:
         for tag, extra in [(None, []), *job.variant.tests.items()]:
             for beam in DECODERS.values():
                 splits = _run_cfg(run).data.test
-                if all(eval_file(run, s, beam, args.checkpoint, tag).is_file() for s in splits):
+                if all(eval_current(eval_file(run, s, beam, args.checkpoint, tag), args.max_sentences)
+                       for s in splits):
                     continue
                 cmd = [sys.executable, "test.py", "--model_path", str(run / "checkpoints" / f"{args.checkpoint}.pt"),
                        "--beam", str(beam)] + (["--tag", tag] if tag else [])
@@ -490,7 +571,8 @@ def main() -> int:
         compute_attention(runs[job.key], args.checkpoint, args.attention_sentences)
     from bench.study_report import aggregate, write_report
 
-    results = aggregate(jobs, runs, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap)
+    results = aggregate(jobs, runs, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap,
+                        args.attention_sentences)
     write_report(study, spec, results)
     print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
     return 0

@@ -21,18 +21,20 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: str, checkpoint: str,
-              samples: int) -> dict[str, Any]:
+              samples: int, attention_sentences: int) -> dict[str, Any]:
     """Every number of the study: per variant (and test variant), split and decoder."""
-    from bench.study import compute_attention, eval_file, mean_std, paired_bootstrap, seed_test, valid_curve
+    from bench.study import eval_file, mean_std, paired_bootstrap, read_attention, seed_test, valid_curve
     from data.sources import load_corpus
     from utils.config import load_config
 
     labels = list(dict.fromkeys(job.variant.label for job in jobs))
     seeds = sorted({job.seed for job in jobs})
     by_key = {(job.variant.label, job.seed): job for job in jobs}
-    first = runs[jobs[0].key]
+    first = runs[by_key[(baseline, seeds[0])].key]
     first_cfg = load_config(first / "config.yaml")
     corpus = load_corpus(first_cfg.data)
+    lowercase = first_cfg.tokenizer.lowercase
+    lengths = _source_lengths(first, corpus, splits)
     systems: dict[str, dict[str, Any]] = {}
     for label in labels:
         tags = [None, *by_key[(label, seeds[0])].variant.tests]
@@ -50,32 +52,41 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
                         per_seed.append(scores)
                     bleu = [s["bleu"] for s in per_seed]
                     chrf = [s["chrf"] for s in per_seed]
+                    hyps = [s["hyps"] for s in per_seed]
+                    refs = list(corpus[split]["tgt"])[: len(hyps[0])]
                     row = {"bleu": bleu, "chrf": chrf, "bleu_mean_std": mean_std(bleu), "chrf_mean_std": mean_std(chrf),
-                           "signature": per_seed[0]["bleu_signature"],
-                           "by_source_length": _bucket_means([s["by_source_length"] for s in per_seed]),
-                           "_hyps": [s["hyps"] for s in per_seed]}
+                           "signature": per_seed[0]["bleu_signature"], "chrf_signature": per_seed[0]["chrf_signature"],
+                           "by_source_length": _buckets(hyps, refs, lengths[split], first_cfg.eval.length_buckets,
+                                                        lowercase),
+                           "_hyps": hyps}
                     entry["splits"].setdefault(split, {})[decoder] = row
             if tag is None:
-                entry["attention"] = [compute_attention(runs[by_key[(label, s)].key], checkpoint, 0) for s in seeds]
+                entry["attention"] = []
+                for s in seeds:
+                    run = runs[by_key[(label, s)].key]
+                    stats = read_attention(run, checkpoint, attention_sentences)
+                    if stats is None:
+                        raise ValueError(f"{run}: no attention statistics on {attention_sentences} sentences")
+                    entry["attention"].append(stats)
                 entry["valid_bleu"] = [valid_curve(runs[by_key[(label, s)].key]) for s in seeds]
             systems[name] = entry
 
-    comparisons: dict[str, Any] = {}
-    k = max(1, (len(systems) - 1) * len(splits))  # comparisons per decoder: Bonferroni's divisor
-    for name, entry in systems.items():
-        if name == baseline:
-            continue
-        comparisons[name] = {}
+    def compare(base: str, name: str, k: int, paired: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for split in splits:
-            refs_one = list(corpus[split]["tgt"])
             for decoder in DECODERS:
-                base_h = systems[baseline]["splits"][split][decoder]["_hyps"]
-                sys_h = entry["splits"][split][decoder]["_hyps"]
-                refs = refs_one[: len(base_h[0])]
-                comp = paired_bootstrap(base_h, sys_h, refs, samples, first_cfg.tokenizer.lowercase)
-                comp["across_seeds"] = seed_test(systems[baseline]["splits"][split][decoder]["bleu"],
-                                          entry["splits"][split][decoder]["bleu"], ALPHA / k)
-                comparisons[name].setdefault(split, {})[decoder] = comp
+                b, x = systems[base]["splits"][split][decoder], systems[name]["splits"][split][decoder]
+                refs = list(corpus[split]["tgt"])[: len(b["_hyps"][0])]
+                comp = paired_bootstrap(b["_hyps"], x["_hyps"], refs, samples, lowercase)
+                comp["across_seeds"] = seed_test(b["bleu"], x["bleu"], ALPHA / k, paired=paired)
+                out.setdefault(split, {})[decoder] = comp
+        return out
+
+    k = max(1, (len(systems) - 1) * len(splits))  # comparisons per decoder: Bonferroni's divisor
+    comparisons = {name: compare(baseline, name, k, paired=False) for name in systems if name != baseline}
+    tagged = [name for name, entry in systems.items() if entry["test_variant"] is not None]
+    k_own = max(1, len(tagged) * len(splits))
+    own = {name: compare(systems[name]["variant"], name, k_own, paired=True) for name in tagged}
     with_attention = [name for name, entry in systems.items() if "attention" in entry]
     k_att = max(1, (len(with_attention) - 1) * len(ATTENTION_STATS))
     attention_comparisons = {
@@ -89,17 +100,38 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
                 row.pop("_hyps")
     return {"baseline": baseline, "seeds": seeds, "splits": splits, "systems": systems,
             "comparisons": comparisons, "bootstrap_samples": samples, "alpha": ALPHA, "comparisons_per_decoder": k,
+            "test_variant_comparisons": own, "test_variant_comparisons_per_decoder": k_own,
+            "length_unit": f"{first_cfg.tokenizer.type} tokens of {baseline}'s tokenizer",
             "attention_comparisons": attention_comparisons, "attention_comparisons_count": k_att}
 
 
-def _bucket_means(per_seed: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    from bench.study import mean_std
+def _source_lengths(run: Path, corpus: Any, splits: list[str]) -> dict[str, list[int]]:
+    """Every test sentence's length in the given run's source tokens (eos not counted), as test.py counts them:
+    the same buckets for every system of the study, whatever tokenizer each was trained with."""
+    from tokenizer import load_tokenizer
+    from utils.runs import TOKENIZER_DIR
+    from utils.translate import encode_sources
 
+    tok = load_tokenizer(run / TOKENIZER_DIR)
+    return {split: [max(len(x) - 1, 0) for x in encode_sources(tok, list(corpus[split]["src"]), None, strict=False)]
+            for split in splits}
+
+
+def _buckets(hyps: list[list[str]], refs: list[str], lengths: list[int], edges: list[int],
+             lowercase: bool) -> list[dict[str, Any]]:
+    """BLEU and chrF by source-length bucket: each seed's, and their mean ± std (None for an empty bucket)."""
+    from bench.study import mean_std
+    from utils.metrics import scores_by_length
+
+    per_seed = [scores_by_length(h, refs, lengths[: len(h)], edges, lowercase) for h in hyps]
     out = []
     for rows in zip(*per_seed, strict=True):
-        scored = [r["bleu"] for r in rows if r.get("n")]
-        out.append({"bucket": rows[0]["bucket"], "n": rows[0]["n"],
-                    "bleu_mean_std": mean_std(scored) if scored else None})
+        row: dict[str, Any] = {"bucket": rows[0]["bucket"], "n": rows[0]["n"]}
+        for metric in ("bleu", "chrf"):
+            values = [r[metric] for r in rows if r["n"]]
+            row[metric] = values
+            row[f"{metric}_mean_std"] = mean_std(values) if values else None
+        out.append(row)
     return out
 
 
@@ -113,10 +145,11 @@ def _fmt(ms: tuple[float, float] | list[float] | None) -> str:
 def resolved(comp: dict[str, Any], k: int) -> tuple[bool, str]:
     """Whether one comparison's BLEU difference is resolved, and why: it must pass both tests after
     Bonferroni over ``k`` comparisons, the paired bootstrap (the test set could have been other sentences)
-    and Welch's t-test over seeds (the models could have been trained with other seeds)."""
+    and the t-test over seeds (the models could have been trained with other seeds)."""
     level = ALPHA / k
     bs, seeds = comp["BLEU"], comp.get("across_seeds") or {"p_value": None}
     bs_ok, seed_p = bs["p_value"] < level, seeds["p_value"]
+    test = _seed_test_name(seeds)
     where = f"after Bonferroni over {k} comparisons (p < {level:.4f})"
     if bs_ok and seed_p is not None and seed_p < level:
         return True, f"resolved: significant on the test-set bootstrap and across seeds {where}"
@@ -127,34 +160,65 @@ def resolved(comp: dict[str, Any], k: int) -> tuple[bool, str]:
         need = seeds.get("seeds_needed")
         more = f"; about {need} seeds per variant would resolve a true difference this size" if need else ""
         return False, (f"not resolved: the test-set bootstrap separates these models' outputs {where}, but the "
-                       f"seeds do not (Welch's t-test p = {seed_p:.3f}): another set of seeds could reverse it{more}")
+                       f"seeds do not ({test} p = {seed_p:.3f}): another set of seeds could reverse it{more}")
     if bs["p_value"] < ALPHA:
         return False, f"not resolved: the test-set bootstrap gives p < {ALPHA} alone, not {where}"
     return False, "not resolved: within what resampling the test set gives"
 
 
-def significance_lines(results: dict[str, Any], decoder: str = "beam5") -> list[str]:
-    """One sentence per comparison: both differences, both p-values and what they mean together."""
-    k = results["comparisons_per_decoder"]
+def _seed_test_name(seeds: dict[str, Any]) -> str:
+    return "the paired t-test" if seeds.get("test") == "paired t" else "Welch's t-test"
+
+
+def significance_lines(results: dict[str, Any], decoder: str = "beam5", own: bool = False) -> list[str]:
+    """One sentence per comparison: both differences, both p-values and what they mean together. ``own``:
+    the test-time variants against their own trained models instead of the variants against the baseline."""
+    comparisons, k = _comparisons(results, own)
     floor = 1 / (results["bootstrap_samples"] + 1)  # the smallest p-value the resampling can give
     lines = []
-    if floor >= ALPHA / k:
+    if comparisons and floor >= ALPHA / k:
         need = math.ceil(k / ALPHA)
         lines.append(f"- With {results['bootstrap_samples']} bootstrap samples no p-value can go below {floor:.4f}, "
                      f"so none can pass Bonferroni over {k} comparisons ({ALPHA}/{k}); rerun with --bootstrap {need} "
                      "or more to test that.")
-    base = results["baseline"]
-    for name, per_split in results["comparisons"].items():
+    for name, per_split in comparisons.items():
+        base = results["systems"][name]["variant"] if own else results["baseline"]
         for split, per_dec in per_split.items():
             comp = per_dec[decoder]
             seeds = comp.get("across_seeds") or {}
             mean = f"{seeds['delta']:+.2f} BLEU in the mean over seeds" if "delta" in seeds else ""
             if seeds.get("p_value") is not None:
-                mean += f" (Welch p = {seeds['p_value']:.3f})"
+                mean += f" ({'paired t' if seeds.get('test') == 'paired t' else 'Welch'} p = {seeds['p_value']:.3f})"
             pooled = f"{comp['BLEU']['delta']:+.2f} pooled (bootstrap p = {comp['BLEU']['p_value']:.3f})"
             lines.append(f"- {name} vs {base} on {split}: {', '.join(x for x in (mean, pooled) if x)}; "
                          f"{resolved(comp, k)[1]}.")
     return lines
+
+
+def _comparisons(results: dict[str, Any], own: bool) -> tuple[dict[str, Any], int]:
+    if own:
+        return results.get("test_variant_comparisons", {}), results.get("test_variant_comparisons_per_decoder", 1)
+    return results["comparisons"], results["comparisons_per_decoder"]
+
+
+def _comparison_table(results: dict[str, Any], decoder: str, own: bool) -> list[str]:
+    comparisons, k = _comparisons(results, own)
+    test = "paired t p (seeds)" if own else "Welch p (seeds)"
+    out = [f"| system | {'against' if own else 'split'} | {'split | ' if own else ''}Δ mean | {test} "
+           "| seeds for 80 % power | pooled BLEU ± 95 % CI | Δ pooled | bootstrap p | resolved |",
+           "|---|---|---|---|---|---|---|---|---|" + ("---|" if own else "")]
+    for name, per_split in comparisons.items():
+        for split, per_dec in per_split.items():
+            comp = per_dec[decoder]
+            seeds, bs = comp.get("across_seeds") or {}, comp["BLEU"]
+            sp = "-" if seeds.get("p_value") is None else f"{seeds['p_value']:.3f}"
+            need = seeds.get("seeds_needed") or "-"
+            mean = f"{seeds['delta']:+.2f}" if "delta" in seeds else "-"
+            against = f"{results['systems'][name]['variant']} | " if own else ""
+            out.append(f"| {name} | {against}{split} | {mean} | {sp} | {need} | {bs['system']['score']:.2f} ± "
+                       f"{bs['system']['ci']:.2f} | {bs['delta']:+.2f} | {bs['p_value']:.3f} | "
+                       f"{'yes' if resolved(comp, k)[0] else 'no'} |")
+    return out
 
 
 def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None:
@@ -190,20 +254,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
                 mark = " *" if comp and resolved(comp, k)[0] else ""
                 cells.append(_fmt(entry["splits"][split][decoder]["bleu_mean_std"]) + mark)
             out.append(f"| {name} | " + " | ".join(cells) + " |")
-        out += ["", f"Against {base}, {title}:", "",
-                "| system | split | Δ mean | Welch p (seeds) | seeds for 80 % power | pooled BLEU ± 95 % CI "
-                "| Δ pooled | bootstrap p | resolved |", "|---|---|---|---|---|---|---|---|---|"]
-        for name, per_split in results["comparisons"].items():
-            for split, per_dec in per_split.items():
-                comp = per_dec[decoder]
-                seeds, bs = comp.get("across_seeds") or {}, comp["BLEU"]
-                sp = "-" if seeds.get("p_value") is None else f"{seeds['p_value']:.3f}"
-                need = seeds.get("seeds_needed") or "-"
-                mean = f"{seeds['delta']:+.2f}" if "delta" in seeds else "-"
-                out.append(f"| {name} | {split} | {mean} | {sp} | {need} | {bs['system']['score']:.2f} ± "
-                           f"{bs['system']['ci']:.2f} | {bs['delta']:+.2f} | {bs['p_value']:.3f} | "
-                           f"{'yes' if resolved(comp, k)[0] else 'no'} |")
-        out.append("")
+        out += ["", f"Against {base}, {title}:", "", *_comparison_table(results, decoder, own=False), ""]
     out += [f"\\* resolved against {base}: significant after Bonferroni over {k} comparisons on both tests, "
             "the paired bootstrap over test sentences (sacreBLEU's, on all seeds' outputs pooled) and Welch's "
             "t-test over the seeds' BLEU. Pooled BLEU is the corpus BLEU of every seed's output together, what "
@@ -216,14 +267,27 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
         total = sum(len(per_split) for per_split in results["comparisons"].values())
         out += [f"## What the intervals resolve, {title}", "", f"{n} of {total} differences resolved.", "",
                 *lines, ""]
+    if results.get("test_variant_comparisons"):
+        k_own = results["test_variant_comparisons_per_decoder"]
+        out += ["## Test-time variants against their own trained models", "",
+                "The same trained models scored under inference-only overrides (e.g. a RoPE scaling): each seed's "
+                "model is compared with itself, so the seed-level test is the paired t-test on the per-seed "
+                f"differences; Bonferroni over {k_own} comparisons per decoder.", ""]
+        for decoder, title in (("beam5", "beam 5"), ("greedy", "greedy")):
+            n = sum(resolved(per_dec[decoder], k_own)[0]
+                    for per_split in results["test_variant_comparisons"].values() for per_dec in per_split.values())
+            total = sum(len(per_split) for per_split in results["test_variant_comparisons"].values())
+            out += [f"### {title}: {n} of {total} differences resolved", "",
+                    *_comparison_table(results, decoder, own=True), "",
+                    *significance_lines(results, decoder, own=True), ""]
     out += ["## chrF, beam 5", "", "| system | " + " | ".join(results["splits"]) + " |",
             "|---|" + "---|" * len(results["splits"])]
     for name, entry in results["systems"].items():
         out.append(f"| {name} | " + " | ".join(_fmt(entry["splits"][s]["beam5"]["chrf_mean_std"])
                                             for s in results["splits"]) + " |")
     out += ["", "## Attention (validation sample; mean over heads and layers, then mean ± std over seeds)", "",
-            "| variant | encoder distance | encoder entropy | decoder distance | decoder entropy | cross entropy "
-            "| cross diagonal (±2) |", "|---|---|---|---|---|---|---|"]
+            "| variant | encoder distance | encoder entropy | decoder distance | decoder entropy | cross distance "
+            "| cross entropy | cross diagonal (±2) |", "|---|---|---|---|---|---|---|---|"]
     k_att = results["attention_comparisons_count"]
     for name, entry in results["systems"].items():
         if "attention" not in entry:
@@ -238,13 +302,15 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     out += ["", f"p: Welch's t-test over seeds against {base}; \\* significant after Bonferroni over {k_att} "
             "comparisons.", ""]
     out += ["", "## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in paths]
-    sig = next(iter(results["systems"].values()))["splits"][results["splits"][0]]["beam5"]["signature"]
-    out += ["", f"sacreBLEU signature: `{sig}`", ""]
+    row = next(iter(results["systems"].values()))["splits"][results["splits"][0]]["beam5"]
+    out += ["", f"sacreBLEU signatures: BLEU `{row['signature']}`, chrF `{row.get('chrf_signature', '-')}`. "
+            f"BLEU by length buckets sentences by their length in {results.get('length_unit', 'source tokens')}, "
+            "the same buckets for every system.", ""]
     atomic_write_text(study / "report.md", "\n".join(out))
 
 
 ATTENTION_STATS = (("encoder", "distance"), ("encoder", "entropy"), ("decoder", "distance"), ("decoder", "entropy"),
-                   ("cross", "entropy"), ("cross", "diagonal"))
+                   ("cross", "distance"), ("cross", "entropy"), ("cross", "diagonal"))
 
 
 def _attention_runs(per_seed: list[dict[str, Any]], kind: str, stat: str) -> list[float]:
@@ -283,7 +349,7 @@ def _figures(results: dict[str, Any], out: Path) -> list[Path]:
         buckets = [r["bucket"] for r in next(iter(results["systems"].values()))["splits"][split]["beam5"][
             "by_source_length"]]
         ax.set_xticks(range(len(buckets)), buckets)
-        ax.set(xlabel="source length (subword tokens)", ylabel="BLEU (beam 5)",
+        ax.set(xlabel=f"source length ({results.get('length_unit', 'source tokens')})", ylabel="BLEU (beam 5)",
                title=f"{split}: mean over {seeds} seeds, 95 % CI")
         ax.legend(fontsize=7)
         paths.append(_save(fig, out / f"bleu_by_length_{split}.png"))
@@ -297,12 +363,12 @@ def _figures(results: dict[str, Any], out: Path) -> list[Path]:
         (line,) = ax.plot(steps, [m for m, _ in stats], marker=".", label=name)
         ax.fill_between(steps, [m - d for m, d in stats], [m + d for m, d in stats], color=line.get_color(),
                         alpha=0.15, linewidth=0)
-    ax.set(xlabel="training iteration", ylabel="validation BLEU, mean ± std over seeds")
+    ax.set(xlabel="optimizer step", ylabel="validation BLEU, mean ± std over seeds")
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "valid_bleu.png"))
     for kind, stats in (("encoder", ("distance", "entropy")), ("decoder", ("distance", "entropy")),
-                        ("cross", ("entropy", "diagonal"))):
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+                        ("cross", ("distance", "entropy", "diagonal"))):
+        fig, axes = plt.subplots(1, len(stats), figsize=(4.5 * len(stats), 3.5))
         for name, entry in results["systems"].items():
             if "attention" not in entry:
                 continue

@@ -4,9 +4,12 @@ report), run twice to show it is idempotent and once more after a killed run to 
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT
@@ -76,7 +79,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
                           "--set", "train.eval_every=4"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert pre.returncode == 0, pre.stderr
-    res = run_study(tmp_path)
+    res = run_study(tmp_path, *LINEAR)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "4 runs, 0 trained, 4 to train" in res.stdout
     runs = sorted(p for p in root.glob("runs/*/seed*/demo_2*"))
@@ -99,32 +102,90 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert seeds["delta"] == pytest.approx(sum(rope["bleu"]) / 2 - sum(base_bleu) / 2)
     att = results["systems"]["attention_pe=rope"]["attention"][0]
     assert att["sentences"] == 6 and len(att["stats"]["cross"]["diagonal"]) == 1  # 1 decoder layer
+    buckets = rope["by_source_length"]
+    assert sum(b["n"] for b in buckets) == 12 and all(len(b["bleu"]) == 2 for b in buckets if b["n"])
+    assert results["length_unit"] == "bpe tokens of attention_pe=none's tokenizer"
+
+    # The test-time variant: rope's two models scored again with linear RoPE scaling, compared with the
+    # baseline and, paired over seeds, with themselves; attention_pe=none has no such variant.
+    linear = results["systems"]["attention_pe=rope+linear"]
+    assert linear["variant"] == "attention_pe=rope" and linear["test_variant"] == "linear"
+    assert "attention_pe=none+linear" not in results["systems"]
+    for run in (p for p in runs if "rope" in str(p)):
+        scored = json.loads((run / "eval" / "test.best.beam5.linear.json").read_text())
+        assert scored["max_sentences"] == 12 and scored["n_sentences"] == 12
+    assert linear["splits"]["test"]["beam5"]["bleu"][0] == pytest.approx(json.loads(next(
+        p for p in runs if "rope" in str(p) and "seed1" in str(p)).joinpath(
+        "eval", "test.best.beam5.linear.json").read_text())["bleu"])
+    own = results["test_variant_comparisons"]["attention_pe=rope+linear"]["test"]["beam5"]["across_seeds"]
+    assert own["test"] == "paired t" and own["delta"] == pytest.approx(
+        sum(linear["splits"]["test"]["beam5"]["bleu"]) / 2 - sum(rope["bleu"]) / 2)
+    assert "attention_pe=rope+linear" in results["comparisons"]
 
     report = (root / "report.md").read_text()
     assert "## BLEU, beam 5" in report and "## What the intervals resolve, beam 5" in report
     assert "| system | split | Δ mean | Welch p (seeds) |" in report
     att_row = next(line for line in report.splitlines() if line.startswith("| attention_pe=rope | ") and "(p " in line)
-    assert att_row.count("(p ") == 6 and "p: Welch's t-test over seeds against attention_pe=none" in report
+    assert att_row.count("(p ") == 7 and "p: Welch's t-test over seeds against attention_pe=none" in report
     assert "attention_pe=rope vs attention_pe=none on test:" in report
+    assert "## Test-time variants against their own trained models" in report
+    assert "| attention_pe=rope+linear | attention_pe=rope | test |" in report
+    assert "chrF `nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|" in report
     for fig in ("bleu_by_length_test.png", "valid_bleu.png", "attention_encoder.png", "attention_cross.png"):
         assert (root / "figures" / fig).stat().st_size > 1000, fig
-    assert len({p.parent for p in (root / "tb").glob("*/events.out.tfevents.*")}) == 4  # HParams, one per run
+    tb = {p.parent.name: p.parent for p in (root / "tb").glob("*/events.out.tfevents.*")}
+    assert len(tb) == 6  # HParams, one per run and test variant
+    hparams = _hparams(tb["attention_pe=rope_seed1"])
+    assert hparams["variant"] == "attention_pe=rope" and hparams["seed"] == 1.0
+    assert hparams["test/test/bleu_beam5"] == pytest.approx(rope["bleu"][0])
 
-    again = run_study(tmp_path)
+    again = run_study(tmp_path, *LINEAR)
     assert again.returncode == 0 and "4 runs, 4 trained, 0 to train" in again.stdout
     assert "  test " not in again.stdout  # every evaluation was already there
     assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs
 
-    # Another study in the same runs folder with one variant in common: those runs are linked, not trained.
-    other = run_study(tmp_path, grid="model.attention_pe=none,alibi", name="u")
+    # Another study in the same runs folder, sweeping tokenization: its bpe variant has exactly the config of
+    # study t's attention_pe=none, so those runs are linked, not trained; char is trained.
+    other = run_study(tmp_path, "--set", "model.attention_pe=none", grid="tokenizer.type=bpe,char", name="u")
     assert other.returncode == 0, other.stdout + other.stderr
-    assert "4 runs, 2 trained, 2 to train" in other.stdout and "train attention_pe=none" not in other.stdout
+    assert "4 runs, 2 trained, 2 to train" in other.stdout and "train type=bpe" not in other.stdout
     for seed in (1, 2):
-        linked = tmp_path / "study_u" / "runs" / study.slug("attention_pe=none") / f"seed{seed}"
+        linked = tmp_path / "study_u" / "runs" / study.slug("type=bpe") / f"seed{seed}"
         assert linked.is_symlink()
         assert linked.resolve() == (root / "runs" / study.slug("attention_pe=none") / f"seed{seed}").resolve()
-    assert json.loads((tmp_path / "study_u" / "results.json").read_text())["baseline"] == "attention_pe=none"
+    results = json.loads((tmp_path / "study_u" / "results.json").read_text())
+    assert results["baseline"] == "type=bpe" and results["length_unit"] == "bpe tokens of type=bpe's tokenizer"
+    # BLEU by length buckets the same sentences for every system, whatever its own tokenizer counts.
+    counts = {name: [b["n"] for b in entry["splits"]["test"]["beam5"]["by_source_length"]]
+              for name, entry in results["systems"].items()}
+    assert counts["type=char"] == counts["type=bpe"], counts
+    char_run = next((tmp_path / "study_u" / "runs" / "type_char" / "seed1").glob("demo_2*"))
+    own_counts = [b["n"] for b in json.loads((char_run / "eval" / "test.best.beam5.json").read_text())[
+        "by_source_length"]]
+    assert own_counts != counts["type=bpe"]  # test.py alone counts characters there
     assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs  # nothing of study t was redone
+
+
+LINEAR = ("--test-variant", "attention_pe=rope+linear:model.rope.scaling=linear,model.rope.factor=2,"
+          "model.rope.original_max_len=8")
+
+
+def _hparams(logdir: Path) -> dict[str, Any]:
+    """The hyperparameters and metrics one HParams summary in ``logdir`` records."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    ea = EventAccumulator(str(logdir))
+    ea.Reload()
+    content = ea.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    out: dict[str, Any] = {}
+    for key, value in start.session_start_info.hparams.items():
+        kind = value.WhichOneof("kind")
+        out[key] = getattr(value, kind)
+    for tag in ea.Tags()["scalars"]:
+        out[tag] = ea.Scalars(tag)[-1].value
+    return out
 
 
 def _systems() -> tuple[list[str], list[str], list[str]]:
@@ -171,7 +232,17 @@ def test_seed_test_is_welchs_t_test_and_says_how_many_seeds_would_do() -> None:
     # n = 2 (z_0.975 + z_0.8)^2 s^2 / delta^2 with s^2 = 1, delta = 0.5: 62.8 -> 63 seeds a variant.
     assert study.seed_test([-1.0, 0.0, 1.0], [-0.5, 0.5, 1.5], 0.05)["seeds_needed"] == 63
     assert study.seed_test([1.0], [2.0], 0.05)["p_value"] is None
-    assert study.seed_test([2.0, 2.0], [2.0, 2.0], 0.05) == {"delta": 0.0, "p_value": 1.0, "seeds_needed": None}
+    assert study.seed_test([2.0, 2.0], [2.0, 2.0], 0.05) == {"test": "Welch", "delta": 0.0, "p_value": 1.0,
+                                                             "seeds_needed": None}
+    # The same models scored two ways: the paired t-test on the per-seed differences (0.5, 0.4, 0.7: t = 6.05,
+    # df 2, p = 1 - t / sqrt(t^2 + 2) = 0.026), which Welch's test, blind to the pairing, misses (p 0.61).
+    base, system = [1.0, 2.0, 3.0], [1.5, 2.4, 3.7]
+    paired = study.seed_test(base, system, 0.05, paired=True)
+    t = (1.6 / 3) / (statistics.stdev([0.5, 0.4, 0.7]) / 3**0.5)
+    assert paired["test"] == "paired t" and paired["p_value"] == pytest.approx(1 - t / (t * t + 2) ** 0.5)
+    assert study.seed_test(base, system, 0.05)["p_value"] > 0.5
+    # n = (z_0.975 + z_0.8)^2 s_d^2 / delta^2 = 7.849 * 0.02333 / 0.2844 = 0.64 -> the floor of 2 seeds.
+    assert paired["seeds_needed"] == 2
     from study_report import half_width
 
     assert half_width(1.0, 3) == pytest.approx(4.3027 / 3**0.5, abs=1e-4) and half_width(1.0, 1) == 0.0  # t_{.975,2}
@@ -211,6 +282,10 @@ def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_pa
                           "seed=7", "--runs", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--set seed is decided by the study (--seeds)" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "study_seed-table").exists()
+    res = subprocess.run([sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid",
+                          "model.attention_pe=none,rope", "--grid", "seed=1,2", "--steps", "8", "--name", "x", "--runs",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--grid seed is decided by the study (--seeds)" in res.stderr
     res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--steps must be >= 1, got 0" in res.stderr and "Traceback" not in res.stderr
@@ -229,3 +304,64 @@ def test_a_run_without_a_resume_point_is_started_again(tmp_path: Path) -> None:
     (resumable / "checkpoints" / "last.pt").unlink()
     (resumable / "checkpoints" / "step_1.pt").write_bytes(b"weights")
     assert study.find_run(root) is None and not resumable.exists()
+
+
+def test_test_variants_name_a_variant_or_all_of_them() -> None:
+    variants = study.grid_variants(["model.attention_pe=none,rope"])
+    study.add_test_variants(variants, ["attention_pe=rope+linear:model.rope.scaling=linear, model.rope.factor=8",
+                                       "b2:decode.lenpen=0.6"])
+    assert variants[0].tests == {"b2": ["decode.lenpen=0.6"]}
+    assert variants[1].tests == {"linear": ["model.rope.scaling=linear", "model.rope.factor=8"], "b2": [
+        "decode.lenpen=0.6"]}
+    for bad, message in (("rope+linear:model.rope.scaling=linear", "no variant 'rope'"),
+                         ("linear", "expected [LABEL+]TAG:KEY=VALUE"), ("a b:x=1", "expected [LABEL+]TAG"),
+                         ("b2:decode.lenpen=1.0", "already has a test variant 'b2'")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            study.add_test_variants(variants, [bad])
+
+
+def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences(tmp_path: Path) -> None:
+    scores = tmp_path / "test.best.beam5.json"
+    assert not study.eval_current(scores, None)
+    scores.write_text(json.dumps({"bleu": 1.0}))  # written before test.py recorded --max_sentences: all of them
+    assert study.eval_current(scores, None) and not study.eval_current(scores, 12)
+    scores.write_text(json.dumps({"bleu": 1.0, "max_sentences": 12}))
+    assert study.eval_current(scores, 12) and not study.eval_current(scores, None)
+    assert not study.eval_current(scores, 10)
+    cached = study.attention_file(tmp_path, "best")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps({"sentences": 200, "stats": {}}))
+    assert study.read_attention(tmp_path, "best", 200) is not None
+    assert study.read_attention(tmp_path, "best", 50) is None
+    cached.write_text(json.dumps({"sentences": 120, "requested": 200, "stats": {}}))  # a 120-pair validation set
+    assert study.read_attention(tmp_path, "best", 200) is not None
+    assert study.read_attention(tmp_path, "best", 120) is None
+
+
+def test_buckets_keep_every_seed_and_score_the_given_lengths() -> None:
+    from sacrebleu.metrics import BLEU
+    from study_report import _buckets
+
+    refs, base, system = _systems()
+    lengths = [len(r.split()) for r in refs]
+    rows = _buckets([base, system], refs, lengths, [8], lowercase=False)
+    short = [i for i, n in enumerate(lengths) if n < 8]
+    assert [r["bucket"] for r in rows] == ["0-7", "8+"] and rows[0]["n"] == len(short)
+    expected = [BLEU().corpus_score([h[i] for i in short], [[refs[i] for i in short]]).score for h in (base, system)]
+    assert rows[0]["bleu"] == pytest.approx(expected)
+    assert rows[0]["bleu_mean_std"][0] == pytest.approx(sum(expected) / 2) and len(rows[1]["chrf"]) == 2
+
+
+def test_each_gpu_takes_the_next_run_as_soon_as_its_own_ends(tmp_path: Path) -> None:
+    job = ("import os, sys, time; print(os.environ['CUDA_VISIBLE_DEVICES'], time.time(), flush=True); "
+           "time.sleep(float(sys.argv[1])); print(time.time())")
+    logs = [tmp_path / f"{i}.log" for i in range(3)]
+    study.run_commands([(f"job {i}", [sys.executable, "-c", job, str(t)], log)
+                        for i, (t, log) in enumerate(zip((3.0, 0.2, 0.2), logs, strict=True))], devices=2, poll=0.05)
+    dev0, _, end0 = logs[0].read_text().split()
+    dev2, start2, _ = logs[2].read_text().split()
+    assert (dev0, logs[1].read_text().split()[0], dev2) == ("0", "1", "1")
+    assert float(start2) < float(end0)  # job 2 ran on GPU 1 while GPU 0 was still busy with job 0
+    with pytest.raises(SystemExit, match="job 1 failed"):
+        study.run_commands([("job 0", [sys.executable, "-c", job, "30"], logs[0]),
+                            ("job 1", [sys.executable, "-c", "raise SystemExit(3)"], logs[1])], devices=2, poll=0.05)
