@@ -45,6 +45,13 @@ def test_every_preset_variant_is_a_valid_config() -> None:
                 load_config(ROOT / preset.config, [*v.overrides, *extra])
             if name == "train-short-test-long":
                 assert cfg.data.max_train_len == 16
+    # Tokenizations: the same sentences per step, peak lr and warmup steps, each in its own tokens.
+    tok = {v.label: load_config(ROOT / presets["tokenization"].config, v.overrides) for v in
+           presets["tokenization"].variants}
+    assert tok["char"].data.max_tokens == 4 * tok["bpe"].data.max_tokens == 16384
+    for cfg in tok.values():
+        assert cfg.train.lr_batch_tokens / cfg.data.max_tokens == pytest.approx(3500 / 4096, rel=1e-3)
+        assert cfg.train.warmup_tokens / cfg.data.max_tokens == pytest.approx(750_000 / 4096, rel=1e-3)
     rope = next(v for v in presets["train-short-test-long"].variants if v.label == "rope")
     assert set(rope.tests) == {"linear", "ntk", "yarn"}
 
@@ -286,6 +293,9 @@ def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_pa
                           "model.attention_pe=none,rope", "--grid", "seed=1,2", "--steps", "8", "--name", "x", "--runs",
                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--grid seed is decided by the study (--seeds)" in res.stderr
+    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "tokenization", "--tokens", "1000000",
+                          "--runs", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--tokens counts each tokenizer's own tokens" in res.stderr
     res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--steps must be >= 1, got 0" in res.stderr and "Traceback" not in res.stderr
