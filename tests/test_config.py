@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,19 @@ def test_encoding_families_are_one_base_plus_short_variants() -> None:
             cfg = load_config(path)
             base = load_config(root / body[0].split(": ", 1)[1])
             assert cfg.data == base.data and cfg.train == base.train and cfg.tokenizer == base.tokenizer, path.name
+
+
+def test_every_shipped_config_resolves_as_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change to a base config (or a default) changes every config that inherits it: the record makes
+    that a reviewed diff (regenerate it with ``python tests/resolved_configs.py``), not a silent one."""
+    from resolved_configs import RECORD, resolved_configs
+
+    monkeypatch.delenv("FR2EN_SHARED_DATA", raising=False)
+    recorded, now = json.loads(RECORD.read_text()), resolved_configs()
+    assert sorted(now) == sorted(recorded), "configs added or removed: regenerate tests/data/resolved_configs.json"
+    changed = {name: {k: (recorded[name].get(k), v.get(k)) for k in {*v, *recorded[name]}
+                      if recorded[name].get(k) != v.get(k)} for name, v in now.items()}
+    diff = {n: d for n, d in changed.items() if d}
+    assert not diff, f"resolved configs changed (recorded, now): {diff}; regenerate the record if intended"
+    assert now["bench_small_rope.yaml"]["model.attention_pe"] == "rope"  # inherited from bench_small, then set
+    assert now["bench_small_rope.yaml"]["train.warmup_tokens"] == 750000

@@ -352,13 +352,15 @@ def test_byte_tokens_for_newlines_and_tabs_never_split_an_output_line(kind: str)
         assert text.replace(" ", "") == "lechatestnoir"
 
 
-def test_every_bench_test_line_round_trips(shared_data: Path) -> None:
-    """A BPE vocabulary trained on 20,000 training pairs sees every line of the three bench test sets (both
+@pytest.mark.parametrize("kind", ["bpe", "unigram", "char"])
+def test_every_bench_test_line_round_trips(shared_data: Path, kind: str) -> None:
+    """A vocabulary trained on 20,000 training pairs sees every line of the three bench test sets (both
     languages) come back from decode(encode(line)) as the normalised line, with no <unk>."""
     bench = shared_data / "bench" / "fr-en"
     fr = (bench / "train.fr").read_text(encoding="utf-8").splitlines()
     en = (bench / "train.en").read_text(encoding="utf-8").splitlines()
-    tok = train_tokenizer(TokenizerConfig(type="bpe", vocab_size=4000, train_max_sentences=20000), fr, en)
+    size = 360 if kind == "char" else 4000  # char: 256 bytes, 4 specials, the 100 most frequent characters
+    tok = train_tokenizer(TokenizerConfig(type=kind, vocab_size=size, train_max_sentences=20000), fr, en)
     normalizer = tok._tok.normalizer
     lines = [line for name in ("test.tatoeba", "test.multi30k-2016", "test.iwslt-tst2010") for lang in ("fr", "en")
              for line in (bench / f"{name}.{lang}").read_text(encoding="utf-8").splitlines() if line.strip()]
