@@ -7,8 +7,9 @@ For the weights a[i, j] of one head on one sentence (query i, key j, each row su
   "What does BERT look at?", sec. 3; Vig & Belinkov 2019);
 - ``entropy``: mean_i -sum_j a[i, j] ln a[i, j], in nats (Clark et al. 2019): 0 is one key, ln(n) uniform;
 - ``diagonal`` (cross-attention only): mean_i of the mass within +-``window`` source tokens of the monotone
-  path j*(i) = i (S - 1) / (T - 1) that maps the target's T positions linearly onto the source's S: 1 is a
-  monotone alignment, about (2 window + 1) / S uniform attention.
+  path j*(i) = i (S - 1) / (T - 1) that maps the decoder's T query positions (bos included) linearly onto the
+  source's S keys (eos included), first to first and last to last: 1 is a monotone alignment, about
+  (2 window + 1) / S uniform attention.
 
 Sentences are pooled by query rows (a long sentence counts for its rows). Results are nested lists
 ``[layer][head]`` so they serialise to JSON as they are.
