@@ -76,7 +76,8 @@ def run_study(tmp: Path, *extra: str, grid: str = "model.attention_pe=none,rope"
 
 def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> None:
     root = tmp_path / "study_t"
-    # A run killed after its first checkpoint: 4 of the 8 steps done (what a study killed mid-run leaves).
+    # A run stopped after its first checkpoint, 4 of the 8 steps done: what a study killed mid-run leaves
+    # (train.py writes last.pt when a signal stops it; tests/test_training.py checks that).
     killed = root / "runs" / study.slug("attention_pe=rope") / "seed2"
     pre = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml", "--runs", str(killed),
                           "--set", "model.attention_pe=rope", "--set", "model.input_pe=none", "--set", "seed=2",
