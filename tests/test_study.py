@@ -147,6 +147,13 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert hparams["variant"] == "attention_pe=rope" and hparams["seed"] == 1.0
     assert hparams["test/test/bleu_beam5"] == pytest.approx(rope["bleu"][0])
 
+    # A study run is a normal run directory: visualize.py draws its attention as for any other.
+    vis = subprocess.run([sys.executable, "visualize.py", "--model_path", str(runs[0]), "--src_text",
+                          "Le chat dort.", "--out", str(tmp_path / "vis")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert vis.returncode == 0, vis.stderr
+    assert (tmp_path / "vis" / "attention_cross_layer_0.png").stat().st_size > 1000
+
     again = run_study(tmp_path, *LINEAR)
     assert again.returncode == 0 and "4 runs, 4 trained, 0 to train" in again.stdout
     assert "  test " not in again.stdout  # every evaluation was already there
