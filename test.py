@@ -80,7 +80,7 @@ def main() -> int:
         entry = {
             **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": cfg.decode.beam,
             "lenpen": cfg.decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),
-            "max_sentences": args.max_sentences, "by_source_length": by_length,
+            "max_sentences": args.max_sentences, "overrides": list(args.overrides), "by_source_length": by_length,
         }
         report[name] = entry
         atomic_write_text(out_dir / f"{name}.{tag}.hyp", "\n".join(hyps) + "\n")

@@ -111,8 +111,9 @@ def presets() -> dict[str, Preset]:
 def _same_sentences(scale: float) -> list[str]:
     """Batch, lr reference and warmup of bench_small in a tokenizer's own tokens, for one that makes ``scale``
     times as many tokens per sentence as its BPE 8000 (bench training data, max of source and target, eos
-    included: bpe 10.9, unigram 12.3, word 11.4, char 44.3): every tokenization then sees the same sentences
-    per optimizer step with the same peak lr and warmup steps, so ``--steps`` is an equal budget."""
+    included: bpe 10.9, unigram 12.3, word 11.4, char 44.3): every tokenization then sees about the same
+    sentences per optimizer step with about the same peak lr and warmup steps (train.py derives both from the
+    target tokens it measures per batch), so ``--steps`` is an equal budget."""
     return [f"data.max_tokens={round(4096 * scale)}", f"train.lr_batch_tokens={round(3500 * scale)}",
             f"train.warmup_tokens={round(750_000 * scale)}"]
 
@@ -150,6 +151,22 @@ def add_test_variants(variants: list[Variant], items: Sequence[str]) -> None:
             if tag in v.tests:
                 raise ConfigError(f"--test-variant {item!r}: {v.label} already has a test variant {tag!r}")
             v.tests[tag] = overrides
+    names = [v.label for v in variants] + [f"{v.label}+{tag}" for v in variants for tag in v.tests]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"two systems would share a name: {', '.join(twice)}")
+
+
+def inference_only(trained: Any, tested: Any, name: str) -> None:
+    """A test variant may change how a trained model is run (decoding, RoPE scaling), not what was trained
+    or which data it is scored on."""
+    import dataclasses
+
+    from utils.runs import check_compatible
+
+    check_compatible(trained, tested, f"--test-variant {name}")
+    if dataclasses.asdict(trained.data) != dataclasses.asdict(tested.data):
+        raise ConfigError(f"--test-variant {name} changes data settings; a test variant changes inference only")
 
 
 def slug(label: str) -> str:
@@ -288,31 +305,35 @@ def eval_file(run: Path, split: str, beam: int, checkpoint: str, tag: str | None
     return run / "eval" / f"{split}.{checkpoint}.beam{beam}{'.' + tag if tag else ''}.json"
 
 
-def eval_current(path: Path, max_sentences: int | None) -> bool:
-    """Whether test.py's scores at ``path`` exist and cover the sentences this study scores (a run linked
-    from another study, or a rerun with another ``--max-sentences``, may hold scores of another sample)."""
+def file_tag(tag: str | None, max_sentences: int | None) -> str | None:
+    """test.py's ``--tag`` for a (test variant, sample): a study scoring the first N sentences keeps its files
+    apart from one scoring them all, also in a run two studies share."""
+    return ".".join(x for x in (f"n{max_sentences}" if max_sentences else None, tag) if x) or None
+
+
+def eval_current(path: Path, sentences: int, overrides: list[str]) -> bool:
+    """Whether test.py's scores at ``path`` exist and are what this study asks for: ``sentences`` scored
+    under the inference ``overrides`` (a test variant whose settings changed is scored again)."""
     if not path.is_file():
         return False
     try:
-        return json.loads(path.read_text()).get("max_sentences") == max_sentences
+        scores = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return False
+    return scores.get("n_sentences") == sentences and scores.get("overrides", []) == overrides
 
 
 # ---------------------------------------------------------------------------------------------- statistics
 
 
-def attention_file(run: Path, checkpoint: str) -> Path:
-    return run / "eval" / f"attention_stats.{checkpoint}.json"
+def attention_file(run: Path, checkpoint: str, sentences: int) -> Path:
+    return run / "eval" / f"attention_stats.{checkpoint}.n{sentences}.json"
 
 
 def read_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any] | None:
-    """The cached attention statistics of a run if they were computed on the first ``sentences`` pairs."""
-    out = attention_file(run, checkpoint)
-    if not out.is_file():
-        return None
-    stats = json.loads(out.read_text())
-    return stats if stats.get("requested", stats["sentences"]) == sentences else None
+    """The cached attention statistics of a run on its first ``sentences`` validation pairs, if computed."""
+    out = attention_file(run, checkpoint, sentences)
+    return json.loads(out.read_text()) if out.is_file() else None
 
 
 def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any]:
@@ -335,8 +356,7 @@ def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, A
     if limit is not None:
         tgt = [t[: limit - 1] for t in tgt]
     stats = attention_statistics(loaded.model, loaded.tokenizer.bos_id, list(zip(src, tgt, strict=True))).to_dict()
-    stats["requested"] = sentences
-    atomic_write_text(attention_file(run, checkpoint), json.dumps(stats) + "\n")
+    atomic_write_text(attention_file(run, checkpoint, sentences), json.dumps(stats) + "\n")
     return stats
 
 
@@ -511,9 +531,9 @@ def main() -> int:
 
     base_cfg = load_config(config, args.overrides)
     for v in variants:  # every variant must load before anything runs
-        load_config(config, [*args.overrides, *v.overrides])
-        for extra in v.tests.values():
-            load_config(config, [*args.overrides, *v.overrides, *extra])
+        trained = load_config(config, [*args.overrides, *v.overrides])
+        for tag, extra in v.tests.items():
+            inference_only(trained, load_config(config, [*args.overrides, *v.overrides, *extra]), f"{v.label}+{tag}")
     study = Path(args.runs) / f"study_{slug(name)}"
     from utils.io import ensure_dir
 
@@ -561,19 +581,23 @@ def main() -> int:
     run_commands(todo, devices)
 
     # 2. Score every run on every test split, beam 5 and greedy (and each inference-only test variant).
+    from data.sources import load_corpus
+
+    corpus = load_corpus(base_cfg.data)
+    sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in base_cfg.data.test}
     todo = []
     runs = {job.key: find_run(job.root) for job in jobs}
     for job in jobs:
         run = runs[job.key]
         assert run is not None
         for tag, extra in [(None, []), *job.variant.tests.items()]:
+            name = file_tag(tag, args.max_sentences)
             for beam in DECODERS.values():
-                splits = _run_cfg(run).data.test
-                if all(eval_current(eval_file(run, s, beam, args.checkpoint, tag), args.max_sentences)
-                       for s in splits):
+                if all(eval_current(eval_file(run, split, beam, args.checkpoint, name), n, extra)
+                       for split, n in sizes.items()):
                     continue
                 cmd = [sys.executable, "test.py", "--model_path", str(run / "checkpoints" / f"{args.checkpoint}.pt"),
-                       "--beam", str(beam)] + (["--tag", tag] if tag else [])
+                       "--beam", str(beam)] + (["--tag", name] if name else [])
                 cmd += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
                 cmd += [x for s in extra for x in ("--set", s)]
                 todo.append((f"test {job.key} beam {beam}{' ' + tag if tag else ''}", cmd, job.root / "study.log"))
@@ -585,7 +609,7 @@ def main() -> int:
     from bench.study_report import aggregate, write_report
 
     results = aggregate(jobs, runs, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap,
-                        args.attention_sentences)
+                        args.attention_sentences, args.max_sentences)
     write_report(study, spec, results)
     print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
     return 0

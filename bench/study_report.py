@@ -21,9 +21,9 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: str, checkpoint: str,
-              samples: int, attention_sentences: int) -> dict[str, Any]:
+              samples: int, attention_sentences: int, max_sentences: int | None = None) -> dict[str, Any]:
     """Every number of the study: per variant (and test variant), split and decoder."""
-    from bench.study import eval_file, mean_std, paired_bootstrap, read_attention, seed_test, valid_curve
+    from bench.study import eval_file, file_tag, mean_std, paired_bootstrap, read_attention, seed_test, valid_curve
     from data.sources import load_corpus
     from utils.config import load_config
 
@@ -46,7 +46,7 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
                     per_seed = []
                     for seed in seeds:
                         run = runs[by_key[(label, seed)].key]
-                        js = eval_file(run, split, beam, checkpoint, tag)
+                        js = eval_file(run, split, beam, checkpoint, file_tag(tag, max_sentences))
                         scores = json.loads(js.read_text())
                         scores["hyps"] = _read_lines(js.with_suffix(".hyp"))
                         per_seed.append(scores)
@@ -82,8 +82,11 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
                 out.setdefault(split, {})[decoder] = comp
         return out
 
-    k = max(1, (len(systems) - 1) * len(splits))  # comparisons per decoder: Bonferroni's divisor
-    comparisons = {name: compare(baseline, name, k, paired=False) for name in systems if name != baseline}
+    # Against the baseline: every other trained variant and its test variants (the baseline's own test
+    # variants are the same models: they are compared with it below, paired).
+    others = [name for name, entry in systems.items() if entry["variant"] != baseline]
+    k = max(1, len(others) * len(splits))  # comparisons per decoder: Bonferroni's divisor
+    comparisons = {name: compare(baseline, name, k, paired=False) for name in others}
     tagged = [name for name, entry in systems.items() if entry["test_variant"] is not None]
     k_own = max(1, len(tagged) * len(splits))
     own = {name: compare(systems[name]["variant"], name, k_own, paired=True) for name in tagged}
@@ -106,8 +109,9 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
 
 
 def _source_lengths(run: Path, corpus: Any, splits: list[str]) -> dict[str, list[int]]:
-    """Every test sentence's length in the given run's source tokens (eos not counted), as test.py counts them:
-    the same buckets for every system of the study, whatever tokenizer each was trained with."""
+    """Every test sentence's length in the given run's source tokens (eos not counted), as test.py counts them
+    but without its truncation at the model's length limit: the same buckets for every system of the study,
+    whatever tokenizer each was trained with."""
     from tokenizer import load_tokenizer
     from utils.runs import TOKENIZER_DIR
     from utils.translate import encode_sources

@@ -94,14 +94,14 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert len(runs) == 4  # the killed run was resumed in place, not started again
     for run in runs:
         assert load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] == 8
-        assert (run / "eval" / "test.best.beam5.json").is_file() and (run / "eval" / "test.best.beam1.json").is_file()
+        assert all((run / "eval" / f"test.best.beam{b}.n12.json").is_file() for b in (5, 1))
 
     results = json.loads((root / "results.json").read_text())
     assert results["baseline"] == "attention_pe=none" and results["seeds"] == [1, 2]
     rope = results["systems"]["attention_pe=rope"]["splits"]["test"]["beam5"]
     assert len(rope["bleu"]) == 2 and rope["bleu_mean_std"][0] == pytest.approx(sum(rope["bleu"]) / 2)
     one = json.loads(next(p for p in runs if "rope" in str(p) and "seed1" in str(p)).joinpath(
-        "eval", "test.best.beam5.json").read_text())
+        "eval", "test.best.beam5.n12.json").read_text())
     assert rope["bleu"][0] == pytest.approx(one["bleu"])  # the report's numbers are test.py's
     comp = results["comparisons"]["attention_pe=rope"]["test"]["beam5"]["BLEU"]
     assert 0.0 <= comp["p_value"] <= 1.0 and comp["system"]["ci"] >= 0.0 and "bs:100" in comp["signature"]
@@ -114,21 +114,23 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert sum(b["n"] for b in buckets) == 12 and all(len(b["bleu"]) == 2 for b in buckets if b["n"])
     assert results["length_unit"] == "bpe tokens of attention_pe=none's tokenizer"
 
-    # The test-time variant: rope's two models scored again with linear RoPE scaling, compared with the
-    # baseline and, paired over seeds, with themselves; attention_pe=none has no such variant.
+    # The test-time variant: every variant's models scored again with linear RoPE scaling, compared with the
+    # baseline and, paired over seeds, with themselves; the baseline's own (same models) only with itself.
     linear = results["systems"]["attention_pe=rope+linear"]
     assert linear["variant"] == "attention_pe=rope" and linear["test_variant"] == "linear"
-    assert "attention_pe=none+linear" not in results["systems"]
     for run in (p for p in runs if "rope" in str(p)):
-        scored = json.loads((run / "eval" / "test.best.beam5.linear.json").read_text())
+        scored = json.loads((run / "eval" / "test.best.beam5.n12.linear.json").read_text())
         assert scored["max_sentences"] == 12 and scored["n_sentences"] == 12
+        assert scored["overrides"] == LINEAR[1].split(":")[1].split(",")
     assert linear["splits"]["test"]["beam5"]["bleu"][0] == pytest.approx(json.loads(next(
         p for p in runs if "rope" in str(p) and "seed1" in str(p)).joinpath(
-        "eval", "test.best.beam5.linear.json").read_text())["bleu"])
+        "eval", "test.best.beam5.n12.linear.json").read_text())["bleu"])
     own = results["test_variant_comparisons"]["attention_pe=rope+linear"]["test"]["beam5"]["across_seeds"]
     assert own["test"] == "paired t" and own["delta"] == pytest.approx(
         sum(linear["splits"]["test"]["beam5"]["bleu"]) / 2 - sum(rope["bleu"]) / 2)
-    assert "attention_pe=rope+linear" in results["comparisons"]
+    assert set(results["comparisons"]) == {"attention_pe=rope", "attention_pe=rope+linear"}
+    assert set(results["test_variant_comparisons"]) == {"attention_pe=none+linear", "attention_pe=rope+linear"}
+    assert results["comparisons_per_decoder"] == 2 and results["test_variant_comparisons_per_decoder"] == 2
 
     report = (root / "report.md").read_text()
     assert "## BLEU, beam 5" in report and "## What the intervals resolve, beam 5" in report
@@ -142,7 +144,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     for fig in ("bleu_by_length_test.png", "valid_bleu.png", "attention_encoder.png", "attention_cross.png"):
         assert (root / "figures" / fig).stat().st_size > 1000, fig
     tb = {p.parent.name: p.parent for p in (root / "tb").glob("*/events.out.tfevents.*")}
-    assert len(tb) == 6  # HParams, one per run and test variant
+    assert len(tb) == 8  # HParams, one per run and test variant
     hparams = _hparams(tb["attention_pe=rope_seed1"])
     assert hparams["variant"] == "attention_pe=rope" and hparams["seed"] == 1.0
     assert hparams["test/test/bleu_beam5"] == pytest.approx(rope["bleu"][0])
@@ -175,14 +177,13 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
               for name, entry in results["systems"].items()}
     assert counts["type=char"] == counts["type=bpe"], counts
     char_run = next((tmp_path / "study_u" / "runs" / "type_char" / "seed1").glob("demo_2*"))
-    own_counts = [b["n"] for b in json.loads((char_run / "eval" / "test.best.beam5.json").read_text())[
+    own_counts = [b["n"] for b in json.loads((char_run / "eval" / "test.best.beam5.n12.json").read_text())[
         "by_source_length"]]
     assert own_counts != counts["type=bpe"]  # test.py alone counts characters there
     assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs  # nothing of study t was redone
 
 
-LINEAR = ("--test-variant", "attention_pe=rope+linear:model.rope.scaling=linear,model.rope.factor=2,"
-          "model.rope.original_max_len=8")
+LINEAR = ("--test-variant", "linear:model.rope.scaling=linear,model.rope.factor=2,model.rope.original_max_len=8")
 
 
 def _hparams(logdir: Path) -> dict[str, Any]:
@@ -336,24 +337,33 @@ def test_test_variants_name_a_variant_or_all_of_them() -> None:
                          ("b2:decode.lenpen=1.0", "already has a test variant 'b2'")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             study.add_test_variants(variants, [bad])
+    with pytest.raises(ConfigError, match=re.escape("two systems would share a name: a+b")):
+        study.add_test_variants([study.Variant("a", []), study.Variant("a+b", [])], ["a+b:decode.lenpen=0.6"])
+    demo = load_config(ROOT / "configs/demo.yaml")
+    study.inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["model.rope.scaling=linear"]), "x")
+    with pytest.raises(ConfigError, match="model.d_model=64 but the checkpoint was trained with 128"):
+        study.inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["model.d_model=64"]), "x")
+    with pytest.raises(ConfigError, match="--test-variant x changes data settings"):
+        study.inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["data.test=[validation]"]), "x")
 
 
-def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences(tmp_path: Path) -> None:
+def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences_and_settings(tmp_path: Path) -> None:
     scores = tmp_path / "test.best.beam5.json"
-    assert not study.eval_current(scores, None)
-    scores.write_text(json.dumps({"bleu": 1.0}))  # written before test.py recorded --max_sentences: all of them
-    assert study.eval_current(scores, None) and not study.eval_current(scores, 12)
-    scores.write_text(json.dumps({"bleu": 1.0, "max_sentences": 12}))
-    assert study.eval_current(scores, 12) and not study.eval_current(scores, None)
-    assert not study.eval_current(scores, 10)
-    cached = study.attention_file(tmp_path, "best")
+    assert not study.eval_current(scores, 1670, [])
+    scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 1670}))  # written before test.py recorded --set
+    assert study.eval_current(scores, 1670, []) and not study.eval_current(scores, 12, [])
+    assert not study.eval_current(scores, 1670, ["model.rope.scaling=linear"])
+    scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 12, "overrides": ["model.rope.factor=2"]}))
+    assert study.eval_current(scores, 12, ["model.rope.factor=2"])
+    assert not study.eval_current(scores, 12, ["model.rope.factor=8"])  # the test variant changed: score again
+    # A study scoring the first N sentences keeps its files apart (also in runs it shares with another study).
+    assert study.file_tag(None, None) is None and study.file_tag("linear", None) == "linear"
+    assert study.file_tag(None, 12) == "n12" and study.file_tag("linear", 12) == "n12.linear"
+    cached = study.attention_file(tmp_path, "best", 200)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps({"sentences": 200, "stats": {}}))
     assert study.read_attention(tmp_path, "best", 200) is not None
     assert study.read_attention(tmp_path, "best", 50) is None
-    cached.write_text(json.dumps({"sentences": 120, "requested": 200, "stats": {}}))  # a 120-pair validation set
-    assert study.read_attention(tmp_path, "best", 200) is not None
-    assert study.read_attention(tmp_path, "best", 120) is None
 
 
 def test_buckets_keep_every_seed_and_score_the_given_lengths() -> None:
