@@ -41,8 +41,8 @@ def test_every_preset_variant_is_a_valid_config() -> None:
         assert preset.baseline in labels, name
         for v in preset.variants:
             cfg = load_config(ROOT / preset.config, v.overrides)
-            for extra in v.tests.values():
-                load_config(ROOT / preset.config, [*v.overrides, *extra])
+            for tag, extra in v.tests.items():
+                study.inference_only(cfg, load_config(ROOT / preset.config, [*v.overrides, *extra]), tag)
             if name == "train-short-test-long":
                 assert cfg.data.max_train_len == 16
     # Tokenizations: the same sentences per step, peak lr and warmup steps, each in its own tokens.
