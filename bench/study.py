@@ -591,13 +591,13 @@ def main() -> int:
         run = runs[job.key]
         assert run is not None
         for tag, extra in [(None, []), *job.variant.tests.items()]:
-            name = file_tag(tag, args.max_sentences)
+            files = file_tag(tag, args.max_sentences)
             for beam in DECODERS.values():
-                if all(eval_current(eval_file(run, split, beam, args.checkpoint, name), n, extra)
+                if all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra)
                        for split, n in sizes.items()):
                     continue
                 cmd = [sys.executable, "test.py", "--model_path", str(run / "checkpoints" / f"{args.checkpoint}.pt"),
-                       "--beam", str(beam)] + (["--tag", name] if name else [])
+                       "--beam", str(beam)] + (["--tag", files] if files else [])
                 cmd += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
                 cmd += [x for s in extra for x in ("--set", s)]
                 todo.append((f"test {job.key} beam {beam}{' ' + tag if tag else ''}", cmd, job.root / "study.log"))

@@ -146,6 +146,11 @@ def _fmt(ms: tuple[float, float] | list[float] | None) -> str:
     return "-" if ms is None else f"{ms[0]:.2f} ± {ms[1]:.2f}"
 
 
+def _with_seeds(row: dict[str, Any]) -> str:
+    """``9.09 ± 1.48 (7.9, 8.6, 10.8)``: the mean ± std of the seeds' BLEU, then each seed's."""
+    return f"{_fmt(row['bleu_mean_std'])} ({', '.join(f'{v:.1f}' for v in row['bleu'])})"
+
+
 def resolved(comp: dict[str, Any], k: int) -> tuple[bool, str]:
     """Whether one comparison's BLEU difference is resolved, and why: it must pass both tests after
     Bonferroni over ``k`` comparisons, the paired bootstrap (the test set could have been other sentences)
@@ -264,6 +269,12 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
             "t-test over the seeds' BLEU. Pooled BLEU is the corpus BLEU of every seed's output together, what "
             "the bootstrap resamples; it need not equal the mean of the seeds' BLEU. Seeds for 80 % power: "
             "per variant, if the true difference were the observed mean difference.", ""]
+    out += ["## BLEU, beam 5, with each seed's value", "", "Mean ± std (seed 1, seed 2, ...):", "",
+            "| system | " + " | ".join(results["splits"]) + " |", "|---|" + "---|" * len(results["splits"])]
+    for name, entry in results["systems"].items():
+        out.append(f"| {name} | " + " | ".join(_with_seeds(entry["splits"][s]["beam5"]) for s in results["splits"])
+                   + " |")
+    out.append("")
     for decoder, title in (("beam5", "beam 5"), ("greedy", "greedy")):
         lines = significance_lines(results, decoder)
         n = sum(resolved(per_dec[decoder], k)[0] for per_split in results["comparisons"].values()

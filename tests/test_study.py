@@ -89,7 +89,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert pre.returncode == 0, pre.stderr
     res = run_study(tmp_path, *LINEAR)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "4 runs, 0 trained, 4 to train" in res.stdout
+    assert "4 runs, 0 trained, 4 to train" in res.stdout and f"study t: report in {root / 'report.md'}" in res.stdout
     runs = sorted(p for p in root.glob("runs/*/seed*/demo_2*"))
     assert len(runs) == 4  # the killed run was resumed in place, not started again
     for run in runs:
@@ -393,3 +393,13 @@ def test_each_gpu_takes_the_next_run_as_soon_as_its_own_ends(tmp_path: Path) -> 
     with pytest.raises(SystemExit, match="job 1 failed"):
         study.run_commands([("job 0", [sys.executable, "-c", job, "30"], logs[0]),
                             ("job 1", [sys.executable, "-c", "raise SystemExit(3)"], logs[1])], devices=2, poll=0.05)
+
+
+def test_readme_tables_are_the_published_reports() -> None:
+    """The README's study tables are copied from the reports in bench/studies/, digit for digit."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for heading, study_name, n in (("### The seed table with error bars", "seed-table", 3),):
+        section = readme.split(heading, 1)[1].split("\n### ", 1)[0]
+        rows = [line for line in section.splitlines() if line.startswith("| ") and "±" in line]
+        report = (ROOT / "bench" / "studies" / study_name / "report.md").read_text(encoding="utf-8").splitlines()
+        assert len(rows) == n and [r for r in rows if r not in report] == [], study_name
