@@ -608,7 +608,7 @@ def main() -> int:
         compute_attention(runs[job.key], args.checkpoint, args.attention_sentences)
     from bench.study_report import aggregate, write_report
 
-    results = aggregate(jobs, runs, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap,
+    results = aggregate(jobs, runs, corpus, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap,
                         args.attention_sentences, args.max_sentences)
     write_report(study, spec, results)
     print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")

@@ -20,11 +20,11 @@ def _read_lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
-def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: str, checkpoint: str,
+def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str], baseline: str, checkpoint: str,
               samples: int, attention_sentences: int, max_sentences: int | None = None) -> dict[str, Any]:
-    """Every number of the study: per variant (and test variant), split and decoder."""
+    """Every number of the study: per variant (and test variant), split and decoder; ``corpus`` holds the
+    test splits (data.sources.load_corpus)."""
     from bench.study import eval_file, file_tag, mean_std, paired_bootstrap, read_attention, seed_test, valid_curve
-    from data.sources import load_corpus
     from utils.config import load_config
 
     labels = list(dict.fromkeys(job.variant.label for job in jobs))
@@ -32,9 +32,9 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
     by_key = {(job.variant.label, job.seed): job for job in jobs}
     first = runs[by_key[(baseline, seeds[0])].key]
     first_cfg = load_config(first / "config.yaml")
-    corpus = load_corpus(first_cfg.data)
     lowercase = first_cfg.tokenizer.lowercase
     lengths = _source_lengths(first, corpus, splits)
+    references = {split: list(corpus[split]["tgt"]) for split in splits}
     systems: dict[str, dict[str, Any]] = {}
     for label in labels:
         tags = [None, *by_key[(label, seeds[0])].variant.tests]
@@ -53,7 +53,7 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
                     bleu = [s["bleu"] for s in per_seed]
                     chrf = [s["chrf"] for s in per_seed]
                     hyps = [s["hyps"] for s in per_seed]
-                    refs = list(corpus[split]["tgt"])[: len(hyps[0])]
+                    refs = references[split][: len(hyps[0])]
                     row = {"bleu": bleu, "chrf": chrf, "bleu_mean_std": mean_std(bleu), "chrf_mean_std": mean_std(chrf),
                            "signature": per_seed[0]["bleu_signature"], "chrf_signature": per_seed[0]["chrf_signature"],
                            "by_source_length": _buckets(hyps, refs, lengths[split], first_cfg.eval.length_buckets,
@@ -76,7 +76,7 @@ def aggregate(jobs: list, runs: dict[str, Path], splits: list[str], baseline: st
         for split in splits:
             for decoder in DECODERS:
                 b, x = systems[base]["splits"][split][decoder], systems[name]["splits"][split][decoder]
-                refs = list(corpus[split]["tgt"])[: len(b["_hyps"][0])]
+                refs = references[split][: len(b["_hyps"][0])]
                 comp = paired_bootstrap(b["_hyps"], x["_hyps"], refs, samples, lowercase)
                 comp["across_seeds"] = seed_test(b["bleu"], x["bleu"], ALPHA / k, paired=paired)
                 out.setdefault(split, {})[decoder] = comp
