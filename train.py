@@ -54,6 +54,7 @@ def main() -> int:
 
 def run(local_rank: int, args: argparse.Namespace) -> None:
     """One training process (rank ``idist.get_rank()``)."""
+    import gc
     import logging
 
     import ignite.distributed as idist
@@ -109,6 +110,11 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
         if not args.resume and rank == 0 and discard_if_untrained(run_dir):
             print(f"removed {run_dir}: training stopped before its first checkpoint", file=sys.stderr)
         raise
+    # The trainer's handlers hold the (DistributedDataParallel) model in reference cycles. Free it now, while
+    # the process group and the interpreter are whole: collected at exit, its gloo work aborts the process.
+    gc.collect()
+    if idist.get_world_size() > 1:
+        idist.barrier()  # no rank tears the group down while another still uses it
     if rank == 0:
         print(f"run directory: {run_dir}")
         if metrics:

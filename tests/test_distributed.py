@@ -62,3 +62,11 @@ def test_torchrun_train_writes_one_run_from_rank_zero(tmp_path: Path) -> None:
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert state["trainer"]["iteration"] == 3
     shutil.rmtree(tmp_path / "runs")
+
+
+def test_train_frees_the_ddp_model_before_the_process_group_goes(tmp_path: Path) -> None:
+    # Left to the garbage collector at interpreter exit, the DDP model's gloo work aborted rank 1
+    # ("terminate called without an active exception", SIGABRT) after a finished torchrun training.
+    config = write_config(tmp_path, max_steps=2, eval_every=2, valid_bleu_sentences=5)
+    run([*TORCHRUN, "tests/ddp_train_worker.py", str(tmp_path), str(config)])
+    assert [(tmp_path / f"alive{r}.txt").read_text() for r in (0, 1)] == ["0", "0"]
