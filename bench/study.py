@@ -70,6 +70,13 @@ class Preset:
     config: str
     variants: list[Variant]
     baseline: str
+    overrides: list[str] = field(default_factory=list)  # applied to every run, before the study's --set
+
+
+# Length-shifted test sets (data.sources: NAME.xK joins K consecutive pairs): the training data's vocabulary and
+# style at about 1, 2, 4 and 8 times its sentence length; TED mixes a length and a domain shift.
+LENGTH_SHIFTED = [f"test.{name}{f'.x{k}' if k > 1 else ''}" for name in ("tatoeba", "multi30k-2016")
+                  for k in (1, 2, 4, 8)] + ["test.iwslt-tst2010"]
 
 
 def _encodings() -> tuple[list[str], list[str]]:
@@ -96,7 +103,10 @@ def presets() -> dict[str, Preset]:
         "all-encodings": Preset("configs/bench_small.yaml", [_pe("none", "none", "none")]
                                 + [_pe(e, e, "none") for e in inputs] + [_pe(e, "none", e) for e in attentions],
                                 "sinusoidal"),
-        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope], "sinusoidal"),
+        # Precision is part of the design (fp32 on every machine); periodic checkpoints are resume points only.
+        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope], "sinusoidal",
+                                        [f"data.test=[{','.join(LENGTH_SHIFTED)}]", "train.amp=none",
+                                         "train.amp_cpu=false", "train.keep_checkpoints=0"]),
         "tokenization": Preset("configs/bench_small_rope.yaml", [
             Variant("bpe", ["tokenizer.type=bpe"]),
             Variant("unigram", ["tokenizer.type=unigram", *_same_sentences(1.125)]),
@@ -489,11 +499,14 @@ def main() -> int:
     parser.add_argument("--attention-sentences", type=int, default=200, help="validation pairs for attention stats")
     parser.add_argument("--max-sentences", type=int, help="score only the first N sentences of each split (quick)")
     parser.add_argument("--runs", default="runs", help="folder for the study (default runs)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train (or resume) every run, then stop: a pilot, or scoring left to later")
     args = parser.parse_args()
 
     if args.preset:
         preset = presets()[args.preset]
         config, variants, baseline = args.config or preset.config, preset.variants, preset.baseline
+        args.overrides = [*preset.overrides, *args.overrides]
         if args.grid:
             parser.error("--grid and --preset exclude each other")
     elif args.config and args.grid:
@@ -555,9 +568,16 @@ def main() -> int:
         trained = [[v["label"], v["overrides"]] for v in spec["variants"]]  # test variants may be added later
         if [[v["label"], v["overrides"]] for v in old.get("variants", [])] != trained:
             raise ConfigError(f"{study} holds a study with other variants; use another --name")
-        for key in ("config", "steps", "tokens", "overrides"):
+        for key in ("config", "tokens", "overrides"):
             if old.get(key) != spec[key]:
                 raise ConfigError(f"{study} holds a study with another {key}; use another --name")
+        if old.get("steps") != spec["steps"]:
+            if not (old.get("steps") and spec["steps"] and spec["steps"] > old["steps"]):
+                raise ConfigError(f"{study} holds a study of {old.get('steps')} steps; its budget can only be raised "
+                                  "(every run then continues from its last.pt, as if trained so long from the start)")
+            print(f"study {name}: budget raised from {old['steps']} to {spec['steps']} steps", flush=True)
+        spec["budget_history"] = [*old.get("budget_history", [old.get("steps")]), spec["steps"]] \
+            if old.get("steps") != spec["steps"] else old.get("budget_history", [spec["steps"]])
     from utils.io import atomic_write_text
 
     atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
@@ -579,6 +599,9 @@ def main() -> int:
                      job.root / "study.log"))
     print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
     run_commands(todo, devices)
+    if args.train_only:
+        print(f"study {name}: every run trained to the budget (--train-only: not scored)")
+        return 0
 
     # 2. Score every run on every test split, beam 5 and greedy (and each inference-only test variant).
     from data.sources import load_corpus

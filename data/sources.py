@@ -7,6 +7,11 @@ Sources (``data.source``):
 - ``wit3``: a local WIT3 (IWSLT) archive or folder, see :mod:`data.wit3`.
 - ``iwslt2017``: the raw WIT3 archive hosted by the Hub repo ``IWSLT/iwslt2017``, parsed like ``wit3``.
 
+Length-shifted test sets: a test split named ``NAME.xK`` (e.g. ``test.tatoeba.x4``), when no file of that
+name exists, is split ``NAME`` with every K consecutive pairs joined into one (source with source, target
+with target, one space between), so its sentences are about K times as long with the same vocabulary and
+style; the last ``len % K`` pairs are left out. Any source, any K >= 1 (``x1`` is the split itself).
+
 Every line goes through ``clean_text`` (whitespace runs of any kind become one space). Empty lines: in
 the ``train`` split a pair with an empty side is dropped and the
 number dropped is logged. Evaluation splits are kept whole, so that row ``i`` always matches line
@@ -20,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,6 +115,19 @@ def make_split(name: str, src: Sequence[str], tgt: Sequence[str], origin: str) -
     return datasets.Dataset.from_dict({"src": src, "tgt": tgt})
 
 
+def length_shifted(name: str) -> tuple[str, int] | None:
+    """``"test.tatoeba.x4"`` -> ``("test.tatoeba", 4)``; None for a name without an ``.xK`` suffix."""
+    m = re.fullmatch(r"(.+)\.x([1-9][0-9]*)", name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def concatenate_pairs(src: Sequence[str], tgt: Sequence[str], k: int) -> tuple[list[str], list[str]]:
+    """Pairs ``k*i .. k*i+k-1`` joined into pair ``i`` (one space between sentences), ``len // k`` pairs."""
+    n = len(src) // k
+    return ([" ".join(src[i * k:(i + 1) * k]) for i in range(n)],
+            [" ".join(tgt[i * k:(i + 1) * k]) for i in range(n)])
+
+
 def _file_entry(path: Path) -> dict[str, object]:
     """Path, size and sha256 of a file's bytes: a content change cannot keep the fingerprint, whatever
     happens to its size and times (same-length edits, ``touch -r``, sync tools). About 0.4 GB/s."""
@@ -158,7 +177,9 @@ def _text_splits(cfg: DataConfig) -> tuple[Path, dict[str, str]]:
     for name in cfg.test:
         if name in splits:
             raise DataError(f"data.test: split name {name!r} clashes with the train/validation split")
-        splits[name] = name
+        shifted = length_shifted(name)
+        exists = any((folder / f"{name}.{cfg.src_lang}{gz}").is_file() for gz in ("", ".gz"))
+        splits[name] = shifted[0] if shifted and not exists else name
     return folder, splits
 
 
@@ -173,6 +194,8 @@ def _load_text(cfg: DataConfig) -> datasets.DatasetDict:
         src, tgt = read_lines(src_path), read_lines(tgt_path)
         if len(src) != len(tgt):
             raise DataError(f"line counts differ: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}")
+        if prefix != split and (shifted := length_shifted(split)) and shifted[0] == prefix:
+            src, tgt = concatenate_pairs([clean_text(x) for x in src], [clean_text(x) for x in tgt], shifted[1])
         out[split] = make_split(split, src, tgt, origin=f"{folder / prefix}.{{{cfg.src_lang},{cfg.tgt_lang}}}")
     return datasets.DatasetDict(out)
 
@@ -251,16 +274,30 @@ def load_corpus(cfg: DataConfig) -> datasets.DatasetDict:
     from data.wit3 import load_wit3
 
     if cfg.source in ("demo", "text"):
-        return _load_text(cfg)
-    if cfg.source == "wit3":
+        corpus = _load_text(cfg)
+    elif cfg.source == "wit3":
         if not cfg.path:
             raise DataError("data.path: required when data.source is 'wit3'")
-        return load_wit3(cfg.path, cfg.src_lang, cfg.tgt_lang)
-    if cfg.source == "iwslt2017":
+        corpus = load_wit3(cfg.path, cfg.src_lang, cfg.tgt_lang)
+    elif cfg.source == "iwslt2017":
         if (cfg.src_lang, cfg.tgt_lang) != ("fr", "en"):
             raise DataError(f"data.source=iwslt2017 supports fr->en only, got {cfg.src_lang}->{cfg.tgt_lang}")
-        return load_wit3(download_iwslt2017(), cfg.src_lang, cfg.tgt_lang)
-    raise DataError(f"data.source: unknown source {cfg.source!r}")
+        corpus = load_wit3(download_iwslt2017(), cfg.src_lang, cfg.tgt_lang)
+    else:
+        raise DataError(f"data.source: unknown source {cfg.source!r}")
+    return _add_length_shifted(corpus, cfg.test)
+
+
+def _add_length_shifted(corpus: datasets.DatasetDict, names: Sequence[str]) -> datasets.DatasetDict:
+    """``corpus`` with each asked-for ``NAME.xK`` split it lacks made from its split ``NAME``."""
+    for name in names:
+        shifted = length_shifted(name)
+        if name in corpus or shifted is None or shifted[0] not in corpus:
+            continue
+        base = corpus[shifted[0]]
+        src, tgt = concatenate_pairs(list(base["src"]), list(base["tgt"]), shifted[1])
+        corpus[name] = make_split(name, src, tgt, origin=f"{shifted[0]} x{shifted[1]}")
+    return corpus
 
 
 def corpus_fingerprint(cfg: DataConfig) -> str:
