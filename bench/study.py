@@ -25,10 +25,14 @@ trained models of variant ``rope`` again under inference-only overrides, as the 
 (``train-short-test-long`` does this for the RoPE length extensions), compared with its baseline and with
 its own trained variant (paired over seeds: the same models).
 
-Statistics: mean +- standard deviation over seeds; paired bootstrap resampling against the baseline
-(Koehn 2004, sacreBLEU's implementation, 1,000 samples) on the hypotheses of all seeds pooled, giving
-the 95 % confidence interval of each system and the p-value of its difference; attention distance,
-entropy and cross-attention diagonality per layer and head (utils/attention_stats.py).
+Statistics (bench/study_analysis.py, bench/study_stats.py): seeds are blocks (seed k gives every variant the
+same tokenizer and batch order). Every difference with the baseline is the mean over seeds of the per-seed
+difference, tested across seeds (the contrast of a blocked two-way ANOVA) and across test sentences (a paired
+bootstrap of that same quantity, 10,000 resamples); a preset's primary family (chrF by default) is
+Holm-corrected and a difference is resolved when both tests reject and agree in sign; power comes from a
+smallest effect fixed in advance (1 chrF). Everything else is labelled exploratory. Every system's hypotheses
+are published with the report (``hypotheses/``), and ``python bench/study_report.py STUDY_DIR`` recomputes
+the report from the published files alone.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -71,6 +74,7 @@ class Preset:
     variants: list[Variant]
     baseline: str
     overrides: list[str] = field(default_factory=list)  # applied to every run, before the study's --set
+    family: dict[str, Any] = field(default_factory=dict)  # the primary analysis (bench.study_analysis.Family)
 
 
 # Length-shifted test sets (data.sources: NAME.xK joins K consecutive pairs): the training data's vocabulary and
@@ -87,6 +91,15 @@ def _encodings() -> tuple[list[str], list[str]]:
 
 def _pe(label: str, input_pe: str, attention_pe: str) -> Variant:
     return Variant(label, [f"model.input_pe={input_pe}", f"model.attention_pe={attention_pe}"])
+
+
+# The pre-registered primary analysis of train-short-test-long (README, "Pre-registration"): chrF, beam 5, on
+# the x4 sets and each run's drop from x1 to x4; RoPE+linear is exploratory.
+EXTRAPOLATION_FAMILY = {
+    "metric": "chrF", "decoder": "beam5", "splits": ["test.tatoeba.x4", "test.multi30k-2016.x4"],
+    "drops": {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"},
+    "systems": ["learnable", "rope", "rope+ntk", "rope+yarn", "alibi", "t5"], "smallest_effect": 1.0, "alpha": 0.05,
+    "declared": "pre-registered in README on 2026-11-25, before the runs"}
 
 
 def presets() -> dict[str, Preset]:
@@ -106,7 +119,8 @@ def presets() -> dict[str, Preset]:
         # Precision is part of the design (fp32 on every machine); periodic checkpoints are resume points only.
         "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope], "sinusoidal",
                                         [f"data.test=[{','.join(LENGTH_SHIFTED)}]", "train.amp=none",
-                                         "train.amp_cpu=false", "train.keep_checkpoints=0"]),
+                                         "train.amp_cpu=false", "train.keep_checkpoints=0"],
+                                        family=EXTRAPOLATION_FAMILY),
         "tokenization": Preset("configs/bench_small_rope.yaml", [
             Variant("bpe", ["tokenizer.type=bpe"]),
             Variant("unigram", ["tokenizer.type=unigram", *_same_sentences(1.125)]),
@@ -370,96 +384,6 @@ def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, A
     return stats
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    import statistics
-
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def paired_bootstrap(base: Sequence[Sequence[str]], system: Sequence[Sequence[str]], refs: Sequence[str],
-                     samples: int, lowercase: bool = False) -> dict[str, Any]:
-    """Paired bootstrap resampling (Koehn 2004) of two seed-pooled systems, ``[seeds][sentences]`` hypotheses
-    each: BLEU and chrF of each system with its 95 % CI half-width, and the p-value of their difference.
-
-    It is sacreBLEU's test (``PairedTest(test_type="bs")``: its metrics, sufficient statistics, resampling,
-    ``estimate_ci`` and ``_compute_p_value``), with one change: the unit resampled is a test sentence, whose
-    statistics are summed over the seeds. The seeds' copies of one sentence are not independent draws from
-    the test population; resampling them as separate segments would narrow the intervals by about
-    sqrt(seeds) and overstate significance. With one seed it is exactly sacreBLEU's test.
-    """
-    import numpy as np
-    from sacrebleu.metrics import BLEU, CHRF
-    from sacrebleu.significance import _compute_p_value, estimate_ci
-
-    n = len(refs)
-    if any(len(h) != n for h in [*base, *system]):
-        raise ValueError("every seed's hypotheses must cover the same sentences as the references")
-    seed = os.environ.get("SACREBLEU_SEED", "12345")  # sacreBLEU's default, so one seed reproduces its test
-    rng = np.random.default_rng(None if seed.lower() == "none" else int(seed))
-    idxs = rng.choice(n, size=(samples, n), replace=True)
-    out: dict[str, Any] = {}
-    for name, metric in (("BLEU", BLEU(lowercase=lowercase)), ("chrF", CHRF(lowercase=lowercase))):
-        def sentence_stats(hyps_by_seed: Sequence[Sequence[str]], metric: Any = metric) -> np.ndarray:
-            per_seed = [np.array(metric._extract_corpus_statistics(list(h), [list(refs)]), dtype="float32")
-                        for h in hyps_by_seed]
-            return np.sum(per_seed, axis=0)  # [sentences, statistics]: a sentence's counts over all seeds
-
-        scores = {}
-        for side, hyps in (("baseline", base), ("system", system)):
-            stats = sentence_stats(hyps)
-            full = metric._compute_score_from_stats(stats.sum(0)).score
-            resampled = np.array([metric._compute_score_from_stats(stats[i].sum(0)).score for i in idxs])
-            scores[side] = (full, resampled)
-        (b_full, b_res), (s_full, s_res) = scores["baseline"], scores["system"]
-        diffs = np.abs(s_res - b_res)
-        p = _compute_p_value(diffs - diffs.mean(), abs(s_full - b_full))
-        sig = metric.get_signature()
-        sig.update("seed", seed.lower())
-        sig.update("bs", samples)
-        row: dict[str, Any] = {"delta": float(s_full - b_full), "p_value": float(p), "seeds": len(base),
-                               "signature": f"{sig}|unit:sentence,{len(base)}-seed-pooled"}
-        for side, (full, res) in (("baseline", (b_full, b_res)), ("system", (s_full, s_res))):
-            mean, ci = estimate_ci(res)
-            row[side] = {"score": float(full), "mean": float(mean), "ci": float(ci)}
-        out[name] = row
-    return out
-
-
-def seed_test(base: Sequence[float], system: Sequence[float], alpha: float, power: float = 0.8,
-              paired: bool = False) -> dict[str, Any]:
-    """A t-test of two variants' per-seed corpus scores (Reimers & Gurevych 2017): does the difference of the
-    means exceed what training again with another seed gives? The test-set bootstrap cannot see that
-    variation. Welch's test for independently trained variants; with ``paired`` (the same trained models
-    scored two ways, e.g. a RoPE scaling applied at test time) the paired t-test on the per-seed differences.
-    ``seeds_needed``: seeds per variant for ``power`` at level ``alpha`` if the true difference were the
-    observed one (normal approximation: n = 2 (z_{1-alpha/2} + z_power)^2 s^2 / delta^2, s^2 the mean of the
-    two variances; paired, n = (z_{1-alpha/2} + z_power)^2 s_d^2 / delta^2, s_d the std of the differences).
-    ``p_value`` is None with fewer than two seeds a side."""
-    import statistics
-
-    from scipy import stats
-
-    delta = statistics.fmean(system) - statistics.fmean(base)
-    out: dict[str, Any] = {"test": "paired t" if paired else "Welch", "delta": delta, "p_value": None,
-                           "seeds_needed": None}
-    if min(len(base), len(system)) < 2:
-        return out
-    if paired:
-        var = statistics.variance([s - b for s, b in zip(system, base, strict=True)])
-    else:
-        var = (statistics.variance(base) + statistics.variance(system)) / 2
-    if var == 0:  # every seed scores alike (or differs alike): the means differ or they do not
-        out["p_value"] = 1.0 if delta == 0 else 0.0
-    elif paired:
-        out["p_value"] = float(stats.ttest_rel(system, base).pvalue)
-    else:
-        out["p_value"] = float(stats.ttest_ind(system, base, equal_var=False).pvalue)
-    if delta != 0:
-        z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-        out["seeds_needed"] = max(2, math.ceil((1 if paired else 2) * z * z * var / (delta * delta)))
-    return out
-
-
 def valid_curve(run: Path) -> list[tuple[int, float]]:
     """Validation BLEU of a run against optimizer steps."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -495,7 +419,7 @@ def main() -> int:
     parser.add_argument("--baseline", help="variant label the others are compared with (default: the first)")
     parser.add_argument("--checkpoint", choices=["best", "last"], default="best",
                         help="checkpoint scored (default best: the best validation BLEU within the budget)")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap samples (default 1000)")
+    parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap samples (default 10000)")
     parser.add_argument("--attention-sentences", type=int, default=200, help="validation pairs for attention stats")
     parser.add_argument("--max-sentences", type=int, help="score only the first N sentences of each split (quick)")
     parser.add_argument("--runs", default="runs", help="folder for the study (default runs)")
@@ -503,10 +427,12 @@ def main() -> int:
                         help="train (or resume) every run, then stop: a pilot, or scoring left to later")
     args = parser.parse_args()
 
+    family: dict[str, Any] = {}
     if args.preset:
         preset = presets()[args.preset]
         config, variants, baseline = args.config or preset.config, preset.variants, preset.baseline
         args.overrides = [*preset.overrides, *args.overrides]
+        family = preset.family
         if args.grid:
             parser.error("--grid and --preset exclude each other")
     elif args.config and args.grid:
@@ -561,7 +487,7 @@ def main() -> int:
     spec = {"command": " ".join(sys.argv), "config": config, "variants": [v.__dict__ for v in variants],
             "baseline": baseline, "seeds": seeds, "steps": args.steps, "tokens": args.tokens,
             "overrides": args.overrides, "checkpoint": args.checkpoint, "max_sentences": args.max_sentences,
-            "attention_sentences": args.attention_sentences}
+            "attention_sentences": args.attention_sentences, "family": family}
     spec_file = study / "study.json"
     if spec_file.is_file():
         old = json.loads(spec_file.read_text())
@@ -632,7 +558,7 @@ def main() -> int:
     from bench.study_report import aggregate, write_report
 
     results = aggregate(jobs, runs, corpus, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap,
-                        args.attention_sentences, args.max_sentences)
+                        args.attention_sentences, args.max_sentences, family)
     write_report(study, spec, results)
     print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
     return 0

@@ -21,10 +21,13 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str], baseline: str, checkpoint: str,
-              samples: int, attention_sentences: int, max_sentences: int | None = None) -> dict[str, Any]:
-    """Every number of the study: per variant (and test variant), split and decoder; ``corpus`` holds the
-    test splits (data.sources.load_corpus)."""
-    from bench.study import eval_file, file_tag, mean_std, paired_bootstrap, read_attention, seed_test, valid_curve
+              samples: int, attention_sentences: int, max_sentences: int | None = None,
+              family: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every number of the study: per system (variant or test variant), split and decoder each seed's scores,
+    length ratio and buckets; the declared family of primary tests and the exploratory ones
+    (bench/study_analysis.py); ``corpus`` holds the test splits (data.sources.load_corpus). The hypotheses
+    are returned under ``"_hypotheses"`` for ``write_report`` to publish."""
+    from bench.study import eval_file, file_tag, read_attention, valid_curve
     from utils.config import load_config
 
     labels = list(dict.fromkeys(job.variant.label for job in jobs))
@@ -32,80 +35,103 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
     by_key = {(job.variant.label, job.seed): job for job in jobs}
     first = runs[by_key[(baseline, seeds[0])].key]
     first_cfg = load_config(first / "config.yaml")
-    lowercase = first_cfg.tokenizer.lowercase
     lengths = _source_lengths(first, corpus, splits)
-    references = {split: list(corpus[split]["tgt"]) for split in splits}
+    hypotheses: dict[str, dict[str, dict[str, list[list[str]]]]] = {}
     systems: dict[str, dict[str, Any]] = {}
     for label in labels:
-        tags = [None, *by_key[(label, seeds[0])].variant.tests]
-        for tag in tags:
+        for tag in [None, *by_key[(label, seeds[0])].variant.tests]:
             name = label if tag is None else f"{label}+{tag}"
-            entry: dict[str, Any] = {"variant": label, "test_variant": tag, "splits": {}}
+            entry: dict[str, Any] = {"variant": label, "test_variant": tag}
             for split in splits:
                 for decoder, beam in DECODERS.items():
                     per_seed = []
                     for seed in seeds:
-                        run = runs[by_key[(label, seed)].key]
-                        js = eval_file(run, split, beam, checkpoint, file_tag(tag, max_sentences))
-                        scores = json.loads(js.read_text())
-                        scores["hyps"] = _read_lines(js.with_suffix(".hyp"))
-                        per_seed.append(scores)
-                    bleu = [s["bleu"] for s in per_seed]
-                    chrf = [s["chrf"] for s in per_seed]
-                    hyps = [s["hyps"] for s in per_seed]
-                    refs = references[split][: len(hyps[0])]
-                    row = {"bleu": bleu, "chrf": chrf, "bleu_mean_std": mean_std(bleu), "chrf_mean_std": mean_std(chrf),
-                           "signature": per_seed[0]["bleu_signature"], "chrf_signature": per_seed[0]["chrf_signature"],
-                           "by_source_length": _buckets(hyps, refs, lengths[split], first_cfg.eval.length_buckets,
-                                                        lowercase),
-                           "_hyps": hyps}
-                    entry["splits"].setdefault(split, {})[decoder] = row
+                        js = eval_file(runs[by_key[(label, seed)].key], split, beam, checkpoint,
+                                       file_tag(tag, max_sentences))
+                        per_seed.append((json.loads(js.read_text()), _read_lines(js.with_suffix(".hyp"))))
+                    hypotheses.setdefault(name, {}).setdefault(split, {})[decoder] = [h for _, h in per_seed]
+                    signatures = {"signature": per_seed[0][0]["bleu_signature"],
+                                  "chrf_signature": per_seed[0][0]["chrf_signature"]}
+                    entry.setdefault("splits", {}).setdefault(split, {})[decoder] = signatures
             if tag is None:
                 entry["attention"] = []
                 for s in seeds:
-                    run = runs[by_key[(label, s)].key]
-                    stats = read_attention(run, checkpoint, attention_sentences)
+                    stats = read_attention(runs[by_key[(label, s)].key], checkpoint, attention_sentences)
                     if stats is None:
-                        raise ValueError(f"{run}: no attention statistics on {attention_sentences} sentences")
+                        raise ValueError(f"{runs[by_key[(label, s)].key]}: no attention statistics on "
+                                         f"{attention_sentences} sentences")
                     entry["attention"].append(stats)
                 entry["valid_bleu"] = [valid_curve(runs[by_key[(label, s)].key]) for s in seeds]
             systems[name] = entry
+    references = {split: list(corpus[split]["tgt"]) for split in splits}
+    results = analyse(systems, hypotheses, references, lengths, splits, baseline, seeds, samples,
+                      first_cfg.tokenizer.lowercase, first_cfg.eval.length_buckets, first_cfg.data.max_train_len,
+                      family)
+    results["length_unit"] = f"{first_cfg.tokenizer.type} tokens of {baseline}'s tokenizer"
+    results["source_lengths"] = lengths
+    results["_hypotheses"] = hypotheses
+    return results
 
-    def compare(base: str, name: str, k: int, paired: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+
+def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | None, references: dict[str, list[str]],
+            lengths: dict[str, list[int]] | None, splits: list[str], baseline: str, seeds: list[int], samples: int,
+            lowercase: bool, edges: list[int], train_len: int | None, family: dict[str, Any] | None) -> dict[str, Any]:
+    """Scores, buckets, primary and exploratory tests from the hypotheses (or, without them, from the per-seed
+    scores already in ``systems``: the seed-level tests only)."""
+    from bench.study_analysis import Analysis, Family, attention_tests, exploratory, metric_for, primary
+    from bench.study_stats import corpus_score, sentence_stats
+
+    scores: dict[str, Any] = {}
+    stats: dict[str, Any] | None = {} if hypotheses is not None else None
+    metrics = {"chrF": metric_for("chrF", lowercase), "BLEU": metric_for("BLEU", lowercase)}
+    buckets = {}
+    for name, entry in systems.items():
         for split in splits:
             for decoder in DECODERS:
-                b, x = systems[base]["splits"][split][decoder], systems[name]["splits"][split][decoder]
-                refs = references[split][: len(b["_hyps"][0])]
-                comp = paired_bootstrap(b["_hyps"], x["_hyps"], refs, samples, lowercase)
-                comp["across_seeds"] = seed_test(b["bleu"], x["bleu"], ALPHA / k, paired=paired)
-                out.setdefault(split, {})[decoder] = comp
-        return out
+                row = entry["splits"][split][decoder]
+                if hypotheses is not None:
+                    hyps = hypotheses[name][split][decoder]
+                    refs = references[split][: len(hyps[0])]
+                    per = {m: [sentence_stats(metric, h, refs) for h in hyps] for m, metric in metrics.items()}
+                    stats.setdefault(name, {}).setdefault(split, {})[decoder] = per  # type: ignore[union-attr]
+                    row["chrf"] = [corpus_score(metrics["chrF"], x.sum(0)) for x in per["chrF"]]
+                    row["bleu"] = [corpus_score(metrics["BLEU"], x.sum(0)) for x in per["BLEU"]]
+                    row["length_ratio"] = [float(x[:, 0].sum() / max(x[:, 1].sum(), 1)) for x in per["BLEU"]]
+                    row["n_sentences"] = len(refs)
+                    if lengths is not None:
+                        row["by_source_length"] = _buckets(hyps, refs, lengths[split], edges, lowercase)
+                        buckets[split] = _bucket_index(lengths[split][: len(refs)], edges)
+                row["bleu_mean_std"], row["chrf_mean_std"] = mean_std(row["bleu"]), mean_std(row["chrf"])
+                scores.setdefault(name, {}).setdefault(split, {})[decoder] = {"chrF": row["chrf"], "BLEU": row["bleu"]}
+    analysis = Analysis(scores, stats, baseline, samples, lowercase, buckets)
+    fam = Family(**(family or {}))
+    names = list(systems)
+    with_attention = [n for n in names if "attention" in systems[n]]
+    attention = {f"{n}|{kind}.{stat}": _attention_runs(systems[n]["attention"], kind, stat)
+                 for n in with_attention for kind, stat in ATTENTION_STATS}
+    return {"baseline": baseline, "seeds": seeds, "splits": splits, "systems": systems, "bootstrap_samples": samples,
+            "alpha": fam.alpha, "primary": primary(analysis, fam, names, splits),
+            "exploratory": exploratory(analysis, names, splits, fam, train_len,
+                                       {n: e["variant"] for n, e in systems.items() if e.get("test_variant")}),
+            "attention_tests": attention_tests(attention, baseline, fam.alpha) if baseline in with_attention else {}}
 
-    # Against the baseline: every other trained variant and its test variants (the baseline's own test
-    # variants are the same models: they are compared with it below, paired).
-    others = [name for name, entry in systems.items() if entry["variant"] != baseline]
-    k = max(1, len(others) * len(splits))  # comparisons per decoder: Bonferroni's divisor
-    comparisons = {name: compare(baseline, name, k, paired=False) for name in others}
-    tagged = [name for name, entry in systems.items() if entry["test_variant"] is not None]
-    k_own = max(1, len(tagged) * len(splits))
-    own = {name: compare(systems[name]["variant"], name, k_own, paired=True) for name in tagged}
-    with_attention = [name for name, entry in systems.items() if "attention" in entry]
-    k_att = max(1, (len(with_attention) - 1) * len(ATTENTION_STATS))
-    attention_comparisons = {
-        name: {f"{kind}.{stat}": seed_test(_attention_runs(systems[baseline]["attention"], kind, stat),
-                                           _attention_runs(systems[name]["attention"], kind, stat), ALPHA / k_att)
-               for kind, stat in ATTENTION_STATS}
-        for name in with_attention if name != baseline and "attention" in systems[baseline]}
-    for entry in systems.values():
-        for split in entry["splits"].values():
-            for row in split.values():
-                row.pop("_hyps")
-    return {"baseline": baseline, "seeds": seeds, "splits": splits, "systems": systems,
-            "comparisons": comparisons, "bootstrap_samples": samples, "alpha": ALPHA, "comparisons_per_decoder": k,
-            "test_variant_comparisons": own, "test_variant_comparisons_per_decoder": k_own,
-            "length_unit": f"{first_cfg.tokenizer.type} tokens of {baseline}'s tokenizer",
-            "attention_comparisons": attention_comparisons, "attention_comparisons_count": k_att}
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _bucket_index(lengths: list[int], edges: list[int]) -> dict[str, list[int]]:
+    """Sentence indices of each source-length bucket (labels as utils.metrics.scores_by_length gives them)."""
+    from utils.metrics import bucket_label
+
+    bounds = [0, *edges]
+    out = {}
+    for i, lo in enumerate(bounds):
+        hi = bounds[i + 1] if i + 1 < len(bounds) else None
+        out[bucket_label(lo, hi)] = [j for j, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
+    return out
 
 
 def _source_lengths(run: Path, corpus: Any, splits: list[str]) -> dict[str, list[int]]:
@@ -124,7 +150,6 @@ def _source_lengths(run: Path, corpus: Any, splits: list[str]) -> dict[str, list
 def _buckets(hyps: list[list[str]], refs: list[str], lengths: list[int], edges: list[int],
              lowercase: bool) -> list[dict[str, Any]]:
     """BLEU and chrF by source-length bucket: each seed's, and their mean ± std (None for an empty bucket)."""
-    from bench.study import mean_std
     from utils.metrics import scores_by_length
 
     per_seed = [scores_by_length(h, refs, lengths[: len(h)], edges, lowercase) for h in hyps]
@@ -146,94 +171,115 @@ def _fmt(ms: tuple[float, float] | list[float] | None) -> str:
     return "-" if ms is None else f"{ms[0]:.2f} ± {ms[1]:.2f}"
 
 
-def _with_seeds(row: dict[str, Any]) -> str:
-    """``9.09 ± 1.48 (7.9, 8.6, 10.8)``: the mean ± std of the seeds' BLEU, then each seed's."""
-    return f"{_fmt(row['bleu_mean_std'])} ({', '.join(f'{v:.1f}' for v in row['bleu'])})"
-
-
-def resolved(comp: dict[str, Any], k: int) -> tuple[bool, str]:
-    """Whether one comparison's BLEU difference is resolved, and why: it must pass both tests after
-    Bonferroni over ``k`` comparisons, the paired bootstrap (the test set could have been other sentences)
-    and the t-test over seeds (the models could have been trained with other seeds)."""
-    level = ALPHA / k
-    bs, seeds = comp["BLEU"], comp.get("across_seeds") or {"p_value": None}
-    bs_ok, seed_p = bs["p_value"] < level, seeds["p_value"]
-    test = _seed_test_name(seeds)
-    where = f"after Bonferroni over {k} comparisons (p < {level:.4f})"
-    if bs_ok and seed_p is not None and seed_p < level:
-        return True, f"resolved: significant on the test-set bootstrap and across seeds {where}"
-    if bs_ok and seed_p is None:
-        return False, (f"the test-set bootstrap resolves it {where}, but with one seed a side the variation "
-                       "between training runs is not measured")
-    if bs_ok:
-        need = seeds.get("seeds_needed")
-        more = f"; about {need} seeds per variant would resolve a true difference this size" if need else ""
-        return False, (f"not resolved: the test-set bootstrap separates these models' outputs {where}, but the "
-                       f"seeds do not ({test} p = {seed_p:.3f}): another set of seeds could reverse it{more}")
-    if bs["p_value"] < ALPHA:
-        return False, f"not resolved: the test-set bootstrap gives p < {ALPHA} alone, not {where}"
-    return False, "not resolved: within what resampling the test set gives"
-
-
-def _seed_test_name(seeds: dict[str, Any]) -> str:
-    return "the paired t-test" if seeds.get("test") == "paired t" else "Welch's t-test"
-
-
-def significance_lines(results: dict[str, Any], decoder: str = "beam5", own: bool = False) -> list[str]:
-    """One sentence per comparison: both differences, both p-values and what they mean together. ``own``:
-    the test-time variants against their own trained models instead of the variants against the baseline."""
-    comparisons, k = _comparisons(results, own)
-    floor = 1 / (results["bootstrap_samples"] + 1)  # the smallest p-value the resampling can give
-    lines = []
-    if comparisons and floor >= ALPHA / k:
-        need = math.ceil(k / ALPHA)
-        lines.append(f"- With {results['bootstrap_samples']} bootstrap samples no p-value can go below {floor:.4f}, "
-                     f"so none can pass Bonferroni over {k} comparisons ({ALPHA}/{k}); rerun with --bootstrap {need} "
-                     "or more to test that.")
-    for name, per_split in comparisons.items():
-        base = results["systems"][name]["variant"] if own else results["baseline"]
-        for split, per_dec in per_split.items():
-            comp = per_dec[decoder]
-            seeds = comp.get("across_seeds") or {}
-            mean = f"{seeds['delta']:+.2f} BLEU in the mean over seeds" if "delta" in seeds else ""
-            if seeds.get("p_value") is not None:
-                mean += f" ({'paired t' if seeds.get('test') == 'paired t' else 'Welch'} p = {seeds['p_value']:.3f})"
-            pooled = f"{comp['BLEU']['delta']:+.2f} pooled (bootstrap p = {comp['BLEU']['p_value']:.3f})"
-            lines.append(f"- {name} vs {base} on {split}: {', '.join(x for x in (mean, pooled) if x)}; "
-                         f"{resolved(comp, k)[1]}.")
-    return lines
-
-
-def _comparisons(results: dict[str, Any], own: bool) -> tuple[dict[str, Any], int]:
-    if own:
-        return results.get("test_variant_comparisons", {}), results.get("test_variant_comparisons_per_decoder", 1)
-    return results["comparisons"], results["comparisons_per_decoder"]
-
-
-def _comparison_table(results: dict[str, Any], decoder: str, own: bool) -> list[str]:
-    comparisons, k = _comparisons(results, own)
-    test = "paired t p (seeds)" if own else "Welch p (seeds)"
-    out = [f"| system | {'against' if own else 'split'} | {'split | ' if own else ''}Δ mean | {test} "
-           "| seeds for 80 % power | pooled BLEU ± 95 % CI | Δ pooled | bootstrap p | resolved |",
-           "|---|---|---|---|---|---|---|---|---|" + ("---|" if own else "")]
-    for name, per_split in comparisons.items():
-        for split, per_dec in per_split.items():
-            comp = per_dec[decoder]
-            seeds, bs = comp.get("across_seeds") or {}, comp["BLEU"]
-            sp = "-" if seeds.get("p_value") is None else f"{seeds['p_value']:.3f}"
-            need = seeds.get("seeds_needed") or "-"
-            mean = f"{seeds['delta']:+.2f}" if "delta" in seeds else "-"
-            against = f"{results['systems'][name]['variant']} | " if own else ""
-            out.append(f"| {name} | {against}{split} | {mean} | {sp} | {need} | {bs['system']['score']:.2f} ± "
-                       f"{bs['system']['ci']:.2f} | {bs['delta']:+.2f} | {bs['p_value']:.3f} | "
-                       f"{'yes' if resolved(comp, k)[0] else 'no'} |")
+def _cell(row: dict[str, Any], metric: str) -> str:
+    """``51.23 ± 0.40 (50.9, 51.7, 51.1) · len 0.98``: mean ± std over seeds, each seed, and the mean
+    hypothesis/reference length ratio (longer output can buy chrF: it must be visible)."""
+    values = row[metric]
+    out = f"{_fmt(row[f'{metric}_mean_std'])} ({', '.join(f'{v:.1f}' for v in values)})"
+    if row.get("length_ratio"):
+        out += f" · len {sum(row['length_ratio']) / len(row['length_ratio']):.2f}"
     return out
 
 
+def _p(x: float | None) -> str:
+    return "-" if x is None else ("< 0.0001" if x < 1e-4 else f"{x:.4f}")
+
+
+def _primary_lines(results: dict[str, Any]) -> list[str]:
+    from bench.study_analysis import Family
+
+    pr = results["primary"]
+    fam, pw = pr["family"], pr["power"]
+    base = results["baseline"]
+    quantities = list(dict.fromkeys(t["label"] for t in pr["tests"]))
+    out = ["## Primary analysis", "", f"The family: {fam.get('declared', Family().declared)}.", "",
+           f"Contrasts: each of {', '.join(dict.fromkeys(t['system'] for t in pr['tests']))} minus **{base}**, on "
+           f"{len(quantities)} quantities ({'; '.join(quantities)}): a family of **{pr['size']} tests**, Holm's "
+           f"correction at α = {fam['alpha']}. Each quantity is the mean over seeds of the per-seed difference "
+           "(the seed is a block: the same tokenizer and batch order for every system). Seed-level test: the "
+           "contrast of a two-way ANOVA without interaction (system × seed block), residual df "
+           f"{pr['anova'][0]['df'] if pr['anova'] else '-'}. Test-set test: a paired bootstrap of the same quantity "
+           f"({results['bootstrap_samples']} resamples of the test units, every seed's statistics kept apart). "
+           "Resolved: both reject after Holm and agree in sign.", ""]
+    if not pr["bootstrap_available"]:
+        out += ["The hypotheses of these runs were not published, so the test-set bootstrap cannot be computed: "
+                "only the seed-level test is shown, and **nothing is called resolved** on it alone.", ""]
+    out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | bootstrap 95 % CI | bootstrap p "
+            "| p Holm | resolved |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for t in pr["tests"]:
+        b = t["bootstrap"]
+        ci = f"[{b['ci95'][0]:+.2f}, {b['ci95'][1]:+.2f}]" if b else "-"
+        out.append(f"| {t['system']} | {t['label']} | {', '.join(f'{d:+.2f}' for d in t['per_seed_delta'])} | "
+                   f"{t['delta']:+.2f} | {_p(t['seed_test']['p_value'])} | {_p(t['seed_test']['p_holm'])} | {ci} | "
+                   f"{_p(b['p_value']) if b else '-'} | {_p(b.get('p_holm')) if b else '-'} | "
+                   f"{'**yes**' if t['resolved'] else 'no'} |")
+    out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**", ""]
+    if pw["power_at_smallest_effect"] is not None:
+        out += [f"Power (noncentral t, from the pooled residual standard deviation {pw['pooled_residual_sd']:.2f} "
+                f"{fam['metric']} over {pw['seeds']} seeds and {pw['systems']} systems, df {pw['df']}, at "
+                f"{pw['level_note']} = {pw['level']:.4f}): a true difference of {fam['smallest_effect']} "
+                f"{fam['metric']} (the smallest effect of interest, fixed in advance) is detected with probability "
+                f"{pw['power_at_smallest_effect']:.2f}; 80 % power needs a true difference of "
+                f"{pw['detectable_at_80']:.2f}, or {pw['seeds_for_80_at_smallest_effect'] or '> 1000'} seeds per "
+                f"system for {fam['smallest_effect']}. The seed blocks explain "
+                + ", ".join(f"{q['seed_share']:.0%} ({q['label']})" for q in pw["per_quantity"])
+                + " of the within-system variance.", ""]
+    return out
+
+
+def _score_table(results: dict[str, Any], metric: str, decoder: str) -> list[str]:
+    key = metric.lower()
+    out = ["| system | " + " | ".join(results["splits"]) + " |", "|---|" + "---|" * len(results["splits"])]
+    for name, entry in results["systems"].items():
+        out.append(f"| {name} | " + " | ".join(_cell(entry["splits"][s][decoder], key) for s in results["splits"])
+                   + " |")
+    return out
+
+
+def _exploratory_lines(results: dict[str, Any]) -> list[str]:
+    rows = results["exploratory"]
+    if not rows:
+        return []
+    out = ["## Exploratory tests (not part of the family: unadjusted p, no claim rests on them)", "",
+           "| system | against | quantity | Δ mean | Δ per seed | seed test p | bootstrap p |",
+           "|---|---|---|---|---|---|---|"]
+    for t in rows:
+        b = t["bootstrap"]
+        out.append(f"| {t['system']} | {t.get('against', results['baseline'])} | {t['label']} | {t['delta']:+.2f} | "
+                   f"{', '.join(f'{d:+.2f}' for d in t['per_seed_delta'])} | {_p(t['seed_test']['p_value'])} | "
+                   f"{_p(b['p_value']) if b else '-'} |")
+    return [*out, ""]
+
+
+def _bucket_lines(results: dict[str, Any], metric: str = "chrf") -> list[str]:
+    out = []
+    for split in results["splits"]:
+        first = next(iter(results["systems"].values()))["splits"][split]["beam5"]
+        rows = first.get("by_source_length")
+        if not rows:
+            continue
+        out += [f"### {split}", "", "| system | " + " | ".join(f"{r['bucket']} (n={r['n']})" for r in rows) + " |",
+                "|---|" + "---|" * len(rows)]
+        for name, entry in results["systems"].items():
+            cells = [_fmt(r[f"{metric}_mean_std"]) if r["n"] else "-"
+                     for r in entry["splits"][split]["beam5"]["by_source_length"]]
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append("")
+    if not out:
+        return []
+    return [f"## {'chrF' if metric == 'chrf' else 'BLEU'} by source length, beam 5 (mean ± std over seeds)", "",
+            f"Source length in {results.get('length_unit', 'source tokens')}, the same buckets for every system.", "",
+            *out]
+
+
 def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None:
-    from bench.study import mean_std
+    """``results.json`` (every number), ``report.md``, ``figures/``, ``hypotheses/`` (each system's and seed's
+    output on every split and decoder, xz-compressed JSON, so every number can be recomputed) and ``tb/``."""
     from utils.io import atomic_write_text
 
+    hypotheses = results.pop("_hypotheses", None)
+    if hypotheses is not None:
+        publish_hypotheses(study / "hypotheses", hypotheses, results["seeds"])
     figures = study / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     atomic_write_text(study / "results.json", json.dumps({"spec": spec, **results}, indent=1) + "\n")
@@ -244,84 +290,77 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     budget = f"{spec['steps']} optimizer steps" if spec.get("steps") else f"{spec['tokens']} target tokens"
     out = [f"# Study: {Path(spec['config']).name}, {len(spec['variants'])} variants x {n_seeds} seeds, {budget} each",
            "", f"Command: `{spec['command']}`", "",
-           f"Baseline: **{base}**. Checkpoint scored: {spec['checkpoint']}.pt. BLEU is sacreBLEU (signature below), "
-           f"mean ± standard deviation over {n_seeds} seeds. A difference with the baseline is tested twice: across "
-           "seeds (Welch's t-test on the seeds' BLEU: would other training runs agree?) and across test sentences "
-           f"(sacreBLEU's paired bootstrap, {results['bootstrap_samples']} samples, on all seeds' outputs pooled, "
-           "a test sentence's statistics summed over the seeds: would other test sentences agree?). A difference "
-           "counts as resolved only when both say so after Bonferroni's correction.", ""]
-    k = results["comparisons_per_decoder"]
-    for decoder in ("beam5", "greedy"):
-        title = "beam 5" if decoder == "beam5" else "greedy"
-        out += [f"## BLEU, {title}", ""]
-        head = "| system | " + " | ".join(results["splits"]) + " |"
-        out += [head, "|---|" + "---|" * len(results["splits"])]
+           f"Baseline: **{base}**. Checkpoint scored: {spec['checkpoint']}.pt. Scores are sacreBLEU's chrF "
+           "(primary) and BLEU (signatures below); tables give the mean ± standard deviation over the seeds, each "
+           "seed's value, and the hypothesis/reference length ratio (len).", ""]
+    out += _primary_lines(results)
+    out += ["## chrF, beam 5 (each seed)", "", *_score_table(results, "chrF", "beam5"), "",
+            "## BLEU, beam 5 (secondary; each seed)", "", *_score_table(results, "BLEU", "beam5"), "",
+            "## chrF, greedy (exploratory)", "", *_score_table(results, "chrF", "greedy"), ""]
+    out += _bucket_lines(results)
+    out += _exploratory_lines(results)
+    att = results.get("attention_tests", {})
+    if att:
+        out += ["## Attention (exploratory; validation sample; mean over heads and layers, then mean ± std over "
+                "seeds)", "", "| system | encoder distance | encoder entropy | decoder distance | decoder entropy "
+                "| cross distance | cross entropy | cross diagonal (±2) |", "|---|---|---|---|---|---|---|---|"]
         for name, entry in results["systems"].items():
+            if "attention" not in entry:
+                continue
             cells = []
-            for split in results["splits"]:
-                comp = results["comparisons"].get(name, {}).get(split, {}).get(decoder)
-                mark = " *" if comp and resolved(comp, k)[0] else ""
-                cells.append(_fmt(entry["splits"][split][decoder]["bleu_mean_std"]) + mark)
+            for kind, stat in ATTENTION_STATS:
+                cell = _fmt(mean_std(_attention_runs(entry["attention"], kind, stat)))
+                test = att.get(f"{name}|{kind}.{stat}")
+                if test and test["p_value"] is not None:
+                    cell += f" (p {test['p_value']:.3f}{', Holm ' + format(test['p_holm'], '.3f')}"
+                    cell += f"){' *' if test['significant'] else ''}"
+                cells.append(cell)
             out.append(f"| {name} | " + " | ".join(cells) + " |")
-        out += ["", f"Against {base}, {title}:", "", *_comparison_table(results, decoder, own=False), ""]
-    out += [f"\\* resolved against {base}: significant after Bonferroni over {k} comparisons on both tests, "
-            "the paired bootstrap over test sentences (sacreBLEU's, on all seeds' outputs pooled) and Welch's "
-            "t-test over the seeds' BLEU. Pooled BLEU is the corpus BLEU of every seed's output together, what "
-            "the bootstrap resamples; it need not equal the mean of the seeds' BLEU. Seeds for 80 % power: "
-            "per variant, if the true difference were the observed mean difference.", ""]
-    out += ["## BLEU, beam 5, with each seed's value", "", "Mean ± std (seed 1, seed 2, ...):", "",
-            "| system | " + " | ".join(results["splits"]) + " |", "|---|" + "---|" * len(results["splits"])]
-    for name, entry in results["systems"].items():
-        out.append(f"| {name} | " + " | ".join(_with_seeds(entry["splits"][s]["beam5"]) for s in results["splits"])
-                   + " |")
-    out.append("")
-    for decoder, title in (("beam5", "beam 5"), ("greedy", "greedy")):
-        lines = significance_lines(results, decoder)
-        n = sum(resolved(per_dec[decoder], k)[0] for per_split in results["comparisons"].values()
-                for per_dec in per_split.values())
-        total = sum(len(per_split) for per_split in results["comparisons"].values())
-        out += [f"## What the intervals resolve, {title}", "", f"{n} of {total} differences resolved.", "",
-                *lines, ""]
-    if results.get("test_variant_comparisons"):
-        k_own = results["test_variant_comparisons_per_decoder"]
-        out += ["## Test-time variants against their own trained models", "",
-                "The same trained models scored under inference-only overrides (e.g. a RoPE scaling): each seed's "
-                "model is compared with itself, so the seed-level test is the paired t-test on the per-seed "
-                f"differences; Bonferroni over {k_own} comparisons per decoder.", ""]
-        for decoder, title in (("beam5", "beam 5"), ("greedy", "greedy")):
-            n = sum(resolved(per_dec[decoder], k_own)[0]
-                    for per_split in results["test_variant_comparisons"].values() for per_dec in per_split.values())
-            total = sum(len(per_split) for per_split in results["test_variant_comparisons"].values())
-            out += [f"### {title}: {n} of {total} differences resolved", "",
-                    *_comparison_table(results, decoder, own=True), "",
-                    *significance_lines(results, decoder, own=True), ""]
-    out += ["## chrF, beam 5", "", "| system | " + " | ".join(results["splits"]) + " |",
-            "|---|" + "---|" * len(results["splits"])]
-    for name, entry in results["systems"].items():
-        out.append(f"| {name} | " + " | ".join(_fmt(entry["splits"][s]["beam5"]["chrf_mean_std"])
-                                            for s in results["splits"]) + " |")
-    out += ["", "## Attention (validation sample; mean over heads and layers, then mean ± std over seeds)", "",
-            "| variant | encoder distance | encoder entropy | decoder distance | decoder entropy | cross distance "
-            "| cross entropy | cross diagonal (±2) |", "|---|---|---|---|---|---|---|---|"]
-    k_att = results["attention_comparisons_count"]
-    for name, entry in results["systems"].items():
-        if "attention" not in entry:
-            continue
-        cells = []
-        for kind, stat in ATTENTION_STATS:
-            cell = _fmt(mean_std(_attention_runs(entry["attention"], kind, stat)))
-            p = results["attention_comparisons"].get(name, {}).get(f"{kind}.{stat}", {}).get("p_value")
-            cell += "" if p is None else f" (p {p:.3f}){' *' if p < ALPHA / k_att else ''}"
-            cells.append(cell)
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
-    out += ["", f"p: Welch's t-test over seeds against {base}; \\* significant after Bonferroni over {k_att} "
-            "comparisons.", ""]
-    out += ["", "## Figures", ""] + [f"![{p.stem}](figures/{p.name})" for p in paths]
+        out += ["", f"p: paired t-test over seeds against {base} (seeds are shared); Holm over the {len(att)} "
+                "attention comparisons; \\* significant after it. Exploratory: these were not declared in advance, "
+                "and a difference in attention is a description, not an explanation.", ""]
+    out += ["## Figures", "", "Error bars and bands: 95 % t-interval of the mean over seeds; buckets of fewer than "
+            f"{MIN_BUCKET} sentences are left out.", ""] + [f"![{p.stem}](figures/{p.name})" for p in paths]
     row = next(iter(results["systems"].values()))["splits"][results["splits"][0]]["beam5"]
-    out += ["", f"sacreBLEU signatures: BLEU `{row['signature']}`, chrF `{row.get('chrf_signature', '-')}`. "
-            f"BLEU by length buckets sentences by their length in {results.get('length_unit', 'source tokens')}, "
-            "the same buckets for every system.", ""]
+    out += ["", f"sacreBLEU signatures: BLEU `{row['signature']}`, chrF `{row.get('chrf_signature', '-')}`.", ""]
+    if hypotheses is not None or (study / "hypotheses").is_dir():
+        out += ["Hypotheses: `hypotheses/<system>.seed<k>.json.xz` ({split: {decoder: [lines]}}); "
+                "`python bench/study_report.py <this folder>` recomputes every number from them.", ""]
     atomic_write_text(study / "report.md", "\n".join(out))
+
+
+MIN_BUCKET = 30
+
+
+def publish_hypotheses(folder: Path, hypotheses: dict[str, Any], seeds: list[int]) -> None:
+    import lzma
+
+    from utils.io import atomic_write_bytes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, per_split in hypotheses.items():
+        for i, seed in enumerate(seeds):
+            doc = {split: {dec: hyps[i] for dec, hyps in per_dec.items()} for split, per_dec in per_split.items()}
+            data = lzma.compress(json.dumps(doc, ensure_ascii=False).encode("utf-8"), preset=9)
+            atomic_write_bytes(folder / f"{_slug(name)}.seed{seed}.json.xz", data)
+
+
+def read_hypotheses(folder: Path, systems: list[str], seeds: list[int]) -> dict[str, Any]:
+    """``publish_hypotheses``'s files back as ``[system][split][decoder] = [seed hypotheses]``."""
+    import lzma
+
+    out: dict[str, Any] = {}
+    for name in systems:
+        docs = [json.loads(lzma.decompress((folder / f"{_slug(name)}.seed{s}.json.xz").read_bytes()))
+                for s in seeds]
+        out[name] = {split: {dec: [d[split][dec] for d in docs] for dec in docs[0][split]} for split in docs[0]}
+    return out
+
+
+def _slug(name: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.+=-]+", "_", name)
 
 
 ATTENTION_STATS = (("encoder", "distance"), ("encoder", "entropy"), ("decoder", "distance"), ("decoder", "entropy"),
@@ -341,60 +380,103 @@ def half_width(std: float, n: int) -> float:
     return 0.0 if n < 2 else float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n))
 
 
-def _figures(results: dict[str, Any], out: Path) -> list[Path]:
+MARKERS = "osD^vP*Xh<>pd8H"
+
+
+def _style(i: int) -> dict[str, Any]:
+    """A distinct colour and marker for system ``i`` (20 colours x 15 markers: no two systems alike)."""
     import matplotlib
 
-    from bench.study import mean_std
+    return {"color": matplotlib.colormaps["tab20"](i % 20), "marker": MARKERS[i % len(MARKERS)]}
+
+
+def _ci(values: list[float]) -> tuple[float, float]:
+    """Mean and 95 % t-interval half-width over seeds: the one error-bar convention of every figure."""
+    m, sd = mean_std(values)
+    return m, half_width(sd, len(values))
+
+
+def _figures(results: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from data.sources import length_shifted
+
     paths = []
     seeds = len(results["seeds"])
+    names = list(results["systems"])
+    n = len(names)
+    caption = f"mean over {seeds} seeds, bars: 95 % t-interval"
     for split in results["splits"]:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        n = len(results["systems"])
-        for k, (name, entry) in enumerate(results["systems"].items()):
-            rows = entry["splits"][split]["beam5"]["by_source_length"]
-            xs = [i for i, r in enumerate(rows) if r["bleu_mean_std"]]
-            shift = (k - (n - 1) / 2) * min(0.08, 0.5 / n)  # side by side, so the bars do not hide each other
-            ax.errorbar([x + shift for x in xs], [rows[i]["bleu_mean_std"][0] for i in xs],
-                        yerr=[half_width(rows[i]["bleu_mean_std"][1], seeds) for i in xs], marker="o", capsize=3,
-                        label=name)
-        buckets = [r["bucket"] for r in next(iter(results["systems"].values()))["splits"][split]["beam5"][
-            "by_source_length"]]
-        ax.set_xticks(range(len(buckets)), buckets)
-        ax.set(xlabel=f"source length ({results.get('length_unit', 'source tokens')})", ylabel="BLEU (beam 5)",
-               title=f"{split}: mean over {seeds} seeds, 95 % CI")
-        ax.legend(fontsize=7)
-        paths.append(_save(fig, out / f"bleu_by_length_{split}.png"))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, entry in results["systems"].items():
-        curves = [c for c in entry.get("valid_bleu", []) if c]
+        rows0 = results["systems"][names[0]]["splits"][split]["beam5"].get("by_source_length")
+        if not rows0:
+            continue
+        keep = [i for i, r in enumerate(rows0) if r["n"] >= MIN_BUCKET]
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for k, name in enumerate(names):
+            rows = results["systems"][name]["splits"][split]["beam5"]["by_source_length"]
+            stats = [_ci(rows[i]["chrf"]) for i in keep]
+            shift = (k - (n - 1) / 2) * min(0.08, 0.6 / n)
+            ax.errorbar([j + shift for j in range(len(keep))], [m for m, _ in stats], yerr=[h for _, h in stats],
+                        capsize=2, label=name, linewidth=1, markersize=5, **_style(k))
+        ax.set_xticks(range(len(keep)), [f"{rows0[i]['bucket']}\nn={rows0[i]['n']}" for i in keep])
+        ax.set(xlabel=f"source length ({results.get('length_unit', 'source tokens')})", ylabel="chrF (beam 5)",
+               title=f"{split}: {caption}")
+        ax.legend(fontsize=7, ncol=2)
+        paths.append(_save(fig, out / f"chrf_by_length_{split}.png"))
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for split in results["splits"]:
+        shifted = length_shifted(split)
+        base = shifted[0] if shifted else split
+        groups.setdefault(base, []).append((shifted[1] if shifted else 1, split))
+    groups = {b: sorted(g) for b, g in groups.items() if len(g) > 1}
+    if groups:
+        fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
+        for ax, (base, members) in zip(axes[0], groups.items(), strict=True):
+            for k, name in enumerate(names):
+                stats = [_ci(results["systems"][name]["splits"][s]["beam5"]["chrf"]) for _, s in members]
+                ax.errorbar([f for f, _ in members], [m for m, _ in stats], yerr=[h for _, h in stats], capsize=2,
+                            label=name, linewidth=1, markersize=5, **_style(k))
+            ax.set_xscale("log", base=2)
+            ax.set_xticks([f for f, _ in members], [f"x{f}" for f, _ in members])
+            ax.set(xlabel="pairs joined per sentence (length x k)", ylabel="chrF (beam 5)", title=f"{base}: {caption}")
+        axes[0][0].legend(fontsize=7, ncol=2)
+        paths.append(_save(fig, out / "chrf_by_concatenation.png"))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, name in enumerate(names):
+        curves = [c for c in results["systems"][name].get("valid_bleu", []) if c]
         if not curves:
             continue
         steps = [s for s, _ in curves[0]]
-        stats = [mean_std([c[i][1] for c in curves if i < len(c)]) for i in range(len(steps))]
-        (line,) = ax.plot(steps, [m for m, _ in stats], marker=".", label=name)
-        ax.fill_between(steps, [m - d for m, d in stats], [m + d for m, d in stats], color=line.get_color(),
-                        alpha=0.15, linewidth=0)
-    ax.set(xlabel="optimizer step", ylabel="validation BLEU, mean ± std over seeds")
-    ax.legend(fontsize=7)
+        stats = [_ci([c[i][1] for c in curves if i < len(c)]) for i in range(len(steps))]
+        style = _style(k)
+        ax.plot(steps, [m for m, _ in stats], label=name, linewidth=1, markersize=4, **style)
+        if len(curves) > 1:
+            ax.fill_between(steps, [m - h for m, h in stats], [m + h for m, h in stats], color=style["color"],
+                            alpha=0.15, linewidth=0)
+    ax.set(xlabel="optimizer step", ylabel="validation BLEU (greedy)",
+           title=f"validation: {caption.replace('bars', 'band')}")
+    ax.legend(fontsize=7, ncol=2)
     paths.append(_save(fig, out / "valid_bleu.png"))
-    for kind, stats in (("encoder", ("distance", "entropy")), ("decoder", ("distance", "entropy")),
-                        ("cross", ("distance", "entropy", "diagonal"))):
-        fig, axes = plt.subplots(1, len(stats), figsize=(4.5 * len(stats), 3.5))
-        for name, entry in results["systems"].items():
+    for kind, stats_names in (("encoder", ("distance", "entropy")), ("decoder", ("distance", "entropy")),
+                              ("cross", ("distance", "entropy", "diagonal"))):
+        fig, axes = plt.subplots(1, len(stats_names), figsize=(4.5 * len(stats_names), 3.8))
+        for k, name in enumerate(names):
+            entry = results["systems"][name]
             if "attention" not in entry:
                 continue
-            for ax, stat in zip(axes, stats, strict=True):
+            for ax, stat in zip(axes, stats_names, strict=True):
                 per_seed = [[sum(heads) / len(heads) for heads in s["stats"][kind][stat]] for s in entry["attention"]]
-                layers = [mean_std(values) for values in zip(*per_seed, strict=True)]  # mean over heads, then seeds
+                layers = [_ci(list(values)) for values in zip(*per_seed, strict=True)]
                 xs = range(1, len(layers) + 1)
-                ax.errorbar(xs, [m for m, _ in layers], yerr=[d for _, d in layers], marker="o", capsize=3, label=name)
-                ax.set(xlabel="layer", ylabel=f"{stat}, mean ± std over seeds", title=f"{kind} attention: {stat}")
+                ax.errorbar(xs, [m for m, _ in layers], yerr=[h for _, h in layers], capsize=2, label=name,
+                            linewidth=1, markersize=5, **_style(k))
+                ax.set(xlabel="layer", ylabel=stat, title=f"{kind} attention: {stat}")
                 ax.set_xticks(list(xs))
-        axes[0].legend(fontsize=7)
+        axes[0].legend(fontsize=6, ncol=2)
+        fig.suptitle(f"mean over heads; {caption}", fontsize=9)
         paths.append(_save(fig, out / f"attention_{kind}.png"))
     return paths
 
@@ -420,8 +502,73 @@ def _hparams(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None
         overrides = dict(o.split("=", 1) for o in variants[entry["variant"]]["overrides"])
         for i, seed in enumerate(results["seeds"]):
             hparams = {"variant": name, "seed": seed, **overrides}
-            metrics = {f"test/{split}/bleu_{dec}": entry["splits"][split][dec]["bleu"][i]
-                       for split in results["splits"] for dec in DECODERS}
+            metrics = {f"test/{split}/{m}_{dec}": entry["splits"][split][dec][m][i]
+                       for split in results["splits"] for dec in DECODERS for m in ("chrf", "bleu")}
             writer = SummaryWriter(log_dir=str(study / "tb" / f"{name}_seed{seed}"))
             writer.add_hparams(hparams, metrics, run_name=".")
             writer.close()
+
+
+def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
+    """Recompute a published study's analysis from its folder alone: ``results.json`` (spec, per-seed scores,
+    attention, validation curves) and, when published, ``hypotheses/`` with the references read from the
+    study's corpus. Rewrites results.json, report.md and the figures there."""
+    old = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    spec = old["spec"]
+    splits, baseline, seeds = old["splits"], old["baseline"], old["seeds"]
+    systems = {name: {k: v for k, v in entry.items() if k in ("variant", "test_variant", "attention", "valid_bleu")}
+               | {"splits": {s: {d: {k: entry["splits"][s][d][k] for k in
+                                     ("bleu", "chrf", "signature", "chrf_signature", "by_source_length")
+                                     if k in entry["splits"][s][d]} for d in DECODERS} for s in splits}}
+               for name, entry in old["systems"].items()}
+    hypotheses = references = lengths = None
+    cfg = None
+    if (folder / "hypotheses").is_dir():
+        from data.sources import load_corpus
+        from utils.config import load_config
+
+        cfg = load_config(ROOT / spec["config"], spec.get("overrides", []))
+        corpus = load_corpus(cfg.data)
+        hypotheses = read_hypotheses(folder / "hypotheses", list(systems), seeds)
+        references = {s: list(corpus[s]["tgt"]) for s in splits}
+        lengths = old.get("source_lengths")
+    results = analyse(systems, hypotheses, references or {}, lengths, splits, baseline, seeds,
+                      samples or old.get("bootstrap_samples", 10000), cfg.tokenizer.lowercase if cfg else False,
+                      cfg.eval.length_buckets if cfg else [], cfg.data.max_train_len if cfg else None,
+                      spec.get("family"))
+    for key in ("length_unit", "source_lengths"):
+        if key in old:
+            results[key] = old[key]
+    write_report(folder, spec, results)
+    return results
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    parser = argparse.ArgumentParser(description="Recompute a published study's report from its folder alone "
+                                                 "(results.json, and hypotheses/ when published).")
+    parser.add_argument("folder", type=Path, help="e.g. bench/studies/all-encodings or runs/study_<name>")
+    parser.add_argument("--bootstrap", type=int, help="bootstrap samples (default: the study's)")
+    args = parser.parse_args()
+    if not (args.folder / "results.json").is_file():
+        parser.error(f"{args.folder}: no results.json")
+    results = reanalyse(args.folder, args.bootstrap)
+    pr = results["primary"]
+    print(f"{args.folder}: {pr['resolved']} of {pr['size']} primary tests resolved; report in "
+          f"{args.folder / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from utils.cli import run_main
+
+    run_main(main)

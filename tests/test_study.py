@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -103,11 +102,17 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     one = json.loads(next(p for p in runs if "rope" in str(p) and "seed1" in str(p)).joinpath(
         "eval", "test.best.beam5.n12.json").read_text())
     assert rope["bleu"][0] == pytest.approx(one["bleu"])  # the report's numbers are test.py's
-    comp = results["comparisons"]["attention_pe=rope"]["test"]["beam5"]["BLEU"]
-    assert 0.0 <= comp["p_value"] <= 1.0 and comp["system"]["ci"] >= 0.0 and "bs:100" in comp["signature"]
-    seeds = results["comparisons"]["attention_pe=rope"]["test"]["beam5"]["across_seeds"]
-    base_bleu = results["systems"]["attention_pe=none"]["splits"]["test"]["beam5"]["bleu"]
-    assert seeds["delta"] == pytest.approx(sum(rope["bleu"]) / 2 - sum(base_bleu) / 2)
+    # The primary family (the default: every system against the baseline, chrF, beam 5), seeds as blocks.
+    primary = results["primary"]
+    tests = {t["system"]: t for t in primary["tests"]}
+    assert set(tests) == {"attention_pe=rope", "attention_pe=rope+linear", "attention_pe=none+linear"}
+    assert primary["size"] == 3 and primary["bootstrap_available"]
+    rope_test = tests["attention_pe=rope"]
+    base_chrf = results["systems"]["attention_pe=none"]["splits"]["test"]["beam5"]["chrf"]
+    assert rope_test["per_seed_delta"] == pytest.approx([r - b for r, b in zip(rope["chrf"], base_chrf, strict=True)])
+    assert rope_test["seed_test"]["test"] == "blocked ANOVA contrast" and rope_test["seed_test"]["df"] == 3
+    assert rope_test["bootstrap"]["delta"] == pytest.approx(rope_test["delta"])  # one quantity for both tests
+    assert rope_test["bootstrap"]["samples"] == 100 and 0 < rope_test["bootstrap"]["p_value"] <= 1
     att = results["systems"]["attention_pe=rope"]["attention"][0]
     assert att["sentences"] == 6 and len(att["stats"]["cross"]["diagonal"]) == 1  # 1 decoder layer
     buckets = rope["by_source_length"]
@@ -125,29 +130,51 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert linear["splits"]["test"]["beam5"]["bleu"][0] == pytest.approx(json.loads(next(
         p for p in runs if "rope" in str(p) and "seed1" in str(p)).joinpath(
         "eval", "test.best.beam5.n12.linear.json").read_text())["bleu"])
-    own = results["test_variant_comparisons"]["attention_pe=rope+linear"]["test"]["beam5"]["across_seeds"]
-    assert own["test"] == "paired t" and own["delta"] == pytest.approx(
-        sum(linear["splits"]["test"]["beam5"]["bleu"]) / 2 - sum(rope["bleu"]) / 2)
-    assert set(results["comparisons"]) == {"attention_pe=rope", "attention_pe=rope+linear"}
-    assert set(results["test_variant_comparisons"]) == {"attention_pe=none+linear", "attention_pe=rope+linear"}
-    assert results["comparisons_per_decoder"] == 2 and results["test_variant_comparisons_per_decoder"] == 2
+    own = [t for t in results["exploratory"] if t["system"] == "attention_pe=rope+linear"
+           and t["against"] == "attention_pe=rope"]
+    assert len(own) == 1 and own[0]["seed_test"]["df"] == 1  # the same models: the paired t-test
+    assert own[0]["delta"] == pytest.approx(
+        sum(linear["splits"]["test"]["beam5"]["chrf"]) / 2 - sum(rope["chrf"]) / 2)
+
+    # Every number can be recomputed from the published hypotheses: the p-value of the first primary test
+    # from sacreBLEU's chrF of each seed's published output, and the whole report by study_report.py.
+    from sacrebleu.metrics import BLEU, CHRF
+
+    from bench.study_report import read_hypotheses
+    from bench.study_stats import blocked_anova
+
+    names = list(results["systems"])
+    hyps = read_hypotheses(root / "hypotheses", names, [1, 2])
+    refs = (ROOT / "data" / "demo" / "test.en").read_text(encoding="utf-8").splitlines()[:12]
+    chrf = {n: [CHRF().corpus_score(h, [refs]).score for h in hyps[n]["test"]["beam5"]] for n in names}
+    assert chrf["attention_pe=rope"] == pytest.approx(rope["chrf"])
+    bleu = BLEU().corpus_score(hyps["attention_pe=rope"]["test"]["beam5"][0], [refs])
+    assert rope["length_ratio"][0] == pytest.approx(bleu.sys_len / bleu.ref_len)  # output length: visible
+    contrasts, _ = blocked_anova(chrf, "attention_pe=none")
+    assert contrasts["attention_pe=rope"].p_value == pytest.approx(rope_test["seed_test"]["p_value"])
+    again_report = subprocess.run([sys.executable, "bench/study_report.py", str(root)], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=300)
+    assert again_report.returncode == 0, again_report.stderr
+    recomputed = {t["system"]: t for t in json.loads((root / "results.json").read_text())["primary"]["tests"]}
+    assert recomputed["attention_pe=rope"]["bootstrap"]["p_value"] == rope_test["bootstrap"]["p_value"]
+    assert recomputed["attention_pe=rope"]["seed_test"] == rope_test["seed_test"]
 
     report = (root / "report.md").read_text()
-    assert "## BLEU, beam 5" in report and "## What the intervals resolve, beam 5" in report
-    assert "| system | split | Δ mean | Welch p (seeds) |" in report
+    assert "## Primary analysis" in report and "**0 of 3 resolved.**" in report or "of 3 resolved.**" in report
+    assert "| system | quantity | Δ per seed | Δ mean | seed test p | p Holm |" in report
+    assert "| attention_pe=rope | chrF test (beam 5) |" in report and "Power (noncentral t" in report
     att_row = next(line for line in report.splitlines() if line.startswith("| attention_pe=rope | ") and "(p " in line)
-    assert att_row.count("(p ") == 7 and "p: Welch's t-test over seeds against attention_pe=none" in report
-    assert "attention_pe=rope vs attention_pe=none on test:" in report
-    assert "## Test-time variants against their own trained models" in report
-    assert "| attention_pe=rope+linear | attention_pe=rope | test |" in report
-    assert "chrF `nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|" in report
-    for fig in ("bleu_by_length_test.png", "valid_bleu.png", "attention_encoder.png", "attention_cross.png"):
+    assert att_row.count("(p ") == 7 and "p: paired t-test over seeds against attention_pe=none" in report
+    assert "## Exploratory tests" in report and "| attention_pe=rope+linear | attention_pe=rope |" in report
+    assert "chrF `nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|" in report and " · len " in report
+    for fig in ("valid_bleu.png", "attention_encoder.png", "attention_cross.png"):
         assert (root / "figures" / fig).stat().st_size > 1000, fig
     tb = {p.parent.name: p.parent for p in (root / "tb").glob("*/events.out.tfevents.*")}
     assert len(tb) == 8  # HParams, one per run and test variant
     hparams = _hparams(tb["attention_pe=rope_seed1"])
     assert hparams["variant"] == "attention_pe=rope" and hparams["seed"] == 1.0
     assert hparams["test/test/bleu_beam5"] == pytest.approx(rope["bleu"][0])
+    assert hparams["test/test/chrf_beam5"] == pytest.approx(rope["chrf"][0])
 
     # A study run is a normal run directory: visualize.py draws its attention as for any other.
     vis = subprocess.run([sys.executable, "visualize.py", "--model_path", str(runs[0]), "--src_text",
@@ -211,80 +238,29 @@ def _systems() -> tuple[list[str], list[str], list[str]]:
     return refs, base, system
 
 
-def test_paired_bootstrap_is_sacrebleus_for_one_seed_and_seed_copies_add_no_evidence() -> None:
-    from sacrebleu.metrics import BLEU, CHRF
-    from sacrebleu.significance import PairedTest
-
-    refs, base, system = _systems()
-    one = study.paired_bootstrap([base], [system], refs, 200)
-    _, theirs = PairedTest([("baseline", base), ("system", system)], {"BLEU": BLEU(), "chrF": CHRF()}, [refs],
-                           test_type="bs", n_samples=200)()
-    for metric, key in (("BLEU", "BLEU"), ("chrF", "chrF2")):
-        b, s = theirs[key]
-        assert one[metric]["p_value"] == pytest.approx(s.p_value)
-        assert one[metric]["system"]["ci"] == pytest.approx(s.ci, abs=1e-4)
-        assert one[metric]["baseline"]["ci"] == pytest.approx(b.ci, abs=1e-4)
-        assert one[metric]["delta"] == pytest.approx(s.score - b.score)
-    # Three seeds that happen to translate alike are one test set, not three: the interval must not shrink
-    # (pooling the copies as separate segments, as sacreBLEU would see them, narrows it by about sqrt(3)).
-    three = study.paired_bootstrap([base] * 3, [system] * 3, refs, 200)
-    assert three["BLEU"]["system"]["ci"] == pytest.approx(one["BLEU"]["system"]["ci"], rel=1e-3)
-    assert three["BLEU"]["p_value"] == pytest.approx(one["BLEU"]["p_value"])
-    _, pooled = PairedTest([("baseline", base * 3), ("system", system * 3)], {"BLEU": BLEU()}, [refs * 3],
-                           test_type="bs", n_samples=200)()
-    assert pooled["BLEU"][1].ci < 0.75 * one["BLEU"]["system"]["ci"]
-    assert "unit:sentence,3-seed-pooled" in three["BLEU"]["signature"] and "bs:200" in three["BLEU"]["signature"]
-    lower = study.paired_bootstrap([[h.upper() for h in base]], [system], refs, 50, lowercase=True)
-    assert lower["BLEU"]["baseline"]["score"] == pytest.approx(one["BLEU"]["baseline"]["score"])
-
-
-def test_seed_test_is_welchs_t_test_and_says_how_many_seeds_would_do() -> None:
-    out = study.seed_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], 0.05)
-    assert out["delta"] == pytest.approx(3.0) and out["p_value"] == pytest.approx(0.02131, abs=1e-4)  # t=3.67, df=4
-    assert out["seeds_needed"] == 2
-    # Unequal variances: Welch's df (2.01, by hand: p = 1 - t / sqrt(t^2 + 2) with t = 0.736) decide, not the
-    # pooled t-test's 4 (p 0.502).
-    assert study.seed_test([10.0, 10.2, 9.9], [12.0, 8.0, 14.0], 0.05)["p_value"] == pytest.approx(0.538, abs=1e-3)
-    # n = 2 (z_0.975 + z_0.8)^2 s^2 / delta^2 with s^2 = 1, delta = 0.5: 62.8 -> 63 seeds a variant.
-    assert study.seed_test([-1.0, 0.0, 1.0], [-0.5, 0.5, 1.5], 0.05)["seeds_needed"] == 63
-    assert study.seed_test([1.0], [2.0], 0.05)["p_value"] is None
-    assert study.seed_test([2.0, 2.0], [2.0, 2.0], 0.05) == {"test": "Welch", "delta": 0.0, "p_value": 1.0,
-                                                             "seeds_needed": None}
-    # The same models scored two ways: the paired t-test on the per-seed differences (0.5, 0.4, 0.7: t = 6.05,
-    # df 2, p = 1 - t / sqrt(t^2 + 2) = 0.026), which Welch's test, blind to the pairing, misses (p 0.61).
-    base, system = [1.0, 2.0, 3.0], [1.5, 2.4, 3.7]
-    paired = study.seed_test(base, system, 0.05, paired=True)
-    t = (1.6 / 3) / (statistics.stdev([0.5, 0.4, 0.7]) / 3**0.5)
-    assert paired["test"] == "paired t" and paired["p_value"] == pytest.approx(1 - t / (t * t + 2) ** 0.5)
-    assert study.seed_test(base, system, 0.05)["p_value"] > 0.5
-    # n = (z_0.975 + z_0.8)^2 s_d^2 / delta^2 = 7.849 * 0.02333 / 0.2844 = 0.64 -> the floor of 2 seeds.
-    assert paired["seeds_needed"] == 2
+def test_half_width_is_the_t_interval_of_the_mean_over_seeds() -> None:
     from study_report import half_width
 
     assert half_width(1.0, 3) == pytest.approx(4.3027 / 3**0.5, abs=1e-4) and half_width(1.0, 1) == 0.0  # t_{.975,2}
 
 
-def test_a_difference_is_resolved_only_when_the_test_set_and_the_seeds_both_resolve_it() -> None:
-    from study_report import resolved, significance_lines
+def test_a_difference_is_resolved_only_when_both_tests_pass_holm_and_agree() -> None:
+    """The primary family on per-seed scores: a consistent +3 under a seed effect resolves; a +3 carried by
+    one seed does not; without hypotheses (no test-set bootstrap) nothing is called resolved."""
+    from bench.study_analysis import Analysis, Family, primary
 
-    def comp(bs_p: float, seed_p: float | None) -> dict:
-        return {"t": {"beam5": {"BLEU": {"p_value": bs_p, "delta": 0.6},
-                                "across_seeds": {"delta": 0.5, "p_value": seed_p, "seeds_needed": 40}}}}
-
-    cases = {"a": comp(0.001, 0.6), "b": comp(0.001, 0.001), "c": comp(0.03, 0.001), "d": comp(0.001, None)}
-    results = {"baseline": "base", "seeds": [1, 2, 3], "bootstrap_samples": 1000, "comparisons": cases,
-               "comparisons_per_decoder": 4}
-    lines = significance_lines(results)
-    assert len(lines) == 4
-    # The test-set bootstrap alone would call a significant; the seeds vary too much for that.
-    assert "a vs base on t: +0.50 BLEU in the mean over seeds (Welch p = 0.600), +0.60 pooled" in lines[0]
-    assert "not resolved" in lines[0] and "the seeds do not" in lines[0] and "about 40 seeds" in lines[0]
-    assert "resolved: significant on the test-set bootstrap and across seeds" in lines[1]
-    assert "not resolved: the test-set bootstrap gives p < 0.05 alone, not after Bonferroni over 4" in lines[2]
-    assert "with one seed a side the variation between training runs is not measured" in lines[3]
-    assert [resolved(c["t"]["beam5"], 4)[0] for c in cases.values()] == [False, True, False, False]
-    results["bootstrap_samples"] = 50
-    assert "no p-value can go below 0.0196" in significance_lines(results)[0]  # 1/51 > 0.05/4
+    scores = {"base": [20.0, 30.0, 25.0], "steady": [23.1, 32.9, 28.0], "lucky": [21.0, 29.5, 27.5],
+              "same": [20.0, 30.0, 25.0]}
+    table = {n: {"t": {"beam5": {"chrF": v, "BLEU": v}}} for n, v in scores.items()}
+    out = primary(Analysis(table, None, "base", 100), Family(), list(scores), ["t"])
+    tests = {t["system"]: t for t in out["tests"]}
+    assert out["size"] == 3 and not out["bootstrap_available"] and out["resolved"] == 0
+    assert tests["steady"]["seed_test"]["p_holm"] < 0.05 < tests["lucky"]["seed_test"]["p_holm"]
+    assert tests["same"]["delta"] == 0 and tests["same"]["seed_test"]["p_value"] > 0.99
+    assert out["anova"][0]["df"] == 6 and out["power"]["seeds"] == 3
+    # Holm: the smallest p times 3, then the running maximum.
+    raw = sorted(t["seed_test"]["p_value"] for t in out["tests"])
+    assert min(t["seed_test"]["p_holm"] for t in out["tests"]) == pytest.approx(3 * raw[0])
 
 
 def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_path: Path) -> None:

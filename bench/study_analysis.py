@@ -1,0 +1,236 @@
+"""A study's analysis with seeds as blocks: the declared family of primary tests, exploratory tests, power.
+
+Input: every system's per-seed corpus scores (``scores[system][split][decoder][metric] = [seed 1, ...]``)
+and, where the hypotheses are at hand, each seed's per-sentence sufficient statistics
+(``stats[system][split][decoder][metric] = [array [sentences, statistics], ...]``). Without statistics (a
+study published before its hypotheses were) only the seed-level test can be computed, and nothing is
+called resolved. bench/study_stats.py holds the tests; this module decides what is tested.
+
+A quantity is a corpus score of one split (``score``), or a run's drop from a split to its length-shifted
+``xK`` version (``drop``: score(x1 over the sentences the xK pairs join) - score(xK)), or a score over one
+source-length bucket of a split (``bucket``, exploratory only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.study_stats import (
+    blocked_anova,
+    bootstrap_quantity,
+    corpus_score,
+    holm,
+    paired_t,
+    power,
+    resolved,
+    seeds_for_power,
+    smallest_detectable,
+    unit_stats,
+)
+
+METRICS = ("chrF", "BLEU")
+DECODERS = ("beam5", "greedy")
+
+
+@dataclass
+class Family:
+    """The primary analysis, declared before the runs: contrasts of ``systems`` (default: every system but
+    the baseline) with the baseline on the ``metric`` of ``decoder``, for the score of each of ``splits``
+    (default: every test split) and the drop of each ``drops`` entry (xK split -> its x1 split); Holm over
+    all of them at ``alpha``; power for ``smallest_effect`` (in metric points)."""
+
+    metric: str = "chrF"
+    decoder: str = "beam5"
+    splits: list[str] | None = None
+    drops: dict[str, str] = field(default_factory=dict)
+    systems: list[str] | None = None
+    smallest_effect: float = 1.0
+    alpha: float = 0.05
+    declared: str = ("the default family of bench/study.py (every system against the baseline on every test split, "
+                     "chrF, beam 5), not pre-registered for these runs")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Quantity:
+    kind: str  # score | drop | bucket
+    split: str
+    metric: str
+    decoder: str
+    base_split: str | None = None  # drop: the x1 split
+    bucket: str | None = None  # bucket: its label
+
+    @property
+    def label(self) -> str:
+        what = {"score": self.split, "drop": f"drop {self.base_split} → {self.split}",
+                "bucket": f"{self.split} [{self.bucket}]"}[self.kind]
+        return f"{self.metric} {what} ({'beam 5' if self.decoder == 'beam5' else self.decoder})"
+
+
+def metric_for(name: str, lowercase: bool) -> Any:
+    from sacrebleu.metrics import BLEU, CHRF
+
+    return CHRF(lowercase=lowercase) if name == "chrF" else BLEU(lowercase=lowercase)
+
+
+def shift_factor(split: str) -> int:
+    from data.sources import length_shifted
+
+    shifted = length_shifted(split)
+    return shifted[1] if shifted else 1
+
+
+class Analysis:
+    """Per-seed values and bootstrap parts of any quantity, for every system."""
+
+    def __init__(self, scores: dict[str, Any], stats: dict[str, Any] | None, baseline: str, samples: int,
+                 lowercase: bool = False, buckets: dict[str, dict[str, list[int]]] | None = None) -> None:
+        self.scores, self.stats, self.baseline, self.samples = scores, stats, baseline, samples
+        self.lowercase = lowercase
+        self.buckets = buckets or {}  # split -> bucket label -> sentence indices
+
+    def seeds(self, system: str, q: Quantity) -> list[float]:
+        if q.kind == "score":
+            return list(self.scores[system][q.split][q.decoder][q.metric])
+        metric = metric_for(q.metric, self.lowercase)
+        return [sum(c * corpus_score(metric, part.sum(0)) for c, part in zip(coefs, parts, strict=True))
+                for parts, coefs in (self._parts(system, q, k) for k in range(self._n_seeds(system)))]
+
+    def _n_seeds(self, system: str) -> int:
+        first = next(iter(self.scores[system].values()))
+        return len(first[next(iter(first))]["chrF"])
+
+    def _parts(self, system: str, q: Quantity, k: int) -> tuple[list[np.ndarray], list[float]]:
+        if self.stats is None:
+            raise ValueError(f"{q.label}: needs the hypotheses")
+        own = self.stats[system][q.split][q.decoder][q.metric][k]
+        if q.kind == "score":
+            return [own], [1.0]
+        if q.kind == "bucket":
+            return [own[self.buckets[q.split][q.bucket]]], [1.0]
+        factor = shift_factor(q.split) // shift_factor(q.base_split or q.split)
+        x1 = self.stats[system][q.base_split][q.decoder][q.metric][k]
+        return [unit_stats(x1, factor, own.shape[0]), own], [1.0, -1.0]
+
+    def bootstrap(self, system: str, q: Quantity, base: str | None = None) -> dict[str, Any] | None:
+        if self.stats is None:
+            return None
+        seeds = range(self._n_seeds(system))
+        sys_parts = [self._parts(system, q, k) for k in seeds]
+        base_parts = [self._parts(base or self.baseline, q, k) for k in seeds]
+        return bootstrap_quantity(metric_for(q.metric, self.lowercase), [p for p, _ in sys_parts],
+                                  [p for p, _ in base_parts], sys_parts[0][1], self.samples)
+
+    def test(self, q: Quantity, systems: list[str], contrasts: list[str],
+             base: str | None = None) -> tuple[list[dict[str, Any]], dict]:
+        """The blocked ANOVA of ``q`` over ``systems`` (``base``, by default the baseline, included) and each
+        contrast's tests against ``base``."""
+        base = base or self.baseline
+        values = {s: self.seeds(s, q) for s in [base, *[s for s in systems if s != base]]}
+        anova, table = blocked_anova(values, base)
+        rows = []
+        for name in contrasts:
+            c = anova[name]
+            rows.append({"system": name, "against": base, "quantity": asdict(q), "label": q.label,
+                         "delta": c.delta, "per_seed_delta": c.per_seed, "system_seeds": values[name],
+                         "baseline_seeds": values[base], "seed_test": c.to_dict(),
+                         "paired_t": paired_t(values[base], values[name]).to_dict(),
+                         "bootstrap": self.bootstrap(name, q, base)})
+        return rows, {"quantity": asdict(q), "label": q.label, **table}
+
+
+def primary(analysis: Analysis, family: Family, systems: list[str], splits: list[str]) -> dict[str, Any]:
+    """The declared family: every test, Holm-adjusted p-values of both tests, resolved or not, and power."""
+    contrasts = family.systems or [s for s in systems if s != analysis.baseline]
+    anova_systems = [analysis.baseline, *contrasts]
+    quantities = [Quantity("score", s, family.metric, family.decoder) for s in (family.splits or splits)]
+    quantities += [Quantity("drop", xk, family.metric, family.decoder, base_split=x1)
+                   for xk, x1 in family.drops.items()]
+    tests, tables = [], []
+    for q in quantities:
+        rows, table = analysis.test(q, anova_systems, contrasts)
+        tests += rows
+        tables.append(table)
+    _holm(tests, family.alpha)
+    m = len(tests)
+    level = family.alpha / m if m else family.alpha
+    b = len(next(iter(tests))["per_seed_delta"]) if tests else 0
+    pooled_mse = sum(t["mse"] * t["df"] for t in tables) / sum(t["df"] for t in tables) if tables else 0.0
+    sd = math.sqrt(pooled_mse)
+    df = tables[0]["df"] if tables else 0
+    a = len(anova_systems)
+    power_info = {
+        "smallest_effect": family.smallest_effect, "pooled_residual_sd": sd, "df": df, "seeds": b, "systems": a,
+        "level": level, "level_note": f"Holm's first step, alpha/{m}: the level the strongest test must pass",
+        "power_at_smallest_effect": power(family.smallest_effect, sd, b, df, level) if b > 1 else None,
+        "detectable_at_80": smallest_detectable(sd, b, df, level) if b > 1 else None,
+        "seeds_for_80_at_smallest_effect": seeds_for_power(family.smallest_effect, sd, a, level) if b > 1 else None,
+        "per_quantity": [{"label": t["label"], "residual_sd": t["residual_sd"], "seed_share": t["seed_share"],
+                          "power_at_smallest_effect": power(family.smallest_effect, t["residual_sd"], b, t["df"],
+                                                            level)} for t in tables],
+    }
+    return {"family": family.to_dict(), "size": m, "tests": tests, "anova": tables, "power": power_info,
+            "resolved": sum(t["resolved"] for t in tests), "bootstrap_available": analysis.stats is not None}
+
+
+def _holm(tests: list[dict[str, Any]], alpha: float) -> None:
+    seed_adj = holm([t["seed_test"]["p_value"] if t["seed_test"]["p_value"] is not None else 1.0 for t in tests])
+    boots = [t["bootstrap"] for t in tests]
+    boot_adj = holm([b["p_value"] for b in boots]) if all(boots) else [None] * len(tests)
+    for t, sp, bp in zip(tests, seed_adj, boot_adj, strict=True):
+        t["seed_test"]["p_holm"] = sp
+        if t["bootstrap"] is not None:
+            t["bootstrap"]["p_holm"] = bp
+        t["resolved"] = resolved(sp, bp, t["delta"], t["bootstrap"]["delta"] if t["bootstrap"] else 0.0, alpha)
+
+
+def exploratory(analysis: Analysis, systems: list[str], splits: list[str], family: Family,
+                bucket_from: int | None, own: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Everything else, unadjusted and labelled exploratory: each split's score in both metrics and decoders,
+    every drop to a length-shifted split, the buckets of sentences longer than ``bucket_from`` tokens, and each
+    test-time variant against its own trained models (``own``: system -> trained system; the same models, so
+    the seed-level test is the paired t-test)."""
+    contrasts = [s for s in systems if s != analysis.baseline]
+    quantities = [Quantity("score", s, m, d) for d in DECODERS for m in METRICS for s in splits]
+    if analysis.stats is not None:
+        for split in splits:
+            from data.sources import length_shifted
+
+            shifted = length_shifted(split)
+            if shifted and shifted[0] in splits:
+                quantities += [Quantity("drop", split, m, d, base_split=shifted[0]) for d in DECODERS for m in METRICS]
+        if bucket_from is not None:
+            for split, buckets in analysis.buckets.items():
+                for label, idx in buckets.items():
+                    lo = int(label.split("-")[0].rstrip("+"))
+                    if lo >= bucket_from and len(idx) >= 30:
+                        quantities.append(Quantity("bucket", split, family.metric, family.decoder, bucket=label))
+    rows = []
+    for q in quantities:
+        rows += analysis.test(q, systems, contrasts)[0]
+    for name, trained in (own or {}).items():
+        for split in splits:
+            q = Quantity("score", split, family.metric, family.decoder)
+            rows += analysis.test(q, [trained, name], [name], base=trained)[0]
+    return rows
+
+
+def attention_tests(attention: dict[str, list[float]], baseline: str, alpha: float) -> dict[str, Any]:
+    """Paired t-tests over seeds of one attention statistic per system against the baseline, Holm-adjusted
+    across the systems and statistics given (``attention["system|kind.stat"] = [seed values]``)."""
+    keys = [k for k in attention if not k.startswith(baseline + "|")]
+    out = {}
+    for key in keys:
+        stat = key.split("|", 1)[1]
+        out[key] = paired_t(attention[f"{baseline}|{stat}"], attention[key]).to_dict()
+    adj = holm([v["p_value"] if v["p_value"] is not None else 1.0 for v in out.values()])
+    for v, p in zip(out.values(), adj, strict=True):
+        v["p_holm"] = p
+        v["significant"] = p < alpha
+    return out

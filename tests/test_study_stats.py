@@ -1,0 +1,146 @@
+"""The study's statistics (bench/study_stats.py) against scipy, sacreBLEU and hand computations."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from bench.study_stats import (
+    blocked_anova,
+    bootstrap_quantity,
+    holm,
+    paired_t,
+    power,
+    seeds_for_power,
+    sentence_stats,
+    smallest_detectable,
+    unit_stats,
+    welch,
+)
+
+
+def test_holm_adjusts_step_down_with_a_running_maximum():
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([]) == []
+
+
+def test_blocked_contrast_with_two_systems_is_the_paired_t_test():
+    base, system = [30.1, 25.3, 33.0], [31.0, 26.9, 33.4]
+    contrasts, table = blocked_anova({"base": base, "sys": system}, "base")
+    ref = stats.ttest_rel(system, base)
+    assert contrasts["sys"].p_value == pytest.approx(ref.pvalue)
+    assert contrasts["sys"].t == pytest.approx(ref.statistic)
+    assert contrasts["sys"].df == 2 and table["df"] == 2
+    assert paired_t(base, system).p_value == pytest.approx(ref.pvalue)
+
+
+def test_blocked_anova_pools_the_residual_of_every_system_by_hand():
+    y = {"a": [10.0, 14.0, 12.0], "b": [11.0, 16.0, 12.0], "c": [13.0, 15.0, 14.0]}
+    contrasts, table = blocked_anova(y, "a")
+    arr = np.array(list(y.values()))
+    grand = arr.mean()
+    ss_total = ((arr - grand) ** 2).sum()
+    ss_treat = 3 * ((arr.mean(1) - grand) ** 2).sum()
+    ss_block = 3 * ((arr.mean(0) - grand) ** 2).sum()
+    mse = (ss_total - ss_treat - ss_block) / 4
+    assert table["mse"] == pytest.approx(mse) and table["df"] == 4
+    t = (np.mean(y["c"]) - np.mean(y["a"])) / math.sqrt(2 * mse / 3)
+    assert contrasts["c"].t == pytest.approx(t)
+    assert contrasts["c"].p_value == pytest.approx(2 * stats.t.sf(abs(t), 4))
+    assert contrasts["c"].per_seed == pytest.approx([3.0, 1.0, 2.0])
+
+
+def test_seeds_as_blocks_resolve_what_welch_cannot():
+    """A consistent +1 under a seed effect of +-5: Welch's unpaired test sees only the seed spread."""
+    base = [20.0, 30.0, 25.0]
+    system = [21.1, 30.9, 26.0]
+    assert welch(base, system).p_value > 0.8
+    contrasts, table = blocked_anova({"base": base, "sys": system}, "base")
+    assert contrasts["sys"].p_value < 0.01
+    assert table["seed_share"] > 0.99
+
+
+def test_power_is_the_noncentral_t_and_matches_a_simulation():
+    sd, seeds, systems, alpha, effect = 1.0, 3, 4, 0.05, 2.0
+    df = (systems - 1) * (seeds - 1)
+    assert power(0.0, sd, seeds, df, alpha) == pytest.approx(alpha)
+    rng = np.random.default_rng(0)
+    hits, n = 0, 4000
+    for _ in range(n):
+        block = rng.normal(0, 5, seeds)
+        y = {f"s{i}": (block + rng.normal(0, sd, seeds) + (effect if i == 1 else 0)).tolist() for i in range(systems)}
+        hits += blocked_anova(y, "s0")[0]["s1"].p_value < alpha
+    assert hits / n == pytest.approx(power(effect, sd, seeds, df, alpha), abs=0.025)
+    mde = smallest_detectable(sd, seeds, df, alpha)
+    assert power(mde, sd, seeds, df, alpha) == pytest.approx(0.8, abs=1e-4)
+    b = seeds_for_power(1.0, sd, systems, alpha)
+    df_b = lambda n: (systems - 1) * (n - 1)  # noqa: E731
+    assert power(1.0, sd, b, df_b(b), alpha) >= 0.8 > power(1.0, sd, b - 1, df_b(b - 1), alpha)
+
+
+REFS = ["the cat sat on the mat", "a dog runs in the park", "it is raining today", "we like green tea",
+        "the house is big", "she reads a long book", "they play football", "my brother is tall"]
+HYP_A = ["the cat sat on a mat", "a dog ran in the park", "it rains today", "we like green tea",
+         "the home is big", "she reads a book", "they are playing football", "my brother is big"]
+HYP_B = ["a cat sits on the mat", "the dog runs in a park", "it is raining now", "we love tea",
+         "the house is large", "she reads a long book", "they play soccer", "my brother tall"]
+
+
+def test_bootstrap_with_one_seed_is_sacrebleus_paired_bootstrap():
+    from sacrebleu.metrics import CHRF
+    from sacrebleu.significance import PairedTest
+
+    metric = CHRF()
+    a, b = sentence_stats(metric, HYP_A, REFS), sentence_stats(metric, HYP_B, REFS)
+    ours = bootstrap_quantity(metric, [[b]], [[a]], [1.0], samples=500, seed=12345)
+    _, scores = PairedTest([("baseline", HYP_A), ("system", HYP_B)], {"chrF": CHRF()}, [REFS], test_type="bs",
+                           n_samples=500)()  # baseline first; sacreBLEU's seed 12345 draws the same sentences
+    ref_p = scores["chrF2"][1].p_value
+    assert ours["p_value"] == pytest.approx(ref_p)
+    assert ours["delta"] == pytest.approx(scores["chrF2"][1].score - scores["chrF2"][0].score)
+
+
+def test_bootstrap_resamples_the_mean_of_the_per_seed_differences_not_a_pooled_corpus():
+    from sacrebleu.metrics import CHRF
+
+    metric = CHRF()
+    seeds_base = [HYP_A, HYP_B]
+    seeds_sys = [HYP_B, HYP_B]
+    base = [[sentence_stats(metric, h, REFS)] for h in seeds_base]
+    system = [[sentence_stats(metric, h, REFS)] for h in seeds_sys]
+    out = bootstrap_quantity(metric, system, base, [1.0], samples=200)
+    per_seed = [metric.corpus_score(s, [REFS]).score - metric.corpus_score(b, [REFS]).score
+                for s, b in zip(seeds_sys, seeds_base, strict=True)]
+    assert out["delta"] == pytest.approx(np.mean(per_seed))
+    pooled = metric.corpus_score(seeds_sys[0] + seeds_sys[1], [REFS + REFS]).score - \
+        metric.corpus_score(seeds_base[0] + seeds_base[1], [REFS + REFS]).score
+    assert abs(out["delta"] - pooled) > 1e-3  # the old pooled quantity is another number
+
+
+def test_bootstrap_of_identical_systems_is_no_difference():
+    from sacrebleu.metrics import BLEU
+
+    metric = BLEU()
+    a = sentence_stats(metric, HYP_A, REFS)
+    out = bootstrap_quantity(metric, [[a]], [[a.copy()]], [1.0], samples=100)
+    assert out["delta"] == 0 and out["p_value"] == 1.0
+
+
+def test_drop_units_carry_their_x1_sentences():
+    from sacrebleu.metrics import CHRF
+
+    from data.sources import concatenate_pairs
+
+    metric = CHRF()
+    x4_hyp, x4_ref = concatenate_pairs(HYP_A, REFS, 4)
+    x1 = unit_stats(sentence_stats(metric, HYP_A, REFS), 4, 2)
+    x4 = sentence_stats(metric, x4_hyp, x4_ref)
+    assert x1.shape == x4.shape == (2, x1.shape[1])
+    base_x1 = unit_stats(sentence_stats(metric, HYP_B, REFS), 4, 2)
+    base_x4 = sentence_stats(metric, *concatenate_pairs(HYP_B, REFS, 4))
+    out = bootstrap_quantity(metric, [[x1, x4]], [[base_x1, base_x4]], [1.0, -1.0], samples=50)
+    drop = lambda h: metric.corpus_score(h, [REFS]).score - metric.corpus_score(  # noqa: E731
+        concatenate_pairs(h, REFS, 4)[0], [concatenate_pairs(h, REFS, 4)[1]]).score
+    assert out["delta"] == pytest.approx(drop(HYP_A) - drop(HYP_B))
