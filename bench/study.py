@@ -347,6 +347,26 @@ def eval_current(path: Path, sentences: int, overrides: list[str]) -> bool:
     return scores.get("n_sentences") == sentences and scores.get("overrides", []) == overrides
 
 
+def merge_spec(old: dict[str, Any], spec: dict[str, Any], study: Path) -> dict[str, Any]:
+    """The study folder's recorded spec and this command's: the same variants, config, overrides and token
+    budget, and a step budget that is the same or raised (runs then continue from their last.pt, which on
+    CPU is bit-identical to training that long from the start); ``budget_history`` records each raise."""
+    trained = [[v["label"], v["overrides"]] for v in spec["variants"]]  # test variants may be added later
+    if [[v["label"], v["overrides"]] for v in old.get("variants", [])] != trained:
+        raise ConfigError(f"{study} holds a study with other variants; use another --name")
+    for key in ("config", "tokens", "overrides"):
+        if old.get(key) != spec[key]:
+            raise ConfigError(f"{study} holds a study with another {key}; use another --name")
+    history = old.get("budget_history", [old.get("steps")])
+    if old.get("steps") != spec["steps"]:
+        if not (old.get("steps") and spec["steps"] and spec["steps"] > old["steps"]):
+            raise ConfigError(f"{study} holds a study of {old.get('steps')} steps; its budget can only be raised "
+                              "(every run then continues from its last.pt, as if trained so long from the start)")
+        print(f"study {study.name}: budget raised from {old['steps']} to {spec['steps']} steps", flush=True)
+        history = [*history, spec["steps"]]
+    return {**spec, "budget_history": history}
+
+
 # ---------------------------------------------------------------------------------------------- statistics
 
 
@@ -490,20 +510,7 @@ def main() -> int:
             "attention_sentences": args.attention_sentences, "family": family}
     spec_file = study / "study.json"
     if spec_file.is_file():
-        old = json.loads(spec_file.read_text())
-        trained = [[v["label"], v["overrides"]] for v in spec["variants"]]  # test variants may be added later
-        if [[v["label"], v["overrides"]] for v in old.get("variants", [])] != trained:
-            raise ConfigError(f"{study} holds a study with other variants; use another --name")
-        for key in ("config", "tokens", "overrides"):
-            if old.get(key) != spec[key]:
-                raise ConfigError(f"{study} holds a study with another {key}; use another --name")
-        if old.get("steps") != spec["steps"]:
-            if not (old.get("steps") and spec["steps"] and spec["steps"] > old["steps"]):
-                raise ConfigError(f"{study} holds a study of {old.get('steps')} steps; its budget can only be raised "
-                                  "(every run then continues from its last.pt, as if trained so long from the start)")
-            print(f"study {name}: budget raised from {old['steps']} to {spec['steps']} steps", flush=True)
-        spec["budget_history"] = [*old.get("budget_history", [old.get("steps")]), spec["steps"]] \
-            if old.get("steps") != spec["steps"] else old.get("budget_history", [spec["steps"]])
+        spec = merge_spec(json.loads(spec_file.read_text()), spec, study)
     from utils.io import atomic_write_text
 
     atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")

@@ -282,6 +282,8 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
         publish_hypotheses(study / "hypotheses", hypotheses, results["seeds"])
     figures = study / "figures"
     figures.mkdir(parents=True, exist_ok=True)
+    for old in figures.glob("*.png"):  # the report is rewritten whole: no stale figure stays beside it
+        old.unlink()
     atomic_write_text(study / "results.json", json.dumps({"spec": spec, **results}, indent=1) + "\n")
     paths = _figures(results, figures)
     _hparams(study, spec, results)

@@ -355,3 +355,27 @@ def test_a_damaged_archive_is_one_line_wherever_the_damage(wit3: dict[str, Path]
         except DataError as e:
             assert "\n" not in str(e) and str(bad) in str(e), str(e)
         # (damage inside XML text can still parse: then there is no error to report)
+
+
+def test_length_shifted_splits_join_consecutive_pairs(tmp_path):
+    """``NAME.xK`` joins K consecutive pairs of NAME (the remainder left out); a file of that name wins."""
+    from data.sources import concatenate_pairs, length_shifted, load_corpus
+    from utils.config import load_config
+
+    assert length_shifted("test.tatoeba.x4") == ("test.tatoeba", 4) and length_shifted("test.x") is None
+    assert concatenate_pairs(["a", "b", "c"], ["A", "B", "C"], 2) == (["a b"], ["A B"])
+    cfg = load_config("configs/demo.yaml", ["data.test=[test,test.x2,test.x3,test.x1]"])
+    corpus = load_corpus(cfg.data)
+    test = corpus["test"]
+    assert len(corpus["test.x2"]) == len(test) // 2 and len(corpus["test.x3"]) == len(test) // 3
+    joined = {k: f"{test[2][k]} {test[3][k]}" for k in ("src", "tgt")}
+    assert corpus["test.x2"][1] == joined
+    assert list(corpus["test.x1"]["src"]) == list(test["src"])
+    for lang in ("fr", "en"):  # a text folder with a real file named like a shifted split: the file is read
+        (tmp_path / f"t.{lang}").write_text("a\nb\n", encoding="utf-8")
+        (tmp_path / f"t.x2.{lang}").write_text("own\n", encoding="utf-8")
+        (tmp_path / f"train.{lang}").write_text("x\n", encoding="utf-8")
+        (tmp_path / f"valid.{lang}").write_text("x\n", encoding="utf-8")
+    cfg = load_config("configs/demo.yaml", ["data.source=text", f"data.path={tmp_path}", "data.test=[t,t.x2]",
+                                            "data.validation=valid"])
+    assert list(load_corpus(cfg.data)["t.x2"]["src"]) == ["own"]

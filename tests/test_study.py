@@ -380,3 +380,31 @@ def test_readme_tables_are_the_published_reports() -> None:
         rows = [line for line in section.splitlines() if line.startswith("| ") and "±" in line]
         report = (ROOT / "bench" / "studies" / study_name / "report.md").read_text(encoding="utf-8").splitlines()
         assert len(rows) == n and [r for r in rows if r not in report] == [], study_name
+
+
+def test_a_study_budget_can_be_raised_never_lowered_and_the_raise_is_recorded(tmp_path: Path) -> None:
+    base = {"variants": [{"label": "a", "overrides": ["x=1"]}], "config": "c.yaml", "tokens": None,
+            "overrides": [], "steps": 900}
+    raised = study.merge_spec(base, {**base, "steps": 1350}, tmp_path)
+    assert raised["steps"] == 1350 and raised["budget_history"] == [900, 1350]
+    again = study.merge_spec(raised, {**base, "steps": 1800}, tmp_path)
+    assert again["budget_history"] == [900, 1350, 1800]
+    assert study.merge_spec(again, {**base, "steps": 1800}, tmp_path)["budget_history"] == [900, 1350, 1800]
+    with pytest.raises(ConfigError, match="can only be raised"):
+        study.merge_spec(again, {**base, "steps": 900}, tmp_path)
+    with pytest.raises(ConfigError, match="another overrides"):
+        study.merge_spec(base, {**base, "overrides": ["y=2"]}, tmp_path)
+
+
+def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
+    """README's pre-registration and the preset say the same: systems, family, test sets, precision."""
+    preset = study.presets()["train-short-test-long"]
+    cfg = load_config(preset.config, preset.overrides)
+    assert cfg.data.max_train_len == 16 and cfg.train.amp == "none" and not cfg.train.amp_cpu
+    assert {"test.tatoeba.x4", "test.multi30k-2016.x4", "test.tatoeba", "test.iwslt-tst2010"} <= set(cfg.data.test)
+    family = preset.family
+    systems = [v.label for v in preset.variants] + [f"rope+{t}" for t in preset.variants[-1].tests]
+    assert set(family["systems"]) <= set(systems) and "rope+linear" not in family["systems"]
+    assert len(family["systems"]) * (len(family["splits"]) + len(family["drops"])) == 24
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "24 tests, Holm at α = 0.05" in readme and "Smallest effect of interest: 1.0 chrF" in readme
