@@ -408,3 +408,17 @@ def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
     assert len(family["systems"]) * (len(family["splits"]) + len(family["drops"])) == 24
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "24 tests, Holm at α = 0.05" in readme and "Smallest effect of interest: 1.0 chrF" in readme
+
+
+def test_the_pilot_rule_stops_at_the_first_budget_where_no_variant_still_gains() -> None:
+    from bench.pilot_rule import verdict
+
+    flat_late = {s: min(s / 60, 30.0) for s in range(150, 2251, 150)}  # +1 per 60 steps up to 1800, then flat
+    flat_early = {s: min(s / 60, 20.0) for s in range(150, 2251, 150)}  # flat from 1200: gains 7.5, 5, 0
+    assert verdict({"a": flat_early}, 900, 450, 1.0, 2250) == ("stop", 1800)
+    assert verdict({"a": flat_early, "b": flat_late}, 900, 450, 1.0, 2250) == ("stop", 2250)  # 1800 still gained
+    short = {"a": {s: v for s, v in flat_early.items() if s <= 900}, "b": flat_late}
+    assert verdict(short, 900, 450, 1.0, 2250) == ("wait", 1350)  # a must train on to 1350
+    assert verdict({"a": {150: 1.0}}, 900, 450, 1.0, 2250) == ("wait", 900)
+    capped = {"a": {s: s / 10 for s in range(150, 2251, 150)}}
+    assert verdict(capped, 900, 450, 1.0, 2250) == ("stop", 2250)  # never flat: the cap decides

@@ -1,0 +1,81 @@
+"""The pre-registered budget rule of a study's pilot, applied to its validation curves (README, "Pre-registration").
+
+    python bench/pilot_rule.py runs/study_extrapolation [--seed 1] [--start 900] [--step 450] [--gain 1.0]
+        [--cap 2250]
+
+Reads every variant's seed-``--seed`` run of the study, prints its validation BLEU at each evaluation and the
+rule's verdict: the budget B is the first of start, start + step, ... (at most ``--cap``) at which no variant
+gained ``--gain`` validation BLEU or more over its last ``--step`` steps. Until the runs reach a budget where
+the rule stops, it says which budget to raise the study to next. Only validation data decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def curves(study: Path, seed: int) -> dict[str, dict[int, float]]:
+    """Validation BLEU by optimizer step of each variant's seed-``seed`` run."""
+    from bench.study import find_run, slug, valid_curve
+
+    spec = json.loads((study / "study.json").read_text())
+    out = {}
+    for variant in spec["variants"]:
+        run = find_run(study / "runs" / slug(variant["label"]) / f"seed{seed}")
+        out[variant["label"]] = dict(valid_curve(run)) if run else {}
+    return out
+
+
+def verdict(curves: dict[str, dict[int, float]], start: int, step: int, gain: float, cap: int) -> tuple[str, int]:
+    """("stop", B) where the rule fixes the budget, ("raise", B') to train on to B', or ("wait", B) while some
+    run has not reached budget B yet."""
+    budget = start
+    while True:
+        reached = all(budget in c for c in curves.values())
+        if not reached:
+            return "wait", budget
+        gains = [c[budget] - c[budget - step] for c in curves.values() if budget - step in c]
+        if budget >= cap or (len(gains) == len(curves) and all(g < gain for g in gains)):
+            return "stop", budget
+        budget += step
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study", type=Path, help="runs/study_<name>")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--start", type=int, default=900)
+    parser.add_argument("--step", type=int, default=450)
+    parser.add_argument("--gain", type=float, default=1.0, help="validation BLEU gained over --step steps")
+    parser.add_argument("--cap", type=int, default=2250)
+    args = parser.parse_args()
+    if not (args.study / "study.json").is_file():
+        parser.error(f"{args.study}: no study.json")
+    table = curves(args.study, args.seed)
+    steps = sorted({s for c in table.values() for s in c})
+    print("| variant | " + " | ".join(str(s) for s in steps) + " |")
+    print("|---|" + "---|" * len(steps))
+    for label, c in table.items():
+        print(f"| {label} | " + " | ".join(f"{c[s]:.2f}" if s in c else "-" for s in steps) + " |")
+    what, budget = verdict(table, args.start, args.step, args.gain, args.cap)
+    if what == "stop":
+        print(f"\nrule: budget B = {budget} steps (gains over the last {args.step} steps: "
+              + ", ".join(f"{k} {c[budget] - c.get(budget - args.step, float('nan')):+.2f}" for k, c in table.items())
+              + ")")
+    elif budget > json.loads((args.study / "study.json").read_text()).get("steps", 0):
+        print(f"\nrule: not decided; raise the study's --steps to {budget}")
+    else:
+        print(f"\nrule: not decided; the runs are still training toward {budget} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    from utils.cli import run_main
+
+    run_main(main)
