@@ -4,8 +4,10 @@
     python eole_runner.py predict STATS.json -model_path DIR -src X.fr -output X.hyp -beam_size 5 ...
 
 ``train`` runs Eole's own ``eole train`` entry point, unchanged except that the trainer stops once
-BUDGET_S seconds have passed since its first batch; then it saves the model, validates once, and writes
-steps, target tokens, target tokens/s, validation perplexity and peak RSS to STATS.json.
+BUDGET_S seconds have passed since its first batch; then it saves the model, validates twice (as Eole does,
+with the training loss's label smoothing, and with label smoothing 0: the plain perplexity every other
+system reports) and writes steps, target tokens, target tokens/s, both validation perplexities and peak RSS
+to STATS.json.
 ``predict`` times ``InferenceEnginePY.infer_file`` (read, SentencePiece, beam search, write) apart from
 model loading and writes sentences/s to STATS.json.
 """
@@ -24,6 +26,22 @@ def peak_rss_mb() -> float:
 
 class BudgetSpent(Exception):
     """Raised from inside the training loop once the wall-clock budget is used."""
+
+
+def validate_twice(trainer, valid_iter) -> dict:
+    """Eole's ``Trainer.validate`` keeps the training loss's label smoothing, so its perplexity is not the
+    plain perplexity every other system reports: validate once as Eole does and once with label smoothing 0
+    (restored after), and record both. ``valid_ppl`` is the plain one."""
+    criterion = trainer.valid_loss.criterion
+    smoothing = float(criterion.label_smoothing)
+    smoothed = trainer.validate(valid_iter, moving_average=trainer.moving_average)
+    criterion.label_smoothing = 0.0
+    try:
+        plain = trainer.validate(valid_iter, moving_average=trainer.moving_average)
+    finally:
+        criterion.label_smoothing = smoothing
+    return {"valid_ppl": float(plain.ppl()), "valid_accuracy": float(plain.accuracy()),
+            "valid_ppl_label_smoothed": float(smoothed.ppl()), "valid_label_smoothing": smoothing}
 
 
 def train(stats_path: str, budget_s: float, argv: list[str]) -> None:
@@ -56,8 +74,7 @@ def train(stats_path: str, budget_s: float, argv: list[str]) -> None:
             record.update(steps=steps, train_seconds=elapsed, target_tokens=int(stats.n_tokens),
                           target_tokens_per_s=stats.n_tokens / elapsed)
             self.model_saver.save(steps, moving_average=self.moving_average)
-            valid = self.validate(valid_iter, moving_average=self.moving_average)
-            record.update(valid_ppl=float(valid.ppl()), valid_accuracy=float(valid.accuracy()))
+            record.update(validate_twice(self, valid_iter))
             return stats
 
     eole.trainer.Trainer.train = timed_train

@@ -259,7 +259,8 @@ def run_eole(work: Path, minutes: float, data: Path, venv: Path) -> dict:
                           work / "train.log").peak_rss_mib
     stats = json.loads(stats_file.read_text())
     result = {"steps": stats["steps"], "target_tokens_per_s": stats["target_tokens_per_s"],
-              "valid_ppl": stats["valid_ppl"], "peak_rss_mb": rss}
+              "valid_ppl": stats["valid_ppl"], "valid_ppl_label_smoothed": stats["valid_ppl_label_smoothed"],
+              "valid_label_smoothing": stats["valid_label_smoothing"], "peak_rss_mb": rss}
     result.update(decode_eole(work, python, data))
     return result
 
@@ -298,12 +299,26 @@ def add_output_lengths(work: Path, system: str, result: dict) -> None:
         result["tests"][name].update(words=sum(len(line.split()) for line in lines), lines=len(lines))
 
 
+def comparable(results: dict[str, dict]) -> dict[str, dict]:
+    """``valid_ppl`` is the plain perplexity (no label smoothing) for every system. An Eole result recorded
+    before the runner validated twice holds Eole's label-smoothed perplexity there: it moves to
+    ``valid_ppl_label_smoothed``, and its plain perplexity is unknown."""
+    out = dict(results)
+    eole = results.get("eole")
+    if eole is not None and "valid_label_smoothing" not in eole:
+        out["eole"] = {**eole, "valid_ppl": None, "valid_ppl_label_smoothed": eole.get("valid_ppl")}
+    return out
+
+
 def table(results: dict[str, dict], minutes: float) -> str:
+    results = comparable(results)
     order = ("ours", "ours-fp32", "ours-defaults")
     names = [n for n in order if n in results] + sorted(n for n in results if n not in (*order, "eole"))
     names += ["eole"] if "eole" in results else []
     rows = [("optimizer steps", "steps", "{:.0f}"), ("target tokens/s", "target_tokens_per_s", "{:.0f}"),
-            ("valid perplexity", "valid_ppl", "{:.2f}"), ("peak RSS, MB", "peak_rss_mb", "{:.0f}")]
+            ("valid perplexity (plain, no label smoothing)", "valid_ppl", "{:.2f}"),
+            ("valid perplexity with label smoothing (Eole's validate)", "valid_ppl_label_smoothed", "{:.2f}"),
+            ("peak RSS, MB", "peak_rss_mb", "{:.0f}")]
     head = "| " + f"{minutes:g} min, then beam 5 | " + " | ".join(names)
     ratio_names = [n for n in names if n != "eole"] if "eole" in results else []
     head += "".join(f" | {n}/eole" for n in ratio_names) + " |"

@@ -128,3 +128,98 @@ def test_decoding_speed_is_also_given_per_output_word(tmp_path: Path) -> None:
     assert "| beam-5 sentences/s test.iwslt-tst2010 | 30.0 | 40.0 | 0.75x |" in lines
     assert "| beam-5 output words per line test.iwslt-tst2010 | 4.0 | 2.0 | 2.00x |" in lines
     assert "| beam-5 output words/s test.iwslt-tst2010 | 120 | 80 | 1.50x |" in lines
+
+
+FAKE_EOLE = {
+    "eole/__init__.py": "",
+    "eole/bin/__init__.py": "",
+    # Eole's Trainer at the runner's boundary: train() steps until the runner stops it; validate() reports
+    # a perplexity that depends on the criterion's label smoothing, as Eole's does.
+    "eole/trainer.py": '''
+class Stats:
+    def __init__(self, ppl, n_tokens=0):
+        self._ppl, self.n_tokens = ppl, n_tokens
+    def ppl(self):
+        return self._ppl
+    def accuracy(self):
+        return 50.0
+
+
+class Criterion:
+    label_smoothing = 0.1
+
+
+class Loss:
+    criterion = Criterion()
+
+
+class Optim:
+    training_step = 1
+
+
+class Saver:
+    saved = []
+    def save(self, step, moving_average=None):
+        Saver.saved.append(step)
+
+
+class Trainer:
+    def __init__(self):
+        self.valid_loss, self.optim, self.model_saver, self.moving_average = Loss(), Optim(), Saver(), None
+        self.seen = []
+    def _train_step(self, batches, normalization, total_stats, report_stats, step=0):
+        total_stats.n_tokens += 100
+        self.optim.training_step += 1
+    def train(self, train_iter, train_steps, save_checkpoint_steps=5000, valid_iter=None, valid_steps=10000):
+        total = Stats(0.0)
+        for _ in range(train_steps):
+            self._train_step([], 1, total, None)
+        return total
+    def validate(self, valid_iter, moving_average=None):
+        smoothing = self.valid_loss.criterion.label_smoothing
+        self.seen.append(smoothing)
+        return Stats(34.8 if smoothing else 11.0)
+''',
+    "eole/bin/main.py": '''
+import json, sys
+from eole.trainer import Trainer
+
+def main():
+    trainer = Trainer()
+    trainer.train(None, 10, valid_iter="valid")
+    json.dump({"smoothing_after": trainer.valid_loss.criterion.label_smoothing, "seen": trainer.seen},
+              open(sys.argv[-1], "w"))
+''',
+}
+
+
+def test_eole_runner_records_the_plain_perplexity_and_the_label_smoothed_one(tmp_path: Path) -> None:
+    """Eole's validate keeps label smoothing (34.8 here); the plain perplexity (11.0) is what every other row
+    of the table is, so the runner validates again with smoothing 0, restores it, and records both."""
+    import json
+    import os
+    import subprocess
+
+    for name, text in FAKE_EOLE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    stats, probe = tmp_path / "stats.json", tmp_path / "probe.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "eole_runner.py"), "train", str(stats), "0",
+                          "-config", "x.yaml", str(probe)], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    record = json.loads(stats.read_text())
+    assert record["valid_ppl"] == 11.0 and record["valid_ppl_label_smoothed"] == 34.8
+    assert record["valid_label_smoothing"] == 0.1 and record["steps"] == 1
+    assert json.loads(probe.read_text()) == {"smoothing_after": 0.1, "seen": [0.1, 0.0]}
+
+
+def test_an_old_eole_result_never_shows_its_label_smoothed_perplexity_as_the_plain_one() -> None:
+    old = {**result(1000, 1500.0, [35.0, 32.5, 4.0], [100.0, 60.0, 40.0]), "valid_ppl": 34.8}
+    new = {**old, "valid_ppl": 11.0, "valid_ppl_label_smoothed": 34.8, "valid_label_smoothing": 0.1}
+    ours = {**result(1500, 3000.0, [36.0, 32.0, 5.0], [150.0, 90.0, 60.0]), "valid_ppl": 8.45}
+    lines = peers.table({"ours": ours, "eole": old}, 44).splitlines()
+    assert "| valid perplexity (plain, no label smoothing) | 8.45 | - | - |" in lines
+    assert "| valid perplexity with label smoothing (Eole's validate) | - | 34.80 | - |" in lines
+    lines = peers.table({"ours": ours, "eole": new}, 44).splitlines()
+    assert "| valid perplexity (plain, no label smoothing) | 8.45 | 11.00 | 0.77x |" in lines
