@@ -137,3 +137,35 @@ def train_flops(params: dict[str, int], d_model: int, enc_layers: int, dec_layer
     attention = 2 * 2 * d_model * (enc_layers * sum(a * a for a, _ in pairs)
                                    + dec_layers * sum(b * b + a * b for a, b in pairs))
     return 6.0 * dense + 3.0 * attention
+
+
+def run_flops(run_dir: Path, steps: int) -> dict[str, Any]:
+    """Model FLOPs of the first ``steps`` optimizer steps of the single-process run in ``run_dir``: its own
+    config, tokenizer and data cache give the batches its trainer drew (epoch 1 onward, seeded), counted on
+    their real lengths (eos on the source, bos on the target input; padding is not model work)."""
+    from data.batching import TokenBatchSampler
+    from data.cache import load_or_build
+    from data.sources import load_corpus
+    from models.transformer import Seq2SeqTransformer
+    from tokenizer import load_tokenizer
+    from utils.config import load_config
+
+    cfg = load_config(run_dir / "config.yaml")
+    tok = load_tokenizer(run_dir / "tokenizer")
+    train = load_or_build(cfg, tok, lambda: load_corpus(cfg.data), ["train"])["train"]
+    sampler = TokenBatchSampler(train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed)
+    batches: list = []
+    epoch = 1
+    while len(batches) < steps * cfg.train.accumulate:
+        batches += sampler.epoch_batches(epoch)
+        epoch += 1
+    model = Seq2SeqTransformer(cfg.model, tok.vocab_size, tok.pad_id)
+    params = matrix_params(model)
+    m = cfg.model
+    total, target_tokens = 0.0, 0
+    for batch in batches[: steps * cfg.train.accumulate]:
+        pairs = [(int(train.src_lengths[i]) + 1, int(train.tgt_lengths[i]) + 1) for i in batch]
+        total += train_flops(params, m.d_model, m.encoder_layers, m.decoder_layers, pairs)
+        target_tokens += sum(t for _, t in pairs)
+    return {"flops": total, "steps": steps, "params": params, "target_tokens": target_tokens,
+            "formula": "6 x ((P_enc + P_cross_kv) x S + (P_dec + P_out) x T) + 3 x attention (bench/hardware.py)"}

@@ -594,9 +594,27 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
     m = run_measured(cmd, log)
     summary = read_summary(log.read_text())
     print(f" {summary['target_tokens_per_s']:.0f} tgt tok/s ({m.wall_s:.0f}s)", flush=True)
-    return {"tok_per_s": summary["target_tokens_per_s"], "steps": summary["steps"],
-            "train_seconds": summary["train_seconds"], "wall_s": m.wall_s, "user_s": m.user_s, "sys_s": m.sys_s,
-            "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
+    out = {"tok_per_s": summary["target_tokens_per_s"], "steps": summary["steps"],
+           "train_seconds": summary["train_seconds"], "wall_s": m.wall_s, "user_s": m.user_s, "sys_s": m.sys_s,
+           "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
+    out.update(achieved_flops(work / "real", summary, precision, device))
+    return out
+
+
+def achieved_flops(runs: Path, summary: dict[str, Any], precision: str, device: str) -> dict[str, Any]:
+    """Model FLOP/s of the newest run under ``runs`` over its training seconds, and its ratio to the peak of
+    the device for the precision used (bench/hardware.py)."""
+    import torch
+
+    from bench.hardware import cpu_peak, cuda_peak, run_flops
+
+    run = max((p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()), key=lambda p: p.stat().st_mtime)
+    counted = run_flops(run, summary["steps"])
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    peak = cuda_peak(precision, torch.cuda.get_device_name()) if cuda else cpu_peak(precision)
+    achieved = counted["flops"] / summary["train_seconds"]
+    return {"model_flops": counted["flops"], "flops_per_s": achieved, "peak_flops": peak.flops,
+            "peak_fraction": achieved / peak.flops, "peak_formula": peak.formula, "flops_formula": counted["formula"]}
 
 
 def _ct2_worker(folder: str, sources: list[str], decoders: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -846,13 +864,21 @@ def real_sections(res: dict[str, dict], meta: dict) -> list[str]:
     if real:
         lines += ["", "The real loop: `train.py` itself (batches from its own loader, the full training step; "
                   "CPU seconds, page faults and peak RSS for the whole process)", "",
-                  "| train.py | steps | target tok/s | user s | system s | minor page faults | peak RSS (MiB) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| train.py | steps | target tok/s | model GFLOP/s | of the peak | user s | system s | "
+                  "minor page faults | peak RSS (MiB) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for p, r in real.items():
-            lines.append(f"| {p} | {r['steps']} | {_fmt(r['tok_per_s'], 0)} | {_fmt(r['user_s'], 0)} | "
-                         f"{_fmt(r['sys_s'], 1)} | {_fmt(r['minor_faults'], 0)} | {_fmt(r['peak_mib'], 0)} |")
+            flops = _fmt(r["flops_per_s"] / 1e9, 1) if "flops_per_s" in r else "-"
+            frac = f"{100 * r['peak_fraction']:.1f} %" if "peak_fraction" in r else "-"
+            lines.append(f"| {p} | {r['steps']} | {_fmt(r['tok_per_s'], 0)} | {flops} | {frac} | "
+                         f"{_fmt(r['user_s'], 0)} | {_fmt(r['sys_s'], 1)} | {_fmt(r['minor_faults'], 0)} | "
+                         f"{_fmt(r['peak_mib'], 0)} |")
         for note in meta.get("real_skipped", []):
-            lines.append(f"| {note}: skipped | | | | | | |")
+            lines.append(f"| {note}: skipped | | | | | | | | |")
+        for p, r in real.items():
+            if "peak_formula" in r:
+                lines.append(f"\n{p}: model FLOPs {r['flops_formula']}; peak {r['peak_flops'] / 1e9:.1f} GFLOP/s = "
+                             f"{r['peak_formula']}.")
     trained = res.get("trained")
     if trained:
         lines += ["", f"Trained model ({trained['model']}): the first {trained['sentences']} sentences of "

@@ -50,3 +50,26 @@ def test_model_flops_of_a_training_step_match_torchs_flop_counter() -> None:
     assert ours == pytest.approx(counted, rel=0.05)
     params = matrix_params(model)
     assert params["cross_kv"] == 3 * 512 * 256 and params["output"] == 256 * 1000
+
+
+def test_run_flops_counts_the_batches_the_trainer_drew(tmp_path) -> None:
+    """The batches run_flops reconstructs from a run directory are the trainer's: the same target tokens as
+    train.py's own closing summary, across an epoch boundary (the demo epoch is 7 steps)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from bench.hardware import run_flops
+    from utils.trainer import read_summary
+
+    res = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml", "--runs", str(tmp_path),
+                          "--set", "train.max_steps=10", "--set", "train.eval_every=100", "--set", "model.d_model=32",
+                          "--set", "model.d_ff=64", "--set", f"data.cache_dir={tmp_path / 'c'}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    run = next(p for p in tmp_path.glob("demo_2*") if p.is_dir())
+    summary = read_summary((run / "train.log").read_text())
+    counted = run_flops(run, summary["steps"])
+    assert summary["steps"] == 10 and counted["target_tokens"] == summary["target_tokens"]
+    assert counted["flops"] > 6 * counted["params"]["decoder"] * summary["target_tokens"]
