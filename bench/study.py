@@ -116,10 +116,11 @@ def presets() -> dict[str, Preset]:
         "all-encodings": Preset("configs/bench_small.yaml", [_pe("none", "none", "none")]
                                 + [_pe(e, e, "none") for e in inputs] + [_pe(e, "none", e) for e in attentions],
                                 "sinusoidal"),
-        # Precision is part of the design (fp32 on every machine); periodic checkpoints are resume points only.
+        # Precision and CPU threads are part of the design (fp32 and one thread per run on every machine: a
+        # thread count can change floating-point results); periodic checkpoints are resume points only.
         "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope], "sinusoidal",
                                         [f"data.test=[{','.join(LENGTH_SHIFTED)}]", "train.amp=none",
-                                         "train.amp_cpu=false", "train.keep_checkpoints=0"],
+                                         "train.amp_cpu=false", "train.keep_checkpoints=0", "train.num_threads=1"],
                                         family=EXTRAPOLATION_FAMILY),
         "tokenization": Preset("configs/bench_small_rope.yaml", [
             Variant("bpe", ["tokenizer.type=bpe"]),
@@ -290,14 +291,18 @@ def train_command(job: Job, config: str, overrides: list[str], budget: list[str]
     return cmd + [x for s in sets for x in ("--set", s)]
 
 
-def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll: float = 2.0) -> None:
-    """Run (label, argv, log) commands: one at a time, or one per GPU when there are several; a GPU takes
-    the next command as soon as its own ends."""
+def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll: float = 2.0,
+                 jobs: int = 1) -> None:
+    """Run (label, argv, log) commands: one per GPU when there are several, else ``jobs`` at a time on the
+    CPU, each child then limited to its share of the cores (``OMP_NUM_THREADS``: two runs of one thread
+    each keep both cores busy without the stalls two threads suffer when anything else wants a core); a
+    slot takes the next command as soon as its own ends."""
     import time
 
     pending = list(commands)
     active: list[tuple[str, subprocess.Popen, Path]] = []
-    free = list(range(devices)) if devices > 1 else [None]
+    free: list[int | None] = list(range(devices)) if devices > 1 else [None] * max(1, jobs)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if devices <= 1 and jobs > 1 else None
     while pending or active:
         while pending and free:
             label, cmd, log = pending.pop(0)
@@ -305,6 +310,8 @@ def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll
             env = dict(os.environ)
             if device is not None:
                 env["CUDA_VISIBLE_DEVICES"] = str(device)
+            if threads is not None:
+                env["OMP_NUM_THREADS"] = str(threads)
             log.parent.mkdir(parents=True, exist_ok=True)
             print(f"  {label}: {' '.join(cmd[1:])}", flush=True)
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT)
@@ -443,6 +450,9 @@ def main() -> int:
     parser.add_argument("--attention-sentences", type=int, default=200, help="validation pairs for attention stats")
     parser.add_argument("--max-sentences", type=int, help="score only the first N sentences of each split (quick)")
     parser.add_argument("--runs", default="runs", help="folder for the study (default runs)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="without GPUs: runs (and scorings) at a time on the CPU, each with its share of the "
+                             "cores (default 1)")
     parser.add_argument("--train-only", action="store_true",
                         help="train (or resume) every run, then stop: a pilot, or scoring left to later")
     args = parser.parse_args()
@@ -464,7 +474,8 @@ def main() -> int:
         parser.error("--name is required without --preset")
     for value, flag in ((args.seeds, "--seeds"), (args.steps, "--steps"), (args.tokens, "--tokens"),
                         (args.bootstrap, "--bootstrap"), (args.attention_sentences, "--attention-sentences"),
-                        (args.eval_every, "--eval-every"), (args.max_sentences, "--max-sentences")):
+                        (args.eval_every, "--eval-every"), (args.max_sentences, "--max-sentences"),
+                        (args.jobs, "--jobs")):
         if value is not None and value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
     for flag, items in (("--set", args.overrides), ("--grid", args.grid)):  # what the study decides per run
@@ -531,7 +542,7 @@ def main() -> int:
         todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
                      job.root / "study.log"))
     print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
-    run_commands(todo, devices)
+    run_commands(todo, devices, jobs=args.jobs)
     if args.train_only:
         print(f"study {name}: every run trained to the budget (--train-only: not scored)")
         return 0
@@ -557,7 +568,7 @@ def main() -> int:
                 cmd += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
                 cmd += [x for s in extra for x in ("--set", s)]
                 todo.append((f"test {job.key} beam {beam}{' ' + tag if tag else ''}", cmd, job.root / "study.log"))
-    run_commands(todo, devices)
+    run_commands(todo, devices, jobs=args.jobs)
 
     # 3. Attention statistics, aggregation, report.
     for job in jobs:

@@ -401,6 +401,7 @@ def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
     preset = study.presets()["train-short-test-long"]
     cfg = load_config(preset.config, preset.overrides)
     assert cfg.data.max_train_len == 16 and cfg.train.amp == "none" and not cfg.train.amp_cpu
+    assert cfg.train.num_threads == 1
     assert {"test.tatoeba.x4", "test.multi30k-2016.x4", "test.tatoeba", "test.iwslt-tst2010"} <= set(cfg.data.test)
     family = preset.family
     systems = [v.label for v in preset.variants] + [f"rope+{t}" for t in preset.variants[-1].tests]
@@ -422,3 +423,18 @@ def test_the_pilot_rule_stops_at_the_first_budget_where_no_variant_still_gains()
     assert verdict({"a": {150: 1.0}}, 900, 450, 1.0, 2250) == ("wait", 900)
     capped = {"a": {s: s / 10 for s in range(150, 2251, 150)}}
     assert verdict(capped, 900, 450, 1.0, 2250) == ("stop", 2250)  # never flat: the cap decides
+
+
+def test_cpu_jobs_run_side_by_side_each_with_its_share_of_the_cores(tmp_path: Path) -> None:
+    job = ("import os, sys, time; print(os.environ.get('OMP_NUM_THREADS'), time.time(), flush=True); "
+           "time.sleep(float(sys.argv[1])); print(time.time())")
+    logs = [tmp_path / f"{i}.log" for i in range(3)]
+    study.run_commands([(f"job {i}", [sys.executable, "-c", job, str(t)], log)
+                        for i, (t, log) in enumerate(zip((3.0, 0.2, 0.2), logs, strict=True))], devices=0, poll=0.05,
+                       jobs=2)
+    threads0, _, end0 = logs[0].read_text().split()
+    _, start2, _ = logs[2].read_text().split()
+    import os
+
+    assert threads0 == str(max(1, (os.cpu_count() or 1) // 2))
+    assert float(start2) < float(end0)  # job 2 started while job 0 still ran
