@@ -14,6 +14,10 @@ from collections.abc import Callable
 LOG_FORMAT = logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
+class StopError(RuntimeError):
+    """A command stopped for a reason its message states in one line (e.g. training diverged)."""
+
+
 def setup_logging(log_file: str | None = None, buffer: bool = False) -> None:
     """INFO logs to stderr (and ``log_file``). ``buffer``: also keep them until ``attach_log_file`` names the
     file they belong in (train.py logs before its run directory exists)."""
@@ -90,7 +94,8 @@ def run_main(main: Callable[[], int | None]) -> None:
 
     try:
         sys.exit(main() or 0)
-    except (ConfigError, CheckpointError, DataError, TokenizerError, InputError, PositionLimitError, PathError) as e:
+    except (ConfigError, CheckpointError, DataError, TokenizerError, InputError, PositionLimitError, PathError,
+            StopError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
     except subprocess.CalledProcessError as e:  # a benchmark's child command failed: it said why above

@@ -166,6 +166,9 @@ class TrainConfig:
     weight_decay: float = num(0.0, ge=0)
     label_smoothing: float = num(0.1, ge=0, lt=1)
     clip_norm: float = num(1.0, ge=0)  # 0 = no clipping
+    # A step whose loss or gradient norm is NaN or inf: "stop" training with one line naming it, or "skip" it
+    # (no update; training stops after 20 skipped in a row). fp16 overflow steps are the grad scaler's to skip.
+    nonfinite: Literal["stop", "skip"] = "stop"
     accumulate: int = num(1, ge=1)  # gradient accumulation steps
     eval_every: int = num(0, ge=0)  # evaluate every N iterations; 0 = at the end of each epoch
     patience: int = num(10, ge=1)  # early stopping, in evaluations without a better validation BLEU

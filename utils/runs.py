@@ -164,6 +164,15 @@ def save_average(run_dir: Path | str, n: int) -> Path:
     return path
 
 
+def check_finite(weights: dict[str, torch.Tensor], source: Path | str) -> None:
+    """CheckpointError, one line, if a floating-point weight holds NaN or inf (a run that diverged): such a
+    model translates nothing, and decoding it would only produce length-capped noise."""
+    for name, tensor in weights.items():
+        if torch.is_tensor(tensor) and torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{source} has non-finite weights ({name} holds NaN or inf): its training "
+                                  "diverged; use an earlier checkpoint or train again with a lower train.lr")
+
+
 def model_dir(model_path: Path | str) -> Path:
     """The run directory of a checkpoint file or run directory."""
     return resolve_checkpoint(model_path)[0]
@@ -210,6 +219,7 @@ def load_run(
         state = load_checkpoint(ckpt_path)
     if "model" not in state:
         raise CheckpointError(f"{ckpt_path} holds no model weights (keys: {', '.join(state)})")
+    check_finite(state["model"], ckpt_path)
     meta = state.get("meta", {})
     expected = model_fingerprint(cfg.model, tokenizer.vocab_size)
     if meta.get("model_fingerprint") not in (None, expected):

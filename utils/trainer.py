@@ -332,6 +332,45 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     )
 
 
+class NonFiniteGuard:
+    """Watches each optimizer step's loss and gradient norm (``train.nonfinite``): a NaN or inf either stops
+    training with one line naming the step (``stop``) or skips the update (``skip``; 20 skipped in a row stop
+    training). Every rank decides alike (the flag is all-reduced). Healthy steps are untouched."""
+
+    MAX_SKIPPED = 20
+
+    def __init__(self, mode: str, check_grads: bool = True) -> None:
+        self.mode, self.check_grads = mode, check_grads  # fp16: the grad scaler skips overflowing steps itself
+        self.bad_loss: float | None = None  # the first non-finite loss of the current accumulation window
+        self.skipped = 0
+
+    def saw_loss(self, loss: float) -> None:
+        if not math.isfinite(loss) and self.bad_loss is None:
+            self.bad_loss = loss
+
+    def step_is_finite(self, grad_norm: float, step: int) -> bool:
+        """Whether the optimizer may step; raises StopError when training must stop."""
+        from utils.cli import StopError
+
+        what = f"loss {self.bad_loss}" if self.bad_loss is not None else \
+            f"gradient norm {grad_norm}" if self.check_grads and not math.isfinite(grad_norm) else None
+        self.bad_loss = None
+        bad = what is not None
+        if idist.get_world_size() > 1:
+            bad = bool(idist.all_reduce(int(bad), op="MAX"))
+            what = what or "loss or gradient on another rank"
+        if not bad:
+            self.skipped = 0
+            return True
+        if self.mode == "skip" and self.skipped < self.MAX_SKIPPED - 1:
+            self.skipped += 1
+            log.warning("step %d: non-finite %s, update skipped (train.nonfinite=skip)", step, what)
+            return False
+        again = f" ({self.MAX_SKIPPED} steps in a row)" if self.mode == "skip" else ""
+        raise StopError(f"training diverged at step {step}: non-finite {what}{again}; nothing of this step was "
+                        "saved (lower train.lr, or set train.nonfinite=skip to skip such steps)")
+
+
 class StopRequest:
     """Turns the first SIGINT/SIGTERM into a request honoured at the next iteration boundary."""
 
@@ -369,6 +408,8 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
     pad_id = s.tokenizer.pad_id
     ckpt_dir = run_dir / CHECKPOINT_DIR
 
+    guard = NonFiniteGuard(t.nonfinite, check_grads=not scaler.is_enabled())
+
     def train_step(engine: Engine, batch: Batch) -> dict[str, float]:
         model.train()
         batch = batch.to(s.device)
@@ -377,16 +418,19 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
             logits = model(batch.src, batch.tgt_in, real)  # [N, V]: no output layer or loss over padding
         loss = token_loss(logits, batch.tgt_out[real], pad_id, t.label_smoothing) / batch.n_tgt_tokens
         scaler.scale(loss / t.accumulate).backward()
+        loss_value = float(loss.detach())
+        guard.saw_loss(loss_value)
         grad_norm = float("nan")
         if engine.state.iteration % t.accumulate == 0:
             scaler.unscale_(optimizer)
             max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-            scaler.step(optimizer)
-            scaler.update()
+            if guard.step_is_finite(grad_norm, engine.state.iteration // t.accumulate):
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-        return {"loss": float(loss.detach()), "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
+        return {"loss": loss_value, "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
 
     trainer = Engine(train_step)
     core = s.core
@@ -408,8 +452,9 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
     def _running_stats(engine: Engine) -> None:
         out = engine.state.output
         m = engine.state.metrics
-        m["loss"] = out["loss"] if "loss" not in m else 0.98 * m["loss"] + 0.02 * out["loss"]
-        if not math.isnan(out["grad_norm"]):
+        if math.isfinite(out["loss"]):  # a skipped non-finite step does not poison the running average
+            m["loss"] = out["loss"] if "loss" not in m else 0.98 * m["loss"] + 0.02 * out["loss"]
+        if math.isfinite(out["grad_norm"]):
             m["grad_norm"] = out["grad_norm"]
         stats["tokens"] += out["tokens"]
         totals["tokens"] += out["tokens"]
