@@ -7,6 +7,7 @@ Layout of ``runs/<name>_<YYYYmmdd_HHMMSS>/``::
     checkpoints/       best.pt (best validation BLEU) and last.pt (resume point)
     tb/                TensorBoard event files
     eval/              test.py hypotheses and score JSON
+    train.lock         locked (flock) while a process trains in the run; the lock dies with the process
 
 ``runs/<name>_latest`` is a symbolic link to the newest run of that config that has a checkpoint; a
 start that fails leaves no run directory behind.
@@ -15,6 +16,7 @@ start that fails leaves no run directory behind.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import itertools
 import os
 import shutil
@@ -39,6 +41,64 @@ from utils.config import Config, ConfigError, load_config, save_config
 CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = "train.lock"
+
+_held_locks: dict[Path, int] = {}  # run directory -> descriptor of its lock file, held by this process
+
+
+class RunLockedError(ConfigError):
+    """Another process trains in this run directory."""
+
+
+def lock_run(run_dir: Path | str) -> None:
+    """Hold ``run_dir/train.lock`` (an exclusive ``flock``) until this process ends: one process trains in a run
+    directory at a time, and nobody removes a directory being written. The kernel releases the lock when the
+    process dies, ``kill -9`` included, so a stale lock cannot exist. RunLockedError, one line, if held."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held_locks:
+        return
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunLockedError(f"{run_dir} is being trained by another process (pid {_lock_owner(run_dir)}); "
+                             "wait for it to end") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held_locks[run_dir] = fd
+
+
+def unlock_run(run_dir: Path | str) -> None:
+    """Release a lock taken by ``lock_run`` (it is released at exit anyway)."""
+    fd = _held_locks.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def run_locked_by(run_dir: Path | str) -> int | None:
+    """The pid training in ``run_dir`` if another process holds its lock, else None."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held_locks or not (run_dir / LOCK_FILE).is_file():
+        return None
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _lock_owner(run_dir) or -1
+    finally:
+        os.close(fd)
+    return None
+
+
+def _lock_owner(run_dir: Path) -> int | None:
+    try:
+        return int((run_dir / LOCK_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def check_runs_root(root: Path | str) -> Path:
@@ -54,10 +114,11 @@ def check_runs_root(root: Path | str) -> Path:
     return root
 
 
-def create_run_dir(cfg: Config, root: Path | str = "runs") -> Path:
+def create_run_dir(cfg: Config, root: Path | str = "runs", lock: bool = False) -> Path:
     """Make ``root/<name>_<timestamp>/`` holding ``config.yaml``, atomically: a run started at the same
     moment gets its own folder (``_2``, ``_3``... suffixes; ``mkdir`` decides). ``<name>_latest`` is not
-    touched here: it moves to a run once that run has a checkpoint (``point_latest``)."""
+    touched here: it moves to a run once that run has a checkpoint (``point_latest``). ``lock``: this process
+    will train in it, and holds its lock (``lock_run``) from the start."""
     root = check_runs_root(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -71,6 +132,8 @@ def create_run_dir(cfg: Config, root: Path | str = "runs") -> Path:
             break
         except FileExistsError:
             continue
+    if lock:
+        lock_run(run)  # before anything is written: no other process removes or trains in it
     (run / CHECKPOINT_DIR).mkdir()
     save_config(cfg, run / CONFIG_FILE)
     return run
@@ -96,11 +159,13 @@ def point_latest(run_dir: Path) -> None:
 
 
 def discard_if_untrained(run_dir: Path) -> bool:
-    """Remove a run directory that never got a checkpoint (a start that failed); True if removed."""
+    """Remove a run directory that never got a checkpoint (a start that failed); True if removed. A directory
+    another process trains in (its lock is held) is never removed."""
     ckpt = Path(run_dir) / CHECKPOINT_DIR
-    if any(ckpt.glob("*.pt")):
+    if any(ckpt.glob("*.pt")) or run_locked_by(run_dir) is not None:
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
+    unlock_run(run_dir)
     return True
 
 

@@ -54,7 +54,7 @@ from utils.config import Config, TrainConfig
 from utils.evaluation import create_evaluator, token_loss
 from utils.host import cpu_has_native_bf16, keep_freed_memory
 from utils.metrics import corpus_scores
-from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, point_latest, select_device
+from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, lock_run, point_latest, select_device, unlock_run
 from utils.translate import encode_sources, translate_ids
 
 log = logging.getLogger("train")
@@ -397,10 +397,39 @@ class StopRequest:
         log.warning("%s received: finishing this step, saving checkpoints/last.pt (again to abort)", self.reason)
 
 
-def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> dict[str, float]:
+def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None,
+          before_training: Callable[[], None] | None = None) -> dict[str, float]:
     """Train in ``run_dir`` (resuming from its last.pt if ``resume``); returns the last validation metrics.
 
-    A run directory that already holds a tokenizer (train.py saves it there first) keeps it."""
+    The run directory is locked (``utils.runs.lock_run``) while this trains. ``before_training`` runs once
+    everything is checked (the checkpoint resumed, the run not finished), just before the first step: e.g.
+    write a changed config. A run directory that already holds a tokenizer (train.py saves it there first)
+    keeps it."""
+    if idist.get_rank() == 0:
+        lock_run(run_dir)
+    try:
+        return _train(cfg, run_dir, resume, corpus, before_training)
+    finally:
+        if idist.get_rank() == 0:
+            unlock_run(run_dir)
+
+
+def finished_reason(t: TrainConfig, iteration: int, epoch_length: int, tokens: int,
+                    early_stopping_counter: int) -> str | None:
+    """Why a resumed run has nothing left to train (its budget is spent), or None."""
+    if iteration >= t.epochs * epoch_length:
+        return f"all train.epochs={t.epochs} are done"
+    if t.max_steps is not None and iteration >= t.max_steps * t.accumulate:
+        return f"train.max_steps={t.max_steps} is reached"
+    if t.max_target_tokens is not None and tokens >= t.max_target_tokens:
+        return f"train.max_target_tokens={t.max_target_tokens} is reached"
+    if early_stopping_counter >= t.patience:
+        return f"early stopping ended it (no better validation BLEU in train.patience={t.patience} evaluations)"
+    return None
+
+
+def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
+           before_training: Callable[[], None] | None) -> dict[str, float]:
     keep_freed_memory()  # no page-fault churn from large per-step allocations (see utils/host.py)
     s = build_setup(cfg, run_dir, resume, corpus)
     t = cfg.train
@@ -657,6 +686,15 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
                 trainer.state.epoch,
                 trainer.state.iteration,
             )
+            tokens = idist.all_reduce(seen.tokens) if t.max_target_tokens is not None and world > 1 else seen.tokens
+            why = finished_reason(t, trainer.state.iteration, len(s.train_data), tokens, stopper.counter)
+            if why is not None:
+                from utils.cli import StopError
+
+                raise StopError(f"{run_dir} has finished: {why} at step {trainer.state.iteration // t.accumulate}; "
+                                "nothing to train (raise that budget with --set to continue)")
+        if before_training is not None:
+            before_training()
         trainer.run(s.train_data, max_epochs=t.epochs)
         if trainer.state.iteration > last_eval["iteration"] and stopped["code"] != 3:
             run_validation(trainer)  # the epochs ran out between evaluations
