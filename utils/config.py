@@ -94,7 +94,7 @@ class RopeConfig:
     (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
     """
 
-    theta: float = num(10000.0, gt=0)
+    theta: float = num(10000.0, gt=1)  # the base: every frequency base^(-2j/d) is then below 1
     dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
     scaling: Literal["none", "linear", "ntk", "yarn"] = "none"
     factor: float = num(1.0, ge=1)  # s: how many times longer than the training length
@@ -212,7 +212,7 @@ class Config:
     """A whole experiment. ``name`` defaults to the config file's stem."""
 
     name: str = "experiment"
-    seed: int = 1234
+    seed: int = num(1234, ge=0, lt=2**31)  # seed + rank seeds NumPy, which takes 0 .. 2**32 - 1
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -333,6 +333,29 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+def _check_vocabulary(t: TokenizerConfig) -> None:
+    """A trained vocabulary must hold more than its reserved tokens (specials, and the 256 bytes of byte fallback)."""
+    if t.type == "marian":
+        return
+    from tokenizer.joint import BYTE_TOKENS, SPECIAL_TOKENS
+
+    reserved = len(SPECIAL_TOKENS) + (len(BYTE_TOKENS) if t.byte_fallback and t.type != "word" else 0)
+    if t.vocab_size <= reserved:
+        why = " (256 byte tokens with tokenizer.byte_fallback)" if t.byte_fallback and t.type != "word" else ""
+        raise ConfigError(f"tokenizer.vocab_size: must be > {reserved}{why}, got {t.vocab_size}")
+
+
+def _check_encodings(cfg: Config) -> None:
+    """Each chosen positional encoding checks the settings it needs (its ``check`` hook, declared with it)."""
+    from models.positional import REGISTRY
+
+    REGISTRY["input"][cfg.model.input_pe].check(cfg)
+    for key in (ATTENTION_PE_KEY, CROSS_ATTENTION_PE_KEY):
+        cls = REGISTRY["attention"][getattr(cfg.model, key.split(".")[1])]
+        if cls is not None:
+            cls.check(cfg, key)
+
+
 def _registry_choices() -> dict[str, tuple[list[str], list[str]]]:
     """Allowed positional-encoding names, read from the registry in ``models.positional``."""
     from models.positional import names
@@ -363,17 +386,23 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.betas: each must be in [0, 1), got {cfg.train.betas}")
     if cfg.decode.nbest > cfg.decode.beam:
         raise ConfigError(f"decode.nbest: {cfg.decode.nbest} exceeds decode.beam={cfg.decode.beam}")
-    if d.max_tokens < d.max_len + 2:
-        raise ConfigError(f"data.max_tokens: {d.max_tokens} cannot hold one sentence of data.max_len={d.max_len}")
+    for key, tokens in (("max_tokens", d.max_tokens), ("valid_max_tokens", d.valid_max_tokens)):
+        if tokens is not None and tokens < d.max_len + 2:
+            raise ConfigError(f"data.{key}: {tokens} cannot hold one sentence of data.max_len={d.max_len}")
     if d.source in ("wit3", "text") and not d.path:
         raise ConfigError(f"data.path: required when data.source is {d.source!r}")
     if cfg.tokenizer.type == "marian" and not cfg.tokenizer.path:
         raise ConfigError("tokenizer.path: required for a marian tokenizer (Hub id or local folder)")
+    _check_vocabulary(cfg.tokenizer)
+    if d.min_len > min(d.max_len, d.max_train_len or d.max_len):
+        raise ConfigError(f"data.min_len: {d.min_len} exceeds the longest training pair allowed (data.max_len="
+                          f"{d.max_len}, data.max_train_len={d.max_train_len}): no pair could be trained on")
     edges = cfg.eval.length_buckets
     if any(e < 1 for e in edges) or edges != sorted(set(edges)):
         raise ConfigError(f"eval.length_buckets: expected increasing positive token counts, got {edges}")
     if len(cfg.train.betas) != 2:
         raise ConfigError(f"train.betas: expected two numbers, got {cfg.train.betas}")
+    _check_encodings(cfg)
     return cfg
 
 

@@ -269,6 +269,8 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     log.info("data: %d training pairs, %d validation pairs", len(train), len(valid))
     if len(train) == 0:
         raise DataError("no training pairs left after length filtering (see data.min_len / data.max_len)")
+    if len(valid) == 0:
+        raise DataError("no validation pairs left after length filtering (see data.min_len / data.max_len)")
 
     ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
     train_sampler = TokenBatchSampler(
