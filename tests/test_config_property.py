@@ -166,3 +166,20 @@ def test_values_that_used_to_crash_deep_inside_are_refused_where_declared(sets: 
     with pytest.raises(ConfigError) as err:
         load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml", sets)
     assert str(err.value).startswith(message)
+
+
+def test_a_set_that_would_be_silently_ignored_is_refused_or_reported(caplog) -> None:
+    from utils.config import load_config
+
+    bench = Path(__file__).resolve().parents[1] / "configs" / "bench_small.yaml"
+    with pytest.raises(ConfigError, match=r"^--set train.warmup_steps=500 would be ignored: train.warmup_tokens="
+                       r"750000 sets the warmup \(add --set train.warmup_tokens=null to count it in steps\)$"):
+        load_config(bench, ["train.warmup_steps=500"])
+    assert load_config(bench, ["train.warmup_steps=500", "train.warmup_tokens=null"]).train.warmup_steps == 500
+    with caplog.at_level("WARNING", logger="config"):
+        cfg = load_config(bench, ["model.rope.scaling=yarn", "train.keep_checkpoints=0", "train.checkpoint_every=7"])
+    assert cfg.model.rope.scaling == "yarn"  # inert, kept, and said
+    assert [r.getMessage() for r in caplog.records] == [
+        "--set model.rope.scaling=yarn has no effect: neither model.attention_pe (none) nor "
+        "model.cross_attention_pe (none) is rope",
+        "--set train.checkpoint_every=7 has no effect: train.keep_checkpoints=0 keeps no periodic checkpoints"]

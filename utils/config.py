@@ -17,6 +17,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -439,7 +440,63 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
     raw = apply_overrides(_deepcopy(raw), overrides or [])
-    return validate(_build(Config, raw))
+    cfg = validate(_build(Config, raw))
+    check_effective(cfg, overrides or [])
+    return cfg
+
+
+def _attention_uses(name: str) -> Callable[[Config], str | None]:
+    def why(c: Config) -> str | None:
+        if name in (c.model.attention_pe, c.model.cross_attention_pe):
+            return None
+        return f"neither model.attention_pe ({c.model.attention_pe}) nor model.cross_attention_pe " \
+               f"({c.model.cross_attention_pe}) is {name}"
+    return why
+
+
+def _warmup_steps_unused(c: Config) -> str | None:
+    if c.train.warmup_tokens is not None:
+        return f"train.warmup_tokens={c.train.warmup_tokens} sets the warmup (add --set train.warmup_tokens=null to " \
+               "count it in steps)"
+    return "train.scheduler=constant has no warmup" if c.train.scheduler == "constant" else None
+
+
+#: Keys (or sections) that a ``--set`` may name but that only act under other settings: (key, conflict, why it
+#: would be ignored, or None). A conflict (two keys stating one thing) is refused; an inert key is reported.
+EFFECT_RULES: list[tuple[str, bool, Callable[[Config], str | None]]] = [
+    ("train.warmup_steps", True, _warmup_steps_unused),
+    ("train.warmup_tokens", False,
+     lambda c: "train.scheduler=constant has no warmup" if c.train.scheduler == "constant" else None),
+    ("train.checkpoint_every", False, lambda c: None if c.train.keep_checkpoints else
+     "train.keep_checkpoints=0 keeps no periodic checkpoints"),
+    ("train.amp_cpu", False, lambda c: "train.amp=none" if c.train.amp == "none" and c.train.amp_cpu else None),
+    ("model.gaussian_sigma", False,
+     lambda c: None if c.model.input_pe == "gaussian" else f"model.input_pe is {c.model.input_pe}"),
+    ("model.rope", False, _attention_uses("rope")),
+    ("model.shaw", False, _attention_uses("shaw")),
+    ("model.t5", False, _attention_uses("t5")),
+]
+
+
+def check_effective(cfg: Config, overrides: list[str]) -> None:
+    """A ``--set`` that would be silently ignored: refused in one line when it conflicts with another key
+    (``train.warmup_steps`` under ``train.warmup_tokens``), else reported as a warning."""
+    import logging
+
+    for item in overrides:
+        path, value = parse_override(item)
+        key = ".".join(path)
+        if value is None:  # switching a setting off is never ignored
+            continue
+        for prefix, conflict, why in EFFECT_RULES:
+            if key != prefix and not key.startswith(prefix + "."):
+                continue
+            reason = why(cfg)
+            if reason is None:
+                continue
+            if conflict:
+                raise ConfigError(f"--set {item} would be ignored: {reason}")
+            logging.getLogger("config").warning("--set %s has no effect: %s", item, reason)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
