@@ -183,3 +183,10 @@ def test_a_set_that_would_be_silently_ignored_is_refused_or_reported(caplog) -> 
         "--set model.rope.scaling=yarn has no effect: neither model.attention_pe (none) nor "
         "model.cross_attention_pe (none) is rope",
         "--set train.checkpoint_every=7 has no effect: train.keep_checkpoints=0 keeps no periodic checkpoints"]
+
+
+def test_a_config_path_that_is_a_device_is_named_as_such() -> None:
+    from utils.config import load_config
+
+    with pytest.raises(ConfigError, match=r"^/dev/null is not a regular file \(a device or a pipe\), not a config"):
+        load_config("/dev/null")

@@ -92,6 +92,8 @@ def run_main(main: Callable[[], int | None]) -> None:
     from utils.io import PathError
     from utils.translate import InputError
 
+    if sys.stderr is None:  # closed (2>&-): messages must not land in standard output, print()'s fallback
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
         sys.exit(main() or 0)
     except (ConfigError, CheckpointError, DataError, TokenizerError, InputError, PositionLimitError, PathError,
@@ -110,6 +112,14 @@ def run_main(main: Callable[[], int | None]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def require_stdout(what: str) -> None:
+    """PathError, one line, if standard output is closed (``>&-``) while ``what`` goes there: nothing lost silently."""
+    from utils.io import PathError
+
+    if sys.stdout is None:
+        raise PathError(f"standard output is closed, and {what} would be lost; redirect it (> FILE)")
 
 
 def one_line(message: str) -> str:

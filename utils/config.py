@@ -515,6 +515,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 def _read_yaml(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise ConfigError(f"{path} is a folder, not a config file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path} is not a regular file (a device or a pipe), not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
