@@ -442,7 +442,8 @@ def paired_bootstrap(base: Sequence[Sequence[str]], system: Sequence[Sequence[st
             scores[side] = (full, resampled)
         (b_full, b_res), (s_full, s_res) = scores["baseline"], scores["system"]
         diffs = np.abs(s_res - b_res)
-        p = _compute_p_value(diffs - diffs.mean(), abs(s_full - b_full))
+        # No observed difference is no evidence of one (sacreBLEU's strict > would give 1 / (samples + 1)).
+        p = 1.0 if s_full == b_full else _compute_p_value(diffs - diffs.mean(), abs(s_full - b_full))
         sig = metric.get_signature()
         sig.update("seed", seed.lower())
         sig.update("bs", samples)

@@ -48,3 +48,4 @@ def test_a_model_with_non_finite_weights_is_refused_for_translation(tmp_path: Pa
     with pytest.raises(CheckpointError, match=rf"best.pt has non-finite weights \({re.escape(name)} holds NaN"):
         load_run(run)
     assert load_run(run / "checkpoints" / "last.pt").step == 2  # the run's other checkpoint still loads
+

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import random
 import resource
 import signal
@@ -69,6 +70,14 @@ def read_summary(log_text: str) -> dict[str, Any]:
         if SUMMARY_MARK in line and " optimizer steps" in line:
             return json.loads(line.split(SUMMARY_MARK, 1)[1])
     raise ValueError("the training log has no closing summary line (did training stop early?)")
+
+
+def threads_per_process(num_threads: int | None, local_processes: int, cores: int) -> int | None:
+    """CPU threads for one training process: ``train.num_threads`` (None: torch's default) for one process; the
+    processes of one machine (torchrun) share ``num_threads`` (or its cores) instead of each taking them all."""
+    if local_processes <= 1:
+        return num_threads
+    return max(1, (num_threads or cores) // local_processes)
 
 
 def set_seed(seed: int) -> None:
@@ -241,8 +250,13 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     """
     rank, world = idist.get_rank(), idist.get_world_size()
     set_seed(cfg.seed + rank)  # different dropout masks per rank; DDP broadcasts rank 0's initial weights
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    local = idist.get_nproc_per_node() if world > 1 else 1
+    threads = threads_per_process(cfg.train.num_threads, local, len(os.sched_getaffinity(0)))
+    if threads:
+        torch.set_num_threads(threads)
+        if local > 1:
+            log.info("CPU threads: %d per process (%d processes share %s)", threads, local,
+                     f"train.num_threads={cfg.train.num_threads}" if cfg.train.num_threads else "this machine's cores")
     device = idist.device() if world > 1 else select_device(cfg.train.device)
 
     def get_corpus():
