@@ -220,10 +220,7 @@ def save_average(run_dir: Path | str, n: int) -> Path:
     from utils.checkpoint import save_checkpoint
 
     run_dir = Path(model_dir(run_dir))
-    kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)[-n:]
-    if len(kept) < n:
-        raise CheckpointError(f"--average {n}: {run_dir / CHECKPOINT_DIR} keeps {len(kept)} periodic checkpoints "
-                              "(step_*.pt; train with train.keep_checkpoints >= N)")
+    kept = last_periodic(run_dir, n)
     path = average_path(run_dir, kept)
     save_checkpoint(path, average_checkpoints(kept))
     return path
@@ -236,6 +233,23 @@ def check_finite(weights: dict[str, torch.Tensor], source: Path | str) -> None:
         if torch.is_tensor(tensor) and torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all()):
             raise CheckpointError(f"{source} has non-finite weights ({name} holds NaN or inf): its training "
                                   "diverged; use an earlier checkpoint or train again with a lower train.lr")
+
+
+def last_periodic(run_dir: Path, n: int) -> list[Path]:
+    """The run's last ``n`` periodic checkpoints, oldest first; CheckpointError, one line, saying why there are
+    fewer (the keep_checkpoints setting, or a run that wrote fewer than it keeps) and what would work."""
+    kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)
+    if len(kept) >= n:
+        return kept[-n:]
+    t = load_config(run_dir / CONFIG_FILE).train
+    where = f"--average {n}: {run_dir / CHECKPOINT_DIR} holds {len(kept)} periodic checkpoint(s) (step_*.pt)"
+    if t.keep_checkpoints < n:
+        raise CheckpointError(f"{where}: the run kept train.keep_checkpoints={t.keep_checkpoints}; "
+                              f"average at most {len(kept)}, or train with train.keep_checkpoints >= {n}")
+    every = f"one every train.checkpoint_every={t.checkpoint_every} iterations" if t.checkpoint_every else \
+        "one per validation"
+    raise CheckpointError(f"{where}: the run wrote only {len(kept)} ({every}) although it keeps "
+                          f"{t.keep_checkpoints}; average at most {len(kept)}, or checkpoint more often")
 
 
 def model_dir(model_path: Path | str) -> Path:
@@ -274,12 +288,9 @@ def load_run(
         cfg = load_config(run_dir / CONFIG_FILE, overrides)
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     if average:
-        kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)
-        if len(kept) < average:
-            raise CheckpointError(f"--average {average}: {run_dir / CHECKPOINT_DIR} keeps {len(kept)} periodic "
-                                  "checkpoints (step_*.pt; train with train.keep_checkpoints >= N)")
-        state = average_checkpoints(kept[-average:])
-        ckpt_path = average_path(run_dir, kept[-average:])
+        kept = last_periodic(run_dir, average)
+        state = average_checkpoints(kept)
+        ckpt_path = average_path(run_dir, kept)
     else:
         state = load_checkpoint(ckpt_path)
     if "model" not in state:
