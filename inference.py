@@ -70,6 +70,9 @@ def main() -> int:
 
     if args.export_ct2:
         return export_ctranslate2(parser, args, overrides)
+    from utils.cli import require_stdout
+
+    require_stdout("the translations" if args.src_text is None else "the translation")
     stream = open_source(args.input) if args.src_text is None and not args.export_ct2 else None
     engine = load_engine(parser, args, overrides)  # a bad --input has failed before this (slow) step
     cfg = engine.cfg

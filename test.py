@@ -3,17 +3,22 @@
     python test.py --config configs/bench_small_rope.yaml --model_path runs/bench_small_rope_latest \
         [--split test] [--beam 5]
 
---split names a split of the corpus (e.g. validation, test.tatoeba, tst2010); the default "test" means
-every split listed in data.test. Beam 5 by default; --beam 1 is greedy. Hypotheses and a JSON of the
-scores go to RUN_DIR/eval/<split>.<checkpoint>.beam<N>[.<tag>].{hyp,json}.
+Without --split every split listed in data.test is scored; --split NAME (repeatable) names splits of the
+corpus (e.g. validation, test.tatoeba, tst2010; "test" where the corpus has no split of that name means
+data.test). Beam 5 by default; --beam 1 is greedy. Hypotheses and a JSON of the scores go to
+RUN_DIR/eval/<split>.<checkpoint>.beam<N>[.<tag>].{hyp,json}; without --tag, <tag> names the settings that
+differ from the run's own (e.g. model.rope.scaling-ntk, n100 for --max_sentences 100), so scores under
+other settings never overwrite each other.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import time
+from typing import Any
 
 from utils.cli import add_alias_args, add_average_args, add_set_arg, apply_average_args, run_main, setup_logging
 
@@ -22,7 +27,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
     add_alias_args(parser, "model_path", required=True, help="checkpoint .pt or run directory")
-    parser.add_argument("--split", default="test", help="split to score (default: every split in data.test)")
+    parser.add_argument("--split", action="append", help="split to score, repeatable (default: every split in "
+                        "data.test)")
     parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
     parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
@@ -53,18 +59,21 @@ def main() -> int:
     average = apply_average_args(parser, args)
     run = load_run(args.model_path, args.config, overrides, args.device, average=average)
     cfg = run.cfg
-    corpus = load_corpus(cfg.data)
-    if args.split in corpus:
-        names = [args.split]
-    elif args.split == "test":
-        names = cfg.data.test
-    else:
-        raise DataError(f"--split {args.split}: no such split; available: {', '.join(corpus)}")
-
-    out_dir = ensure_dir(run.run_dir / "eval", "the run's eval folder")
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.+-]+", args.tag):
         parser.error(f"--tag {args.tag!r}: use letters, digits and _ . + - only")
-    tag = f"{run.checkpoint.stem}.beam{cfg.decode.beam}" + (f".{args.tag}" if args.tag else "")
+    corpus = load_corpus(cfg.data)
+    names = splits_to_score(args.split, cfg.data.test, corpus)
+    for name in names:  # every split asked for is scored, or none is
+        if len(corpus[name]) == 0:
+            raise DataError(f"split {name} has no sentence pairs: nothing to score")
+
+    out_dir = ensure_dir(run.run_dir / "eval", "the run's eval folder")
+    from utils.config import load_config
+    from utils.runs import CONFIG_FILE
+
+    tag = args.tag if args.tag is not None else settings_tag(load_config(run.run_dir / CONFIG_FILE).to_dict(),
+                                                             cfg.to_dict(), args.max_sentences)
+    tag = f"{run.checkpoint.stem}.beam{cfg.decode.beam}" + (f".{tag}" if tag else "")
     report = {}
     for name in names:
         split = corpus[name]
@@ -97,6 +106,49 @@ def main() -> int:
         atomic_write_text(out_dir / f"all.{tag}.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     print(f"hypotheses and scores written to {out_dir}")
     return 0
+
+
+def splits_to_score(asked: list[str] | None, listed: list[str], corpus: Any) -> list[str]:
+    """The splits ``--split`` names (each a corpus split; ``test`` where the corpus has none of that name means
+    ``data.test``), or ``data.test``'s without it; DataError, one line, for a split the corpus lacks."""
+    from data.sources import DataError
+
+    names: list[str] = []
+    for name in asked or ["test"]:
+        if asked and name in corpus:
+            names.append(name)
+            continue
+        if name != "test":
+            raise DataError(f"--split {name}: no such split; available: {', '.join(corpus)}")
+        for listed_name in listed:
+            if listed_name not in corpus:
+                raise DataError(f"data.test: no split {listed_name!r} in the corpus; available: {', '.join(corpus)}")
+            names.append(listed_name)
+    return list(dict.fromkeys(names))
+
+
+#: Keys that change neither the hypotheses nor their scores (or are in the file name already).
+NEUTRAL_KEYS = ("name", "decode.beam", "decode.nbest", "decode.batch_size", "data.test", "data.cache_dir",
+                "data.num_proc", "train.", "eval.")  # eval: how the same hypotheses are broken down
+
+
+def settings_tag(run: dict[str, Any], used: dict[str, Any], max_sentences: int | None) -> str:
+    """A file-name tag for the settings under which a run is scored that differ from the run's own (``--set``,
+    ``--config``, ``--lenpen``, ``--buckets``, ``--max_sentences``): "" when none do."""
+
+    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    before, after = flat(run), flat(used)
+    changed = [f"{k}-{after[k]}" for k in after if after[k] != before.get(k) and not k.startswith(NEUTRAL_KEYS)]
+    parts = ([f"n{max_sentences}"] if max_sentences else []) + changed
+    tag = re.sub(r"[^A-Za-z0-9_.+-]+", "_", "+".join(str(p) for p in parts))
+    if len(tag) > 80:
+        tag = "settings-" + hashlib.sha256(tag.encode()).hexdigest()[:12]
+    return tag
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
         check_runs_root,
         create_run_dir,
         discard_if_untrained,
+        lock_run,
     )
     from utils.trainer import prepare, train
 
@@ -80,10 +81,8 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
         check_compatible(run_cfg, cfg, "--set")
         if args.config:
             check_compatible(run_cfg, load_config(args.config), args.config)
-        if args.overrides and rank == 0:
-            from utils.config import save_config
-
-            save_config(cfg, run_dir / CONFIG_FILE)
+        if rank == 0:
+            lock_run(run_dir)  # before anything is written: a second --resume of this run stops here
     else:
         cfg = load_config(args.config, args.overrides)
         corpus = None
@@ -91,7 +90,7 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
             setup_logging(buffer=True)
             check_runs_root(args.runs)
             corpus, tokenizer = prepare(cfg)
-            run_dir = create_run_dir(cfg, args.runs)
+            run_dir = create_run_dir(cfg, args.runs, lock=True)
             tokenizer.save(run_dir / TOKENIZER_DIR)
         if idist.get_world_size() > 1:  # every rank trains in rank 0's run directory
             run_dir = Path(idist.broadcast(str(run_dir) if rank == 0 else "", src=0, safe_mode=True))
@@ -104,8 +103,15 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
     else:
         setup_logging()
         logging.getLogger().setLevel(logging.WARNING)
+    def save_changed_config() -> None:  # validated first, written last: only once the run is sure to train
+        if args.resume and args.overrides and rank == 0:
+            from utils.config import save_config
+
+            save_config(cfg, run_dir / CONFIG_FILE)
+
     try:
-        metrics = train(cfg, run_dir, resume=bool(args.resume), corpus=None if args.resume else corpus)
+        metrics = train(cfg, run_dir, resume=bool(args.resume), corpus=None if args.resume else corpus,
+                        before_training=save_changed_config)
     except BaseException:
         if not args.resume and rank == 0 and discard_if_untrained(run_dir):
             print(f"removed {run_dir}: training stopped before its first checkpoint", file=sys.stderr)

@@ -215,13 +215,24 @@ def budget_overrides(steps: int | None, tokens: int | None, eval_every: int) -> 
     return out
 
 
-def find_run(root: Path) -> Path | None:
-    """The run directory under ``root`` that has a checkpoint (runs killed before their first are removed)."""
-    from utils.runs import discard_if_untrained
+def find_run(root: Path, poll: float = 2.0) -> Path | None:
+    """The run directory under ``root`` that has a checkpoint (runs killed before their first are removed).
+    A run another process still trains in (its lock is held: e.g. the child of a study just killed, finishing
+    its step) is waited for, never removed or trained at the same time."""
+    import time
+
+    from utils.runs import discard_if_untrained, run_locked_by
 
     if not root.is_dir():
         return None
     runs = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    for run in runs:
+        said = False
+        while (pid := run_locked_by(run)) is not None:
+            if not said:
+                print(f"  waiting for pid {pid}, which still trains in {run}", flush=True)
+                said = True
+            time.sleep(poll)
     for run in runs:
         if not discard_if_untrained(run) and not (run / "checkpoints" / "last.pt").is_file():
             shutil.rmtree(run)  # killed between a periodic checkpoint and its last.pt: nothing to resume from
@@ -291,6 +302,24 @@ def train_command(job: Job, config: str, overrides: list[str], budget: list[str]
     return cmd + [x for s in sets for x in ("--set", s)]
 
 
+def die_with_parent(parent: int) -> Any:
+    """A ``preexec_fn`` giving the child SIGTERM when the study dies, however (``kill -9`` included; Linux
+    ``PR_SET_PDEATHSIG``): train.py then saves last.pt and exits, and no orphan writes on under a rerun."""
+
+    def preexec() -> None:
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux: the run lock still keeps a rerun off its directory
+            return
+        if os.getppid() != parent:  # the study died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll: float = 2.0,
                  jobs: int = 1) -> None:
     """Run (label, argv, log) commands: one per GPU when there are several, else ``jobs`` at a time on the
@@ -314,7 +343,8 @@ def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll
                 env["OMP_NUM_THREADS"] = str(threads)
             log.parent.mkdir(parents=True, exist_ok=True)
             print(f"  {label}: {' '.join(cmd[1:])}", flush=True)
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT,
+                                    preexec_fn=die_with_parent(os.getpid()))
             proc.device = device  # type: ignore[attr-defined]
             active.append((label, proc, log))
         if len(active) == 1:

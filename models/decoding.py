@@ -101,8 +101,12 @@ def greedy_search(
     cache = model.new_cache() if use_cache else None
     step = 0
     while alive.numel():
-        logp = _step_logprobs(model, prefix, memory, src_mask, cache, eos, cap[alive] <= step)
+        at_cap = cap[alive] <= step
+        logp = _step_logprobs(model, prefix, memory, src_mask, cache, eos, at_cap)
         best, token = logp.max(dim=-1)
+        # At its cap a sentence ends whatever the scores say (NaN scores never pick EOS by argmax).
+        token = torch.where(at_cap, torch.full_like(token, eos), token)
+        best = torch.where(at_cap, logp[:, eos], best)
         logprob = logprob + best
         finished = token == eos
         prefix = torch.cat((prefix, token[:, None]), dim=1)
@@ -118,6 +122,18 @@ def greedy_search(
                 cache.reorder(keep)
         step += 1
     return [h for h in done if h is not None]
+
+
+def _keep_best_alive(finished: list[list[Hypothesis]], alive: torch.Tensor, done: torch.Tensor,
+                     prefix: torch.Tensor, scores: torch.Tensor, width: int, step: int, lenpen: float) -> None:
+    """A sentence that ends with no finished hypothesis (scores all NaN or -inf: a diverged model) keeps its
+    first alive beam as its output, so every sentence gets at least one hypothesis. A sane model never
+    gets here: at the cap every beam is offered EOS with a finite score."""
+    for r in done.nonzero().squeeze(1).tolist():
+        sent = int(alive[r])
+        if not finished[sent]:
+            lp = float(scores[r, 0])
+            finished[sent].append(Hypothesis(prefix[r * width, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen)))
 
 
 @torch.no_grad()
@@ -200,6 +216,7 @@ def beam_search(
             done = best_possible <= kth_best[alive]
         done |= cap[alive] <= step
         done |= ~torch.isfinite(cont_score[:, 0])
+        _keep_best_alive(finished, alive, done, prefix, scores, width, step, lenpen)
         keep = (~done).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
@@ -220,7 +237,7 @@ def beam_search(
         step += 1
 
     results = []
-    for hyps in finished:
+    for hyps in finished:  # never empty (see _keep_best_alive)
         hyps.sort(key=lambda h: h.score, reverse=True)
         results.append(hyps[:nbest])
     return results

@@ -86,4 +86,20 @@ def test_training_keeps_the_last_k_checkpoints_and_the_cli_averages_them(tmp_pat
         assert torch.equal(tensor, expected[name]), name
     res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--average", "5",
                           "--src_text", "Oui."], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and "keeps 3 periodic checkpoints" in res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
+        "holds 3 periodic checkpoint(s) (step_*.pt): the run kept train.keep_checkpoints=3; average at most 3, "
+        "or train with train.keep_checkpoints >= 5")
+
+
+def test_averaging_more_checkpoints_than_a_run_wrote_says_why(tmp_path: Path, tiny_config) -> None:
+    """README's example once asked for 5 of a run that kept 5 but wrote 4: the error blamed keep_checkpoints."""
+    from utils.runs import create_run_dir, load_run
+    from utils.trainer import train
+
+    cfg = tiny_config(tmp_path, max_steps=7, eval_every=100, keep_checkpoints=5, checkpoint_every=3)
+    run = create_run_dir(cfg, tmp_path / "runs")
+    train(cfg, run)
+    with pytest.raises(CheckpointError, match=r"holds 2 periodic checkpoint\(s\) \(step_\*.pt\): the run wrote only 2 "
+                       r"\(one every train.checkpoint_every=3 iterations\) although it keeps 5; average at most 2, "
+                       r"or checkpoint more often$"):
+        load_run(run, average=5)

@@ -267,3 +267,87 @@ def test_a_closed_pipe_ends_inference_quietly(run_dir: Path) -> None:
     res = subprocess.run(f"printf 'Oui.\\nNon.\\n' | {sys.executable} inference.py --model_path {run_dir} --beam 1 "
                          "| head -c 0", shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert "Traceback" not in res.stderr and "BrokenPipeError" not in res.stderr
+
+
+def test_test_py_scores_the_splits_asked_for_each_named_or_says_why_not(run_dir: Path, tmp_path: Path) -> None:
+    both = cli("test.py", "--model_path", str(run_dir), "--beam", "1", "--set", "data.test=[test,validation]")
+    assert both.returncode == 0, both.stderr  # a split literally named "test" no longer hides the others
+    assert [line.split(":")[0] for line in both.stdout.splitlines() if " sentences, greedy" in line] == \
+        ["test", "validation"]
+    one = cli("test.py", "--model_path", str(run_dir), "--beam", "1", "--split", "test", "--max_sentences", "3")
+    assert [line.split(":")[0] for line in one.stdout.splitlines() if " sentences, greedy" in line] == ["test"]
+    line = error_line(cli("test.py", "--model_path", str(run_dir), "--set", "data.test=[nosuch]"))
+    assert line == "error: data.test: no split 'nosuch' in the corpus; available: train, validation, test"
+    folder = tmp_path / "text"
+    folder.mkdir()
+    for split, name in (("train", "train"), ("valid", "valid"), ("test", "empty")):
+        for lang in ("fr", "en"):
+            src = ROOT / "data" / "demo" / f"{split}.{lang}"
+            (folder / f"{name}.{lang}").write_text("" if name == "empty" else src.read_text(encoding="utf-8"))
+    line = error_line(cli("test.py", "--model_path", str(run_dir), "--set", "data.source=text",
+                          "--set", f"data.path={folder}", "--set", "data.test=[empty]"))
+    assert line == "error: split empty has no sentence pairs: nothing to score"
+
+
+def test_scores_under_other_settings_never_overwrite_each_other(run_dir: Path) -> None:
+    plain = cli("test.py", "--model_path", str(run_dir), "--beam", "1", "--max_sentences", "5", "--tag", "mine")
+    assert plain.returncode == 0, plain.stderr
+    first = (run_dir / "eval" / "test.best.beam1.mine.json").read_text()
+    scaled = cli("test.py", "--model_path", str(run_dir), "--beam", "1", "--max_sentences", "5",
+                 "--set", "model.rope.scaling=linear", "--set", "model.rope.factor=2")
+    assert scaled.returncode == 0, scaled.stderr
+    name = "test.best.beam1.n5+model.rope.scaling-linear+model.rope.factor-2.0.json"
+    assert json.loads((run_dir / "eval" / name).read_text())["overrides"] == \
+        ["model.rope.scaling=linear", "model.rope.factor=2"]
+    lenpen = cli("test.py", "--model_path", str(run_dir), "--beam", "2", "--max_sentences", "5", "--lenpen", "1.5")
+    assert lenpen.returncode == 0, lenpen.stderr
+    assert json.loads((run_dir / "eval" / "test.best.beam2.n5+decode.lenpen-1.5.json").read_text())["lenpen"] == 1.5
+    assert (run_dir / "eval" / "test.best.beam1.mine.json").read_text() == first  # an explicit --tag is kept
+
+
+def test_closed_standard_streams_and_endless_input_are_one_line(run_dir: Path) -> None:
+    def sh(script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**__import__("os").environ, "PY": sys.executable, "RUN": str(run_dir)})
+
+    line = error_line(sh('"$PY" inference.py --model_path "$RUN" --beam 1 <&-'))
+    assert line == "error: standard input is closed: pipe sentences in, or give --input FILE"
+    res = sh('echo Bonjour. | "$PY" inference.py --model_path "$RUN" --beam 1 >&-')
+    assert error_line(res) == \
+        "error: standard output is closed, and the translations would be lost; redirect it (> FILE)"
+    quiet = sh('printf "Bonjour.\\nMerci.\\n" | "$PY" inference.py --model_path "$RUN" --beam 1 2>&-')
+    assert quiet.returncode == 0 and len(quiet.stdout.splitlines()) == 2  # no message in the translations
+    endless = sh('ulimit -v 4000000; "$PY" inference.py --model_path "$RUN" --beam 1 --input /dev/zero')
+    assert error_line(endless) == "error: /dev/zero is not a text file (NUL bytes in its first line; UTF-16 or binary?)"
+    long = sh('(head -c 200000 /dev/zero | tr "\\0" a; printf "\\nMerci.\\n") | '
+              '"$PY" inference.py --model_path "$RUN" --beam 1')
+    assert long.returncode == 0 and len(long.stdout.splitlines()) == 2 and long.stdout.splitlines()[0] == ""
+    assert "warning: standard input line 1: longer than 65,536 bytes; its output line is empty" in long.stderr
+
+
+def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_keeps_the_run_loadable(run_dir: Path,
+                                                                                       tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / run_dir.name
+    shutil.copytree(run_dir, run)
+    before = (run / "checkpoints" / "last.pt").read_bytes()
+    step = load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"]
+    limit = len(before) // 2  # the file size limit hits torch.save as a full disk would (EFBIG instead of ENOSPC)
+
+    def small_files() -> None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    res = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--set", f"train.max_steps={step + 2}",
+                          "--set", "train.epochs=100"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+    line = error_line(res)
+    assert line.startswith(f"error: cannot write checkpoint {run / 'checkpoints' / 'last.pt'} (")
+    assert line.endswith("the checkpoints already there are intact")
+    assert (run / "checkpoints" / "last.pt").read_bytes() == before
+    assert not list((run / "checkpoints").glob(".*.tmp"))
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] == step

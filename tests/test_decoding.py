@@ -193,3 +193,22 @@ def test_beam_search_keeps_one_cross_attention_kv_per_sentence(monkeypatch: pyte
     beam_search(model, sources(5), bos=BOS, eos=EOS, beam=4)
     assert seen and all(rows == 4 * sentences for rows, sentences in seen)
     assert seen[0] == (20, 5)  # the second step: 4 beams of each of the 5 sentences, 5 cached K/V
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_every_decoder_honours_its_length_cap_whatever_the_scores(poison: float) -> None:
+    """A diverged model (NaN or inf logits) never picks EOS by argmax: the cap still ends every sentence, and beam
+    search still returns one hypothesis per sentence (it used to loop forever, or return an empty n-best list)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=32, dropout=0.0)
+    model = Seq2SeqTransformer(cfg, V, PAD).eval()
+    decode = model.decode
+    model.decode = lambda *a, **k: decode(*a, **k) * poison  # type: ignore[method-assign]
+    src = sources(4)
+    caps = ((src != PAD).sum(1) - 1 + 3).tolist()  # a = 1, b = 3
+    greedy = greedy_search(model, src, bos=BOS, eos=EOS, max_len_a=1.0, max_len_b=3)
+    assert [len(h.tokens) for h in greedy] == caps
+    for stop in ("bound", "k_finished"):
+        nbest = beam_search(model, src, bos=BOS, eos=EOS, beam=3, nbest=2, max_len_a=1.0, max_len_b=3, stop=stop)
+        assert len(nbest) == 4
+        assert all(1 <= len(hyps) <= 2 and len(hyps[0].tokens) <= cap for hyps, cap in zip(nbest, caps, strict=True))

@@ -34,3 +34,11 @@ def test_arm_bf16_feature_and_missing_cpuinfo(tmp_path: Path) -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_malloc_keeps_freed_memory_on_linux() -> None:
     assert keep_freed_memory() is True
+
+
+def test_torchrun_processes_share_the_cores_instead_of_each_taking_them_all() -> None:
+    from utils.trainer import threads_per_process
+
+    assert threads_per_process(2, 1, 2) == 2 and threads_per_process(None, 1, 2) is None  # one process: as before
+    assert threads_per_process(2, 2, 2) == 1 and threads_per_process(None, 2, 16) == 8
+    assert threads_per_process(3, 4, 2) == 1  # never zero

@@ -52,9 +52,25 @@ def model_fingerprint(cfg: ModelConfig, vocab_size: int) -> str:
 
 
 def save_checkpoint(path: Path | str, state: dict[str, Any]) -> None:
-    """Write ``state`` (tensors, numbers, strings, nested dicts/lists) atomically."""
-    with atomic_path(path, suffix=".pt") as tmp:
-        torch.save(state, tmp)
+    """Write ``state`` (tensors, numbers, strings, nested dicts/lists) atomically. A write that fails (a full
+    disk, a file size limit) is CheckpointError, one line; the checkpoint it would have replaced is untouched."""
+    try:
+        with atomic_path(path, suffix=".pt") as tmp:
+            torch.save(state, tmp)
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0] \
+            if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot write checkpoint {path} ({why}; {_free_space(Path(path).parent)}); "
+                              "the checkpoints already there are intact") from None
+
+
+def _free_space(folder: Path) -> str:
+    import shutil
+
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:,.0f} MB free there"
+    except OSError:
+        return "free space unknown"
 
 
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -14,6 +14,10 @@ from collections.abc import Callable
 LOG_FORMAT = logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
+class StopError(RuntimeError):
+    """A command stopped for a reason its message states in one line (e.g. training diverged)."""
+
+
 def setup_logging(log_file: str | None = None, buffer: bool = False) -> None:
     """INFO logs to stderr (and ``log_file``). ``buffer``: also keep them until ``attach_log_file`` names the
     file they belong in (train.py logs before its run directory exists)."""
@@ -88,9 +92,12 @@ def run_main(main: Callable[[], int | None]) -> None:
     from utils.io import PathError
     from utils.translate import InputError
 
+    if sys.stderr is None:  # closed (2>&-): messages must not land in standard output, print()'s fallback
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
         sys.exit(main() or 0)
-    except (ConfigError, CheckpointError, DataError, TokenizerError, InputError, PositionLimitError, PathError) as e:
+    except (ConfigError, CheckpointError, DataError, TokenizerError, InputError, PositionLimitError, PathError,
+            StopError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
     except subprocess.CalledProcessError as e:  # a benchmark's child command failed: it said why above
@@ -105,6 +112,14 @@ def run_main(main: Callable[[], int | None]) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def require_stdout(what: str) -> None:
+    """PathError, one line, if standard output is closed (``>&-``) while ``what`` goes there: nothing lost silently."""
+    from utils.io import PathError
+
+    if sys.stdout is None:
+        raise PathError(f"standard output is closed, and {what} would be lost; redirect it (> FILE)")
 
 
 def one_line(message: str) -> str:

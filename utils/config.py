@@ -17,6 +17,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -94,7 +95,7 @@ class RopeConfig:
     (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
     """
 
-    theta: float = num(10000.0, gt=0)
+    theta: float = num(10000.0, gt=1)  # the base: every frequency base^(-2j/d) is then below 1
     dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
     scaling: Literal["none", "linear", "ntk", "yarn"] = "none"
     factor: float = num(1.0, ge=1)  # s: how many times longer than the training length
@@ -166,6 +167,9 @@ class TrainConfig:
     weight_decay: float = num(0.0, ge=0)
     label_smoothing: float = num(0.1, ge=0, lt=1)
     clip_norm: float = num(1.0, ge=0)  # 0 = no clipping
+    # A step whose loss or gradient norm is NaN or inf: "stop" training with one line naming it, or "skip" it
+    # (no update; training stops after 20 skipped in a row). fp16 overflow steps are the grad scaler's to skip.
+    nonfinite: Literal["stop", "skip"] = "stop"
     accumulate: int = num(1, ge=1)  # gradient accumulation steps
     eval_every: int = num(0, ge=0)  # evaluate every N iterations; 0 = at the end of each epoch
     patience: int = num(10, ge=1)  # early stopping, in evaluations without a better validation BLEU
@@ -209,7 +213,7 @@ class Config:
     """A whole experiment. ``name`` defaults to the config file's stem."""
 
     name: str = "experiment"
-    seed: int = 1234
+    seed: int = num(1234, ge=0, lt=2**31)  # seed + rank seeds NumPy, which takes 0 .. 2**32 - 1
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -330,6 +334,29 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+def _check_vocabulary(t: TokenizerConfig) -> None:
+    """A trained vocabulary must hold more than its reserved tokens (specials, and the 256 bytes of byte fallback)."""
+    if t.type == "marian":
+        return
+    from tokenizer.joint import BYTE_TOKENS, SPECIAL_TOKENS
+
+    reserved = len(SPECIAL_TOKENS) + (len(BYTE_TOKENS) if t.byte_fallback and t.type != "word" else 0)
+    if t.vocab_size <= reserved:
+        why = " (256 byte tokens with tokenizer.byte_fallback)" if t.byte_fallback and t.type != "word" else ""
+        raise ConfigError(f"tokenizer.vocab_size: must be > {reserved}{why}, got {t.vocab_size}")
+
+
+def _check_encodings(cfg: Config) -> None:
+    """Each chosen positional encoding checks the settings it needs (its ``check`` hook, declared with it)."""
+    from models.positional import REGISTRY
+
+    REGISTRY["input"][cfg.model.input_pe].check(cfg)
+    for key in (ATTENTION_PE_KEY, CROSS_ATTENTION_PE_KEY):
+        cls = REGISTRY["attention"][getattr(cfg.model, key.split(".")[1])]
+        if cls is not None:
+            cls.check(cfg, key)
+
+
 def _registry_choices() -> dict[str, tuple[list[str], list[str]]]:
     """Allowed positional-encoding names, read from the registry in ``models.positional``."""
     from models.positional import names
@@ -360,17 +387,23 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.betas: each must be in [0, 1), got {cfg.train.betas}")
     if cfg.decode.nbest > cfg.decode.beam:
         raise ConfigError(f"decode.nbest: {cfg.decode.nbest} exceeds decode.beam={cfg.decode.beam}")
-    if d.max_tokens < d.max_len + 2:
-        raise ConfigError(f"data.max_tokens: {d.max_tokens} cannot hold one sentence of data.max_len={d.max_len}")
+    for key, tokens in (("max_tokens", d.max_tokens), ("valid_max_tokens", d.valid_max_tokens)):
+        if tokens is not None and tokens < d.max_len + 2:
+            raise ConfigError(f"data.{key}: {tokens} cannot hold one sentence of data.max_len={d.max_len}")
     if d.source in ("wit3", "text") and not d.path:
         raise ConfigError(f"data.path: required when data.source is {d.source!r}")
     if cfg.tokenizer.type == "marian" and not cfg.tokenizer.path:
         raise ConfigError("tokenizer.path: required for a marian tokenizer (Hub id or local folder)")
+    _check_vocabulary(cfg.tokenizer)
+    if d.min_len > min(d.max_len, d.max_train_len or d.max_len):
+        raise ConfigError(f"data.min_len: {d.min_len} exceeds the longest training pair allowed (data.max_len="
+                          f"{d.max_len}, data.max_train_len={d.max_train_len}): no pair could be trained on")
     edges = cfg.eval.length_buckets
     if any(e < 1 for e in edges) or edges != sorted(set(edges)):
         raise ConfigError(f"eval.length_buckets: expected increasing positive token counts, got {edges}")
     if len(cfg.train.betas) != 2:
         raise ConfigError(f"train.betas: expected two numbers, got {cfg.train.betas}")
+    _check_encodings(cfg)
     return cfg
 
 
@@ -407,7 +440,63 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
     raw = apply_overrides(_deepcopy(raw), overrides or [])
-    return validate(_build(Config, raw))
+    cfg = validate(_build(Config, raw))
+    check_effective(cfg, overrides or [])
+    return cfg
+
+
+def _attention_uses(name: str) -> Callable[[Config], str | None]:
+    def why(c: Config) -> str | None:
+        if name in (c.model.attention_pe, c.model.cross_attention_pe):
+            return None
+        return f"neither model.attention_pe ({c.model.attention_pe}) nor model.cross_attention_pe " \
+               f"({c.model.cross_attention_pe}) is {name}"
+    return why
+
+
+def _warmup_steps_unused(c: Config) -> str | None:
+    if c.train.warmup_tokens is not None:
+        return f"train.warmup_tokens={c.train.warmup_tokens} sets the warmup (add --set train.warmup_tokens=null to " \
+               "count it in steps)"
+    return "train.scheduler=constant has no warmup" if c.train.scheduler == "constant" else None
+
+
+#: Keys (or sections) that a ``--set`` may name but that only act under other settings: (key, conflict, why it
+#: would be ignored, or None). A conflict (two keys stating one thing) is refused; an inert key is reported.
+EFFECT_RULES: list[tuple[str, bool, Callable[[Config], str | None]]] = [
+    ("train.warmup_steps", True, _warmup_steps_unused),
+    ("train.warmup_tokens", False,
+     lambda c: "train.scheduler=constant has no warmup" if c.train.scheduler == "constant" else None),
+    ("train.checkpoint_every", False, lambda c: None if c.train.keep_checkpoints else
+     "train.keep_checkpoints=0 keeps no periodic checkpoints"),
+    ("train.amp_cpu", False, lambda c: "train.amp=none" if c.train.amp == "none" and c.train.amp_cpu else None),
+    ("model.gaussian_sigma", False,
+     lambda c: None if c.model.input_pe == "gaussian" else f"model.input_pe is {c.model.input_pe}"),
+    ("model.rope", False, _attention_uses("rope")),
+    ("model.shaw", False, _attention_uses("shaw")),
+    ("model.t5", False, _attention_uses("t5")),
+]
+
+
+def check_effective(cfg: Config, overrides: list[str]) -> None:
+    """A ``--set`` that would be silently ignored: refused in one line when it conflicts with another key
+    (``train.warmup_steps`` under ``train.warmup_tokens``), else reported as a warning."""
+    import logging
+
+    for item in overrides:
+        path, value = parse_override(item)
+        key = ".".join(path)
+        if value is None:  # switching a setting off is never ignored
+            continue
+        for prefix, conflict, why in EFFECT_RULES:
+            if key != prefix and not key.startswith(prefix + "."):
+                continue
+            reason = why(cfg)
+            if reason is None:
+                continue
+            if conflict:
+                raise ConfigError(f"--set {item} would be ignored: {reason}")
+            logging.getLogger("config").warning("--set %s has no effect: %s", item, reason)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
@@ -426,6 +515,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 def _read_yaml(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise ConfigError(f"{path} is a folder, not a config file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path} is not a regular file (a device or a pipe), not a config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

@@ -7,6 +7,7 @@ Layout of ``runs/<name>_<YYYYmmdd_HHMMSS>/``::
     checkpoints/       best.pt (best validation BLEU) and last.pt (resume point)
     tb/                TensorBoard event files
     eval/              test.py hypotheses and score JSON
+    train.lock         locked (flock) while a process trains in the run; the lock dies with the process
 
 ``runs/<name>_latest`` is a symbolic link to the newest run of that config that has a checkpoint; a
 start that fails leaves no run directory behind.
@@ -15,6 +16,7 @@ start that fails leaves no run directory behind.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import itertools
 import os
 import shutil
@@ -39,6 +41,64 @@ from utils.config import Config, ConfigError, load_config, save_config
 CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_DIR = "checkpoints"
+LOCK_FILE = "train.lock"
+
+_held_locks: dict[Path, int] = {}  # run directory -> descriptor of its lock file, held by this process
+
+
+class RunLockedError(ConfigError):
+    """Another process trains in this run directory."""
+
+
+def lock_run(run_dir: Path | str) -> None:
+    """Hold ``run_dir/train.lock`` (an exclusive ``flock``) until this process ends: one process trains in a run
+    directory at a time, and nobody removes a directory being written. The kernel releases the lock when the
+    process dies, ``kill -9`` included, so a stale lock cannot exist. RunLockedError, one line, if held."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held_locks:
+        return
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunLockedError(f"{run_dir} is being trained by another process (pid {_lock_owner(run_dir)}); "
+                             "wait for it to end") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held_locks[run_dir] = fd
+
+
+def unlock_run(run_dir: Path | str) -> None:
+    """Release a lock taken by ``lock_run`` (it is released at exit anyway)."""
+    fd = _held_locks.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def run_locked_by(run_dir: Path | str) -> int | None:
+    """The pid training in ``run_dir`` if another process holds its lock, else None."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held_locks or not (run_dir / LOCK_FILE).is_file():
+        return None
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _lock_owner(run_dir) or -1
+    finally:
+        os.close(fd)
+    return None
+
+
+def _lock_owner(run_dir: Path) -> int | None:
+    try:
+        return int((run_dir / LOCK_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def check_runs_root(root: Path | str) -> Path:
@@ -54,10 +114,11 @@ def check_runs_root(root: Path | str) -> Path:
     return root
 
 
-def create_run_dir(cfg: Config, root: Path | str = "runs") -> Path:
+def create_run_dir(cfg: Config, root: Path | str = "runs", lock: bool = False) -> Path:
     """Make ``root/<name>_<timestamp>/`` holding ``config.yaml``, atomically: a run started at the same
     moment gets its own folder (``_2``, ``_3``... suffixes; ``mkdir`` decides). ``<name>_latest`` is not
-    touched here: it moves to a run once that run has a checkpoint (``point_latest``)."""
+    touched here: it moves to a run once that run has a checkpoint (``point_latest``). ``lock``: this process
+    will train in it, and holds its lock (``lock_run``) from the start."""
     root = check_runs_root(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -71,6 +132,8 @@ def create_run_dir(cfg: Config, root: Path | str = "runs") -> Path:
             break
         except FileExistsError:
             continue
+    if lock:
+        lock_run(run)  # before anything is written: no other process removes or trains in it
     (run / CHECKPOINT_DIR).mkdir()
     save_config(cfg, run / CONFIG_FILE)
     return run
@@ -96,11 +159,13 @@ def point_latest(run_dir: Path) -> None:
 
 
 def discard_if_untrained(run_dir: Path) -> bool:
-    """Remove a run directory that never got a checkpoint (a start that failed); True if removed."""
+    """Remove a run directory that never got a checkpoint (a start that failed); True if removed. A directory
+    another process trains in (its lock is held) is never removed."""
     ckpt = Path(run_dir) / CHECKPOINT_DIR
-    if any(ckpt.glob("*.pt")):
+    if any(ckpt.glob("*.pt")) or run_locked_by(run_dir) is not None:
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
+    unlock_run(run_dir)
     return True
 
 
@@ -155,13 +220,36 @@ def save_average(run_dir: Path | str, n: int) -> Path:
     from utils.checkpoint import save_checkpoint
 
     run_dir = Path(model_dir(run_dir))
-    kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)[-n:]
-    if len(kept) < n:
-        raise CheckpointError(f"--average {n}: {run_dir / CHECKPOINT_DIR} keeps {len(kept)} periodic checkpoints "
-                              "(step_*.pt; train with train.keep_checkpoints >= N)")
+    kept = last_periodic(run_dir, n)
     path = average_path(run_dir, kept)
     save_checkpoint(path, average_checkpoints(kept))
     return path
+
+
+def check_finite(weights: dict[str, torch.Tensor], source: Path | str) -> None:
+    """CheckpointError, one line, if a floating-point weight holds NaN or inf (a run that diverged): such a
+    model translates nothing, and decoding it would only produce length-capped noise."""
+    for name, tensor in weights.items():
+        if torch.is_tensor(tensor) and torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{source} has non-finite weights ({name} holds NaN or inf): its training "
+                                  "diverged; use an earlier checkpoint or train again with a lower train.lr")
+
+
+def last_periodic(run_dir: Path, n: int) -> list[Path]:
+    """The run's last ``n`` periodic checkpoints, oldest first; CheckpointError, one line, saying why there are
+    fewer (the keep_checkpoints setting, or a run that wrote fewer than it keeps) and what would work."""
+    kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)
+    if len(kept) >= n:
+        return kept[-n:]
+    t = load_config(run_dir / CONFIG_FILE).train
+    where = f"--average {n}: {run_dir / CHECKPOINT_DIR} holds {len(kept)} periodic checkpoint(s) (step_*.pt)"
+    if t.keep_checkpoints < n:
+        raise CheckpointError(f"{where}: the run kept train.keep_checkpoints={t.keep_checkpoints}; "
+                              f"average at most {len(kept)}, or train with train.keep_checkpoints >= {n}")
+    every = f"one every train.checkpoint_every={t.checkpoint_every} iterations" if t.checkpoint_every else \
+        "one per validation"
+    raise CheckpointError(f"{where}: the run wrote only {len(kept)} ({every}) although it keeps "
+                          f"{t.keep_checkpoints}; average at most {len(kept)}, or checkpoint more often")
 
 
 def model_dir(model_path: Path | str) -> Path:
@@ -200,16 +288,14 @@ def load_run(
         cfg = load_config(run_dir / CONFIG_FILE, overrides)
     tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
     if average:
-        kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)
-        if len(kept) < average:
-            raise CheckpointError(f"--average {average}: {run_dir / CHECKPOINT_DIR} keeps {len(kept)} periodic "
-                                  "checkpoints (step_*.pt; train with train.keep_checkpoints >= N)")
-        state = average_checkpoints(kept[-average:])
-        ckpt_path = average_path(run_dir, kept[-average:])
+        kept = last_periodic(run_dir, average)
+        state = average_checkpoints(kept)
+        ckpt_path = average_path(run_dir, kept)
     else:
         state = load_checkpoint(ckpt_path)
     if "model" not in state:
         raise CheckpointError(f"{ckpt_path} holds no model weights (keys: {', '.join(state)})")
+    check_finite(state["model"], ckpt_path)
     meta = state.get("meta", {})
     expected = model_fingerprint(cfg.model, tokenizer.vocab_size)
     if meta.get("model_fingerprint") not in (None, expected):

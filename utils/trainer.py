@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import random
 import resource
 import signal
@@ -54,7 +55,7 @@ from utils.config import Config, TrainConfig
 from utils.evaluation import create_evaluator, token_loss
 from utils.host import cpu_has_native_bf16, keep_freed_memory
 from utils.metrics import corpus_scores
-from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, point_latest, select_device
+from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, lock_run, point_latest, select_device, unlock_run
 from utils.translate import encode_sources, translate_ids
 
 log = logging.getLogger("train")
@@ -69,6 +70,14 @@ def read_summary(log_text: str) -> dict[str, Any]:
         if SUMMARY_MARK in line and " optimizer steps" in line:
             return json.loads(line.split(SUMMARY_MARK, 1)[1])
     raise ValueError("the training log has no closing summary line (did training stop early?)")
+
+
+def threads_per_process(num_threads: int | None, local_processes: int, cores: int) -> int | None:
+    """CPU threads for one training process: ``train.num_threads`` (None: torch's default) for one process; the
+    processes of one machine (torchrun) share ``num_threads`` (or its cores) instead of each taking them all."""
+    if local_processes <= 1:
+        return num_threads
+    return max(1, (num_threads or cores) // local_processes)
 
 
 def set_seed(seed: int) -> None:
@@ -241,8 +250,13 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     """
     rank, world = idist.get_rank(), idist.get_world_size()
     set_seed(cfg.seed + rank)  # different dropout masks per rank; DDP broadcasts rank 0's initial weights
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    local = idist.get_nproc_per_node() if world > 1 else 1
+    threads = threads_per_process(cfg.train.num_threads, local, len(os.sched_getaffinity(0)))
+    if threads:
+        torch.set_num_threads(threads)
+        if local > 1:
+            log.info("CPU threads: %d per process (%d processes share %s)", threads, local,
+                     f"train.num_threads={cfg.train.num_threads}" if cfg.train.num_threads else "this machine's cores")
     device = idist.device() if world > 1 else select_device(cfg.train.device)
 
     def get_corpus():
@@ -269,6 +283,8 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     log.info("data: %d training pairs, %d validation pairs", len(train), len(valid))
     if len(train) == 0:
         raise DataError("no training pairs left after length filtering (see data.min_len / data.max_len)")
+    if len(valid) == 0:
+        raise DataError("no validation pairs left after length filtering (see data.min_len / data.max_len)")
 
     ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
     train_sampler = TokenBatchSampler(
@@ -332,6 +348,45 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     )
 
 
+class NonFiniteGuard:
+    """Watches each optimizer step's loss and gradient norm (``train.nonfinite``): a NaN or inf either stops
+    training with one line naming the step (``stop``) or skips the update (``skip``; 20 skipped in a row stop
+    training). Every rank decides alike (the flag is all-reduced). Healthy steps are untouched."""
+
+    MAX_SKIPPED = 20
+
+    def __init__(self, mode: str, check_grads: bool = True) -> None:
+        self.mode, self.check_grads = mode, check_grads  # fp16: the grad scaler skips overflowing steps itself
+        self.bad_loss: float | None = None  # the first non-finite loss of the current accumulation window
+        self.skipped = 0
+
+    def saw_loss(self, loss: float) -> None:
+        if not math.isfinite(loss) and self.bad_loss is None:
+            self.bad_loss = loss
+
+    def step_is_finite(self, grad_norm: float, step: int) -> bool:
+        """Whether the optimizer may step; raises StopError when training must stop."""
+        from utils.cli import StopError
+
+        what = f"loss {self.bad_loss}" if self.bad_loss is not None else \
+            f"gradient norm {grad_norm}" if self.check_grads and not math.isfinite(grad_norm) else None
+        self.bad_loss = None
+        bad = what is not None
+        if idist.get_world_size() > 1:
+            bad = bool(idist.all_reduce(int(bad), op="MAX"))
+            what = what or "loss or gradient on another rank"
+        if not bad:
+            self.skipped = 0
+            return True
+        if self.mode == "skip" and self.skipped < self.MAX_SKIPPED - 1:
+            self.skipped += 1
+            log.warning("step %d: non-finite %s, update skipped (train.nonfinite=skip)", step, what)
+            return False
+        again = f" ({self.MAX_SKIPPED} steps in a row)" if self.mode == "skip" else ""
+        raise StopError(f"training diverged at step {step}: non-finite {what}{again}; nothing of this step was "
+                        "saved (lower train.lr, or set train.nonfinite=skip to skip such steps)")
+
+
 class StopRequest:
     """Turns the first SIGINT/SIGTERM into a request honoured at the next iteration boundary."""
 
@@ -358,16 +413,47 @@ class StopRequest:
         log.warning("%s received: finishing this step, saving checkpoints/last.pt (again to abort)", self.reason)
 
 
-def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> dict[str, float]:
+def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None,
+          before_training: Callable[[], None] | None = None) -> dict[str, float]:
     """Train in ``run_dir`` (resuming from its last.pt if ``resume``); returns the last validation metrics.
 
-    A run directory that already holds a tokenizer (train.py saves it there first) keeps it."""
+    The run directory is locked (``utils.runs.lock_run``) while this trains. ``before_training`` runs once
+    everything is checked (the checkpoint resumed, the run not finished), just before the first step: e.g.
+    write a changed config. A run directory that already holds a tokenizer (train.py saves it there first)
+    keeps it."""
+    if idist.get_rank() == 0:
+        lock_run(run_dir)
+    try:
+        return _train(cfg, run_dir, resume, corpus, before_training)
+    finally:
+        if idist.get_rank() == 0:
+            unlock_run(run_dir)
+
+
+def finished_reason(t: TrainConfig, iteration: int, epoch_length: int, tokens: int,
+                    early_stopping_counter: int) -> str | None:
+    """Why a resumed run has nothing left to train (its budget is spent), or None."""
+    if iteration >= t.epochs * epoch_length:
+        return f"all train.epochs={t.epochs} are done"
+    if t.max_steps is not None and iteration >= t.max_steps * t.accumulate:
+        return f"train.max_steps={t.max_steps} is reached"
+    if t.max_target_tokens is not None and tokens >= t.max_target_tokens:
+        return f"train.max_target_tokens={t.max_target_tokens} is reached"
+    if early_stopping_counter >= t.patience:
+        return f"early stopping ended it (no better validation BLEU in train.patience={t.patience} evaluations)"
+    return None
+
+
+def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
+           before_training: Callable[[], None] | None) -> dict[str, float]:
     keep_freed_memory()  # no page-fault churn from large per-step allocations (see utils/host.py)
     s = build_setup(cfg, run_dir, resume, corpus)
     t = cfg.train
     model, optimizer, scheduler, scaler = s.model, s.optimizer, s.scheduler, s.scaler
     pad_id = s.tokenizer.pad_id
     ckpt_dir = run_dir / CHECKPOINT_DIR
+
+    guard = NonFiniteGuard(t.nonfinite, check_grads=not scaler.is_enabled())
 
     def train_step(engine: Engine, batch: Batch) -> dict[str, float]:
         model.train()
@@ -377,16 +463,19 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
             logits = model(batch.src, batch.tgt_in, real)  # [N, V]: no output layer or loss over padding
         loss = token_loss(logits, batch.tgt_out[real], pad_id, t.label_smoothing) / batch.n_tgt_tokens
         scaler.scale(loss / t.accumulate).backward()
+        loss_value = float(loss.detach())
+        guard.saw_loss(loss_value)
         grad_norm = float("nan")
         if engine.state.iteration % t.accumulate == 0:
             scaler.unscale_(optimizer)
             max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-            scaler.step(optimizer)
-            scaler.update()
+            if guard.step_is_finite(grad_norm, engine.state.iteration // t.accumulate):
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-        return {"loss": float(loss.detach()), "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
+        return {"loss": loss_value, "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
 
     trainer = Engine(train_step)
     core = s.core
@@ -408,8 +497,9 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
     def _running_stats(engine: Engine) -> None:
         out = engine.state.output
         m = engine.state.metrics
-        m["loss"] = out["loss"] if "loss" not in m else 0.98 * m["loss"] + 0.02 * out["loss"]
-        if not math.isnan(out["grad_norm"]):
+        if math.isfinite(out["loss"]):  # a skipped non-finite step does not poison the running average
+            m["loss"] = out["loss"] if "loss" not in m else 0.98 * m["loss"] + 0.02 * out["loss"]
+        if math.isfinite(out["grad_norm"]):
             m["grad_norm"] = out["grad_norm"]
         stats["tokens"] += out["tokens"]
         totals["tokens"] += out["tokens"]
@@ -612,6 +702,15 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) 
                 trainer.state.epoch,
                 trainer.state.iteration,
             )
+            tokens = idist.all_reduce(seen.tokens) if t.max_target_tokens is not None and world > 1 else seen.tokens
+            why = finished_reason(t, trainer.state.iteration, len(s.train_data), tokens, stopper.counter)
+            if why is not None:
+                from utils.cli import StopError
+
+                raise StopError(f"{run_dir} has finished: {why} at step {trainer.state.iteration // t.accumulate}; "
+                                "nothing to train (raise that budget with --set to continue)")
+        if before_training is not None:
+            before_training()
         trainer.run(s.train_data, max_epochs=t.epochs)
         if trainer.state.iteration > last_eval["iteration"] and stopped["code"] != 3:
             run_validation(trainer)  # the epochs ran out between evaluations

@@ -124,6 +124,8 @@ def translate(
 def open_source(path: str | None) -> BinaryIO:
     """The bytes of ``--input`` (``None`` or ``-``: standard input); InputError, one line, if unusable."""
     if path in (None, "-"):
+        if sys.stdin is None:
+            raise InputError("standard input is closed: pipe sentences in, or give --input FILE")
         return sys.stdin.buffer
     p = Path(path)
     if p.is_dir():
@@ -146,17 +148,38 @@ class StreamReport:
     seconds: float = 0.0
 
 
+#: The longest input line read (a sentence is far shorter): memory stays bounded whatever the input, even an
+#: endless one without newlines (a device, a binary file).
+MAX_LINE_BYTES = 1 << 16
+
+
+def bounded_lines(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[bytes, bool]]:
+    """(line, whole) for each line of ``stream``: at most ``limit + 1`` bytes held at a time; a longer line is
+    yielded as its first ``limit`` bytes with ``whole`` False, then read through to its end in pieces."""
+    while raw := stream.readline(limit + 1):
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield raw, True
+            continue
+        yield raw[:limit], False  # first, so that the caller may refuse it (binary input) before the rest is read
+        while (more := stream.readline(limit)) and not more.endswith(b"\n"):
+            pass
+
+
 def source_lines(stream: BinaryIO, name: str, report: StreamReport) -> Iterator[str]:
     """Lines of ``stream`` as the training data is read: split on ``\n`` only (any ``\r`` becomes a space),
     UTF-8 (a BOM is dropped), ``clean_text``. A line that is not valid UTF-8 is yielded as "" and recorded
     in ``report.bad``; NUL bytes in the first line mean the input is not text (InputError)."""
     from data.sources import clean_text
 
-    for n, raw in enumerate(stream, 1):
+    for n, (raw, whole) in enumerate(bounded_lines(stream), 1):
         if n == 1:
             if b"\x00" in raw[:65536]:
                 raise InputError(f"{name} is not a text file (NUL bytes in its first line; UTF-16 or binary?)")
             raw = raw.removeprefix(b"\xef\xbb\xbf")
+        if not whole:
+            report.bad.append((n, f"longer than {MAX_LINE_BYTES:,} bytes"))
+            yield ""
+            continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -50,6 +50,10 @@ class LearnablePE(InputPE):
         self.max_length = cfg.max_positions
         self.weight = nn.Parameter(torch.randn(cfg.max_positions, cfg.d_model) * 0.02)
 
+    @classmethod
+    def length_limit(cls, cfg: ModelConfig) -> tuple[int, str]:
+        return cfg.max_positions, f"model.max_positions={cfg.max_positions}"
+
     def table(self, length: int) -> torch.Tensor:
         return self.weight[:length].detach()
 

@@ -12,12 +12,15 @@ KV-cached decoding step passes its true offset and the same code serves training
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from torch import nn
 
-from utils.config import ModelConfig
+from utils.config import ConfigError, ModelConfig
+
+if TYPE_CHECKING:
+    from utils.config import Config
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 
@@ -32,6 +35,21 @@ class InputPE(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
+
+    @classmethod
+    def length_limit(cls, cfg: ModelConfig) -> tuple[int, str] | None:
+        """(positions the encoding represents, the key that sets them) for ``cfg``, or None if unbounded."""
+        return None
+
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        """ConfigError, one line, for settings this encoding cannot train with (validation calls it): by
+        default, a length limit below the longest training sequence (``data.max_len`` tokens and eos/bos)."""
+        limit = cls.length_limit(cfg.model)
+        need = cfg.data.max_len + 1
+        if limit is not None and limit[0] < need:
+            raise ConfigError(f"model.input_pe={cfg.model.input_pe} represents {limit[0]} positions ({limit[1]}), "
+                              f"fewer than the {need} of a data.max_len={cfg.data.max_len} sentence with its eos")
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -60,6 +78,11 @@ class AttentionPE(nn.Module):
         self.cfg = cfg
         self.kind = kind
         self.head_dim = cfg.d_model // cfg.n_heads
+
+    @classmethod
+    def check(cls, cfg: Config, key: str) -> None:
+        """ConfigError, one line, for settings this encoding cannot run with; ``key`` names the setting that
+        chose it (model.attention_pe or model.cross_attention_pe). Validation calls it."""
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor

@@ -6,11 +6,16 @@ so they add no parameters and nothing to checkpoints.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from models.positional.absolute import PositionLimitError
 from models.positional.base import InputPE
-from utils.config import ModelConfig
+from utils.config import ConfigError, ModelConfig
+
+if TYPE_CHECKING:
+    from utils.config import Config
 
 
 def check_length(length: int, limit: int, what: str) -> None:
@@ -41,6 +46,10 @@ class _FixedTablePE(InputPE):
         super().__init__(cfg)
         self.max_length = cfg.d_model
         self.register_buffer("cached", self.build(cfg), persistent=False)
+
+    @classmethod
+    def length_limit(cls, cfg: ModelConfig) -> tuple[int, str]:
+        return cfg.d_model, f"model.d_model={cfg.d_model}"
 
     def build(self, cfg: ModelConfig) -> torch.Tensor:
         raise NotImplementedError
@@ -94,6 +103,18 @@ class BinaryPE(InputPE):
                 f"which leaves no room in model.d_model={cfg.d_model}"
             )
         self.max_length = 2**self.n_bits
+
+    @classmethod
+    def length_limit(cls, cfg: ModelConfig) -> tuple[int, str]:
+        return 2 ** (cfg.max_positions - 1).bit_length(), f"model.max_positions={cfg.max_positions}"
+
+    @classmethod
+    def check(cls, cfg: Config) -> None:
+        bits = (cfg.model.max_positions - 1).bit_length()
+        if bits >= cfg.model.d_model:
+            raise ConfigError(f"model.input_pe=binary needs {bits} bits for model.max_positions="
+                              f"{cfg.model.max_positions}, which leaves no room in model.d_model={cfg.model.d_model}")
+        super().check(cfg)
 
     def limit_message(self) -> str:
         return (

@@ -23,11 +23,15 @@ trained model can use them at inference:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from models.positional.base import AttentionKind, AttentionPE
-from utils.config import ModelConfig, RopeConfig
+from utils.config import ConfigError, ModelConfig, RopeConfig
+
+if TYPE_CHECKING:
+    from utils.config import Config
 
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -83,6 +87,16 @@ class RotaryPE(AttentionPE):
         self.rot_dim = cfg.rope.dim or self.head_dim
         inv_freq, self.scale = scaled_inv_freq(cfg.rope, self.rot_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @classmethod
+    def check(cls, cfg: Config, key: str) -> None:
+        m = cfg.model
+        rot = m.rope.dim or m.d_model // m.n_heads
+        if rot % 2:
+            raise ConfigError(f"{key}=rope rotates pairs of dimensions, but the head dimension model.d_model/"
+                              f"model.n_heads = {m.d_model}/{m.n_heads} = {rot} is odd (or set an even model.rope.dim)")
+        if m.rope.scaling == "ntk" and rot <= 2:
+            raise ConfigError(f"model.rope.scaling=ntk needs more than 2 rotated dimensions, got {rot}")
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``, times the YaRN scale (1 otherwise)."""

@@ -13,12 +13,16 @@ T5 shares one table across all layers of a stack; here every attention layer has
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from models.positional.base import AttentionKind, AttentionPE
-from utils.config import ModelConfig
+from utils.config import ConfigError, ModelConfig
+
+if TYPE_CHECKING:
+    from utils.config import Config
 
 
 def relative_position_bucket(
@@ -48,6 +52,16 @@ class T5BiasPE(AttentionPE):
     The table is ``rel_embed`` [num_buckets, H], initialised N(0, d_model^-0.5) as in T5 (the model's
     ``_init_weights`` re-applies that init to any parameter named ``*embed*``).
     """
+
+    @classmethod
+    def check(cls, cfg: Config, key: str) -> None:
+        t5 = cfg.model.t5
+        if t5.num_buckets < 4:  # bidirectional (encoder, cross): half the buckets a direction, half of those exact
+            raise ConfigError(f"{key}=t5 needs model.t5.num_buckets >= 4 (two directions of at least one exact and "
+                              f"one log-spaced bucket), got {t5.num_buckets}")
+        if t5.max_distance <= t5.num_buckets // 2:
+            raise ConfigError(f"model.t5.max_distance: must exceed the {t5.num_buckets // 2} exact distances of "
+                              f"model.t5.num_buckets={t5.num_buckets}, got {t5.max_distance}")
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

@@ -1,0 +1,72 @@
+"""A study killed with SIGKILL: its train.py child dies with it (saving last.pt), a rerun never removes or trains
+in a directory another process writes, and the resumed study ends exactly where an uninterrupted one does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from conftest import ROOT
+
+from utils.checkpoint import load_checkpoint
+
+
+def study_cmd(runs: Path, cache: Path) -> list[str]:
+    return [sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid", "model.attention_pe=rope",
+            "--set", "model.input_pe=none", "--set", f"data.cache_dir={cache}", "--set", "model.d_model=32",
+            "--set", "model.d_ff=64", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1",
+            "--set", "train.log_every=1", "--seeds", "1", "--steps", "24", "--eval-every", "12", "--name", "k",
+            "--runs", str(runs), "--train-only"]
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_a_killed_study_takes_its_child_along_and_resumes_to_the_same_weights(tmp_path: Path) -> None:
+    straight = subprocess.run(study_cmd(tmp_path / "a", tmp_path / "c"), cwd=ROOT, capture_output=True, text=True,
+                              timeout=900)
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+
+    study = subprocess.Popen(study_cmd(tmp_path / "b", tmp_path / "c"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    log = tmp_path / "b" / "study_k" / "runs" / "attention_pe_rope" / "seed1" / "study.log"
+    deadline = time.monotonic() + 600
+    while not (log.is_file() and " step 3 " in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = children(study.pid)
+    assert len(child) == 1, log.read_text() if log.is_file() else "no log"
+    study.send_signal(signal.SIGKILL)
+    study.wait()
+    deadline = time.monotonic() + 120
+    while alive(child[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child[0])  # the child died with the study (it used to train on as an orphan)
+    text = log.read_text()
+    assert "SIGTERM received" in text and "Traceback" not in text
+
+    resumed = subprocess.run(study_cmd(tmp_path / "b", tmp_path / "c"), cwd=ROOT, capture_output=True, text=True,
+                             timeout=900)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "1 runs, 0 trained, 1 to train" in resumed.stdout and "--resume" in resumed.stdout
+    a, b = (next((tmp_path / x / "study_k" / "runs" / "attention_pe_rope" / "seed1").glob("demo_*"))
+            for x in ("a", "b"))
+    wa, wb = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (a, b))
+    assert wa["trainer"]["iteration"] == wb["trainer"]["iteration"] == 24
+    assert all(torch.equal(wa["model"][k], wb["model"][k]) for k in wa["model"])
+    assert "Traceback" not in log.read_text()
