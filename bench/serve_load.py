@@ -68,14 +68,15 @@ class Server:
         return self.process.returncode
 
 
-def start_server(model_path: str | Path, log: Path, *flags: str, timeout: float = 120.0) -> Server:
+def start_server(model_path: str | Path, log: Path, *flags: str, timeout: float = 120.0,
+                 env: dict[str, str] | None = None) -> Server:
     """Start ``inference.py --serve --port 0`` (any free port on 127.0.0.1) and wait for its ``serving ... on
     http://HOST:PORT`` line; its standard error goes to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     err = open(log, "w")  # noqa: SIM115 - the process owns it until it exits
     cmd = [sys.executable, str(ROOT / "inference.py"), "--serve", "--model_path", str(model_path), "--port", "0",
            *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     err.close()
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None

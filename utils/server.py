@@ -418,13 +418,14 @@ def model_info(engine: Engine, model_path: str, limits: Limits) -> dict[str, Any
     else:  # a CTranslate2 export: its marker says which run and checkpoint it came from
         from utils.export_ct2 import MARKER
 
-        marker = json.loads((Path(model_path) / MARKER).read_text())
+        marker_file = Path(model_path) / MARKER
+        marker = json.loads(marker_file.read_text()) if marker_file.is_file() else {}
         run_dir = Path(marker["run"]) if marker.get("run") else None
         kind, params = "ctranslate2", None
         training = training_summary(run_dir if run_dir and run_dir.is_dir() else None, marker.get("checkpoint"),
                                     None)
         training["quantization"] = marker.get("quantization")
-        vocab = engine.tokenizer.vocab_size  # type: ignore[attr-defined]
+        vocab = getattr(getattr(engine, "tokenizer", None), "vocab_size", None)
     decode = cfg.decode
     return {
         "name": cfg.name, "engine": kind, "model_path": str(model_path), "attention": run is not None,
