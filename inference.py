@@ -187,10 +187,12 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
         import uvicorn  # noqa: F401
     except ImportError:
         parser.error("--serve needs FastAPI and uvicorn: pip install '.[serve]'")
+    from utils.server import bind
     from utils.server import serve as serve_http
 
+    sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
     engine = load_engine(parser, args, overrides)
-    serve_http(engine, args.model_path, args.host, args.port, limits)
+    serve_http(engine, args.model_path, sock, limits)
     return 0
 
 

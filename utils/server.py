@@ -543,15 +543,12 @@ def create_app(engine: Engine, limits: Limits | None = None, model_path: str = "
     return app
 
 
-def serve(engine: Engine, model_path: str, host: str = "127.0.0.1", port: int = 8000,
-          limits: Limits | None = None) -> None:
-    """Serve ``engine`` until Ctrl-C. The socket is bound first (port 0: any free port) and its address printed
-    as ``serving ... on http://HOST:PORT`` once the server accepts connections."""
-    import uvicorn
-
-    app = create_app(engine, limits, model_path)
-    what = "PyTorch" if getattr(engine, "run", None) is not None else "CTranslate2"
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: any free one); OSError, one line, if it cannot be."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise OSError(e.errno, f"cannot listen on {host}:{port} ({e.strerror})") from None
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -559,9 +556,18 @@ def serve(engine: Engine, model_path: str, host: str = "127.0.0.1", port: int = 
     except OSError as e:
         sock.close()
         raise OSError(e.errno, f"cannot listen on {host}:{port} ({e.strerror})") from None
+    return sock
+
+
+def serve(engine: Engine, model_path: str, sock: socket.socket, limits: Limits | None = None) -> None:
+    """Serve ``engine`` on the bound ``sock`` until Ctrl-C or SIGTERM; once the server accepts connections it
+    prints ``serving ... on http://HOST:PORT`` (the real port when 0 was asked for)."""
+    import uvicorn
+
+    app = create_app(engine, limits, model_path)
+    what = "PyTorch" if getattr(engine, "run", None) is not None else "CTranslate2"
     bound_host, bound_port = sock.getsockname()[:2]
-    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    url = f"http://{shown}:{bound_port}"
+    url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
 
     class Announcing(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -570,4 +576,3 @@ def serve(engine: Engine, model_path: str, host: str = "127.0.0.1", port: int = 
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=5)
     Announcing(config).run(sockets=[sock])
-
