@@ -1,7 +1,7 @@
 """Load on the translation server (``inference.py --serve``) next to the CLI's batch throughput on the same sentences.
 
     python bench/serve_load.py --model_path RUN_DIR [--ct2 EXPORT_DIR] [--sentences 200] [--clients 1 8 32]
-        [--beam 5] [--out runs/serve_load]
+        [--beam 5] [--threads N] [--out runs/serve_load]
 
 For each engine (the PyTorch run; the CTranslate2 export with ``--ct2``, or ``--ct2 auto`` to export the run
 into ``<out>/ct2`` first):
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import os
 import re
 import select
@@ -131,7 +132,7 @@ class Load:
     def percentile(self, q: float) -> float:
         """Latency at quantile ``q`` (nearest rank), seconds."""
         ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+        return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def load(url: str, sentences: list[str], clients: int, extra: dict | None = None, timeout: float = 300.0) -> Load:
@@ -183,10 +184,12 @@ def read_sentences(path: Path, n: int) -> list[str]:
     return [lines[i % len(lines)] for i in range(n)]
 
 
-def cli_speed(model_path: str | Path, source: Path, beam: int) -> tuple[list[str], float]:
+def cli_speed(model_path: str | Path, source: Path, beam: int, env: dict[str, str] | None = None) -> tuple[list[str],
+                                                                                                         float]:
     """``inference.py --input``: its output lines and its own sentences/s (decoding, without model loading)."""
     res = subprocess.run([sys.executable, str(ROOT / "inference.py"), "--model_path", str(model_path), "--input",
-                          str(source), "--beam", str(beam)], cwd=ROOT, capture_output=True, text=True, check=True)
+                          str(source), "--beam", str(beam)], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=env)
     speed = re.search(r"\(([\d.]+) sentences/s\)", res.stderr)
     if speed is None:
         raise RuntimeError(f"no speed line from inference.py: {res.stderr.strip()[-300:]}")
@@ -194,13 +197,13 @@ def cli_speed(model_path: str | Path, source: Path, beam: int) -> tuple[list[str
 
 
 def measure(name: str, model_path: str | Path, sentences: list[str], clients: list[int], beam: int,
-            out: Path) -> dict:
-    """CLI then server (fresh processes) for one engine."""
+            out: Path, env: dict[str, str] | None = None) -> dict:
+    """CLI then server (fresh processes, environment ``env``) for one engine."""
     source = out / "sentences.fr"
     source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    expected, cli_rate = cli_speed(model_path, source, beam)
+    expected, cli_rate = cli_speed(model_path, source, beam, env)
     result: dict = {"engine": name, "model_path": str(model_path), "cli_sentences_per_s": cli_rate, "loads": []}
-    server = start_server(model_path, out / f"server.{name}.log", "--beam", str(beam))
+    server = start_server(model_path, out / f"server.{name}.log", "--beam", str(beam), env=env)
     try:
         load(server.url, sentences[:4], 1)  # warm-up
         for n in clients:
@@ -251,6 +254,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients")
     parser.add_argument("--beam", type=int, default=5, help="beam size, CLI and server (default 5)")
     parser.add_argument("--out", default="runs/serve_load", help="folder for the report (default runs/serve_load)")
+    parser.add_argument("--threads", type=int,
+                        help="OMP_NUM_THREADS of the CLI and server processes (default: as set, else every core)")
     args = parser.parse_args()
     if args.sentences < 1 or min(args.clients) < 1 or args.beam < 1:
         parser.error("--sentences, --clients and --beam must be >= 1")
@@ -264,13 +269,17 @@ def main() -> int:
         engines.append(("ctranslate2", out / "ct2"))
     elif args.ct2:
         engines.append(("ctranslate2", args.ct2))
-    results = [measure(name, path, sentences, args.clients, args.beam, out) for name, path in engines]
-    threads = os.cpu_count()
-    report = f"CPU: {cpu_name()} ({threads} cores)\n\n" + table(results, args.sentences, args.beam)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+    results = [measure(name, path, sentences, args.clients, args.beam, out, env) for name, path in engines]
+    cores = os.cpu_count()
+    threads = args.threads or os.environ.get("OMP_NUM_THREADS") or "default"
+    report = (f"CPU: {cpu_name()} ({cores} cores), OMP_NUM_THREADS={threads}\n\n"
+              + table(results, args.sentences, args.beam))
     print(report)
     (out / "serve_load.md").write_text(report)
-    (out / "serve_load.json").write_text(json.dumps({"cpu": cpu_name(), "cores": threads, "beam": args.beam,
-                                                     "sentences": args.sentences, "results": results}, indent=1))
+    (out / "serve_load.json").write_text(json.dumps({"cpu": cpu_name(), "cores": cores, "threads": threads,
+                                                     "beam": args.beam, "sentences": args.sentences,
+                                                     "results": results}, indent=1))
     return 0
 
 

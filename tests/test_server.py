@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT, make_tiny_config
 
 from bench.demo_page import drive_page
-from bench.serve_load import Server, get, load, post, start_server
+from bench.serve_load import Load, Server, get, load, post, start_server, table
 from utils.config import from_dict
 
 SOURCE = ROOT / "data" / "demo" / "test.fr"
@@ -399,3 +399,15 @@ def test_requests_waiting_together_are_decoded_together_by_decoding_settings() -
     # a batch takes waiting requests up to 4 sentences (a b, c, d; then e f), one translate call per beam size
     assert engine.calls == [(["un"], 2), (["a", "b", "d"], 2), (["c"], 3), (["e", "f"], 2)]
     assert [out[0][1]["translations"][0]["translation"] for _, out in threads] == ["A", "C", "D", "E"]
+
+
+def test_load_report_gives_nearest_rank_percentiles_and_ratios_to_the_cli() -> None:
+    done = Load(8, ["x"] * 100, [i / 1000 for i in range(100, 0, -1)], seconds=4.0)
+    assert done.requests_per_s == 25.0
+    assert (done.percentile(0.5), done.percentile(0.99), done.percentile(1.0)) == (0.05, 0.099, 0.1)
+    results = [{"engine": "pytorch", "cli_sentences_per_s": 50.0, "loads": [
+        {"clients": 8, "requests": 100, "same_as_cli": 100, "requests_per_s": 25.0, "p50_ms": 50.0, "p99_ms": 99.0,
+         "batches": 20, "ratio_to_cli": 0.5}]}]
+    lines = table(results, 100, 5).splitlines()
+    assert lines[0] == "100 sentences, one per request, beam 5:"
+    assert lines[-1] == "| pytorch | 8 | 25.0 | 50.0 | 99.0 | 0.50x | 20 | 100/100 | 50.0 |"
