@@ -16,6 +16,11 @@ line that cannot be read gives an empty output line and a warning without stoppi
 
 --export-ctranslate2 writes a CTranslate2 model directory (weights, vocabulary, the run's tokenizer and
 config); --model_path on such a directory translates with ctranslate2.Translator, same flags and output.
+
+    python inference.py --serve --model_path runs/demo_latest [--host 127.0.0.1] [--port 8000]
+
+--serve answers HTTP requests (pip install '.[serve]'): POST /translate, POST /attention, GET /model, GET /health
+and a demo page at /, with the decoding flags above as defaults (see utils/server.py).
 """
 
 from __future__ import annotations
@@ -55,6 +60,17 @@ def main() -> int:
                         help="CTranslate2 model: compute type, e.g. int8, float32 (default: as stored)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     add_set_arg(parser)
+    serving = parser.add_argument_group("serving (--serve; pip install '.[serve]')")
+    serving.add_argument("--serve", action="store_true",
+                         help="serve the model over HTTP (POST /translate, POST /attention, GET /model, a page at /)")
+    serving.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
+    serving.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    from utils.server import Limits
+
+    for name, value in vars(Limits()).items():
+        flag = name.replace("_", "-")
+        serving.add_argument(f"--{flag}", f"--{name}", dest=name, type=type(value), default=value,
+                             help=f"{Limits.HELP[name]} (default {value})")
     args = parser.parse_args()
     setup_logging()
 
@@ -70,6 +86,8 @@ def main() -> int:
 
     if args.export_ct2:
         return export_ctranslate2(parser, args, overrides)
+    if args.serve:
+        return serve(parser, args, overrides)
     from utils.cli import require_stdout
 
     require_stdout("the translations" if args.src_text is None else "the translation")
@@ -149,6 +167,36 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
         return engine
     average = apply_average_args(parser, args)
     return TorchEngine(load_run(args.model_path, args.config, overrides, args.device, average=average))
+
+
+def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:
+    """--serve: the model behind an HTTP server until Ctrl-C."""
+    from dataclasses import fields
+
+    from utils.config import ConfigError
+    from utils.server import Limits
+
+    if args.src_text is not None or args.input is not None:
+        parser.error("--serve takes no --src_text or --input: sentences come in HTTP requests")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
+    limits = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits)})
+    try:
+        limits.check()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        parser.error("--serve needs FastAPI and uvicorn: pip install '.[serve]'")
+    from utils.server import bind
+    from utils.server import serve as serve_http
+
+    sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
+    engine = load_engine(parser, args, overrides)
+    serve_http(engine, args.model_path, sock, limits)
+    return 0
 
 
 def export_ctranslate2(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:

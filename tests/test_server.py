@@ -1,0 +1,413 @@
+"""inference.py --serve: one real uvicorn process on 127.0.0.1 shared by the tests (PyTorch run), answers equal to
+``inference.py --input``, 200 requests from 8 clients, every bad request as a 4xx JSON line, slow and vanished
+clients, the attention maps visualize.py computes, the demo page in headless Chromium, a CTranslate2 export
+served, and (in-process, with an engine that blocks) the bounded queue's 503 and the micro-batches."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, make_tiny_config
+
+from bench.demo_page import drive_page
+from bench.serve_load import Load, Server, get, load, post, start_server, table
+from utils.config import from_dict
+
+SOURCE = ROOT / "data" / "demo" / "test.fr"
+LINES = SOURCE.read_text(encoding="utf-8").splitlines()
+LIMITS = ("--max-lines", "8", "--max-chars", "300")
+SENTENCE = "Le chat dort sur le canapé."
+# One thread per process: a d-32 model decodes several times faster so on 2 shared cores (the server, the CLI
+# and this process each get one instead of fighting over both).
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test_export_ct2 recipe (d 32, 1+1 layers, RoPE alone: exportable; beam 2), 10 epochs on one thread
+    (about 10 s; 32 different outputs for the 40 test lines), hypotheses capped at 12 tokens."""
+    import torch
+
+    from utils.runs import create_run_dir
+    from utils.trainer import train
+
+    tmp = tmp_path_factory.mktemp("serve")
+    base = make_tiny_config(tmp, epochs=10, eval_every=1000, lr=0.005, num_threads=1)
+    cfg = from_dict(base.to_dict(), ["model.input_pe=none", "tokenizer.byte_fallback=false", "decode.max_len_a=0",
+                                     "decode.max_len_b=12"])
+    run = create_run_dir(cfg, tmp / "runs")
+    threads = torch.get_num_threads()
+    try:
+        train(cfg, run)
+    finally:
+        torch.set_num_threads(threads)
+    return run
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "inference.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=ENV)
+
+
+def cli_lines(model: Path, *flags: str) -> list[str]:
+    res = cli("--model_path", str(model), "--input", str(SOURCE), *flags)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split("\n")[:-1]
+
+
+@pytest.fixture(scope="module")
+def expected(run_dir: Path) -> dict[str, list[str]]:
+    """inference.py --input on the demo test set: the default beam (2) and 2-best rows."""
+    return {"beam2": cli_lines(run_dir), "nbest2": cli_lines(run_dir, "--nbest", "2")}
+
+
+@pytest.fixture(scope="module")
+def server(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(run_dir, tmp_path_factory.mktemp("server_log") / "server.log", *LIMITS, env=ENV)
+    yield srv
+    srv.stop()
+
+
+def request(server: Server, method: str, path: str, body: bytes | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, str, dict]:
+    """-> (status, content type, JSON answer)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        res = conn.getresponse()
+        return res.status, res.getheader("content-type", ""), json.loads(res.read())
+    finally:
+        conn.close()
+
+
+def translate(server: Server, **body: object) -> dict:
+    status, _, answer = request(server, "POST", "/translate", json.dumps(body).encode())
+    assert status == 200, answer
+    return answer
+
+
+def test_translations_equal_the_cli(server: Server, expected: dict[str, list[str]]) -> None:
+    assert len(expected["beam2"]) == len(LINES) == 40 and all(expected["beam2"])
+    assert len(set(expected["beam2"])) > 20  # a model that tells the sentences apart
+    best, rows = [], []
+    for start in range(0, len(LINES), 8):  # --max-lines 8
+        chunk = LINES[start : start + 8]
+        best += [t["translation"] for t in translate(server, text=chunk)["translations"]]
+        answer = translate(server, text=chunk, nbest=2)
+        assert (answer["beam"], answer["nbest"], answer["lenpen"]) == (2, 2, 0.6)
+        for i, t in enumerate(answer["translations"]):
+            assert t["source"] == chunk[i] and t["translation"] == t["nbest"][0]["text"]
+            rows += [(start + i, h["score"], h["text"]) for h in t["nbest"]]
+    assert best == expected["beam2"]
+    theirs = [line.split("\t") for line in expected["nbest2"]]
+    assert [(int(n), text) for n, _, text in theirs] == [(n, text) for n, _, text in rows]
+    assert all(abs(float(score) - ours) < 1e-3 for (_, score, _), (_, ours, _) in zip(theirs, rows, strict=True))
+    one = translate(server, text=LINES[3])  # one string: one translation
+    assert [t["translation"] for t in one["translations"]] == [expected["beam2"][3]]
+    assert one["translations"][0]["nbest"][0]["logprob"] < 0
+
+
+def test_200_requests_from_8_clients_are_all_answered_and_batched_together(server: Server,
+                                                                           expected: dict[str, list[str]]) -> None:
+    before = get(server.url, "/health")[1]
+    sentences = [LINES[i % len(LINES)] for i in range(200)]
+    done = load(server.url, sentences, clients=8)
+    assert done.errors == [] and len(done.latencies) == 200
+    assert done.answers == [expected["beam2"][i % len(LINES)] for i in range(200)]
+    after = get(server.url, "/health")[1]
+    assert after["requests"] - before["requests"] == 200 and after["sentences"] - before["sentences"] == 200
+    assert after["batches"] - before["batches"] < 200 and after["largest_batch"] > 1  # requests decoded together
+    assert after["rejected"] == 0 and after["waiting"] == 0
+
+
+BAD_REQUESTS = [  # (method, path, body, status, message part)
+    ("POST", "/translate", b'{"text": ', 400, "invalid JSON: Expecting value (line 1, column 10)"),
+    ("POST", "/translate", b"", 400, "the request body is empty"),
+    ("POST", "/translate", b'["Bonjour."]', 422, "the body must be a JSON object"),
+    ("POST", "/translate", b"{}", 422, 'missing field "text"'),
+    ("POST", "/translate", b'{"text": 5}', 422, "text must be a string or a list of strings, not a number"),
+    ("POST", "/translate", b'{"text": ["Oui.", null]}', 422, "text[1] must be a string, not null"),
+    ("POST", "/translate", b'{"text": "Oui.", "beam": "5"}', 422, "beam must be an integer, not a string"),
+    ("POST", "/translate", b'{"text": "Oui.", "beam": 0}', 422, "beam must be between 1 and 32, got 0"),
+    ("POST", "/translate", b'{"text": "Oui.", "beam": true}', 422, "beam must be an integer, not a boolean"),
+    ("POST", "/translate", b'{"text": "Oui.", "nbest": 3}', 422, "nbest (3) cannot exceed beam (2)"),
+    ("POST", "/translate", b'{"text": "Oui.", "lenpen": "x"}', 422, "lenpen must be a number, not a string"),
+    ("POST", "/translate", b'{"text": "Oui.", "colour": "red"}', 422,
+     "unknown field 'colour' (fields: text, beam, nbest, lenpen)"),
+    ("POST", "/translate", b'{"text": "  "}', 422, "text is empty"),
+    ("POST", "/translate", b'{"text": ["Oui.", ""]}', 422, "text[1] is empty"),
+    ("POST", "/translate", b'{"text": []}', 422, "text is an empty list"),
+    ("POST", "/translate", json.dumps({"text": ["Oui."] * 9}).encode(), 413,
+     "9 lines in one request, over the limit of 8 (--max-lines)"),
+    ("POST", "/translate", json.dumps({"text": "a" * 301}).encode(), 413,
+     "text has 301 characters, over the limit of 300 (--max-chars)"),
+    ("POST", "/translate", b'{"text": "' + b"a" * 20000 + b'"}', 413, "the request body has 20012 bytes"),
+    ("POST", "/translate", b'{"text": "Caf\xe9"}', 400, "the request body is not valid UTF-8 (byte 13)"),
+    ("POST", "/translate", b'{"text": "Oui \\ud800"}', 400, "text is not valid Unicode (a lone surrogate"),
+    ("POST", "/translate", b'{"text": "Oui \\u0000"}', 400, "text holds a NUL character"),
+    ("POST", "/attention", b'{"text": "Oui.", "kind": "sideways"}', 422,
+     'kind must be one of cross, encoder, decoder, got "sideways"'),
+    ("POST", "/attention", b'{"text": "Oui.", "layer": 1}', 422,
+     "layer 1: the decoder has 1 layers (0..0, or -1 for the last)"),
+    ("POST", "/attention", b'{"text": "Oui.", "target": ""}', 422, "target is empty"),
+    ("POST", "/attention", b'{"text": "Oui.", "heads": 2}', 422, "unknown field 'heads'"),
+    ("GET", "/nowhere", None, 404, "no such endpoint: GET /nowhere"),
+    ("GET", "/translate", None, 405, "/translate does not take GET"),
+]
+
+
+def test_bad_requests_get_a_4xx_and_one_readable_line(server: Server, expected: dict[str, list[str]]) -> None:
+    for method, path, body, status, message in BAD_REQUESTS:
+        got, kind, answer = request(server, method, path, body, {"Content-Type": "application/json"})
+        assert (got, kind) == (status, "application/json"), (body, got, answer)
+        assert list(answer) == ["error"] and message in answer["error"], (body, answer)
+        assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
+    # still answering, and right
+    assert get(server.url, "/health") == (200, get(server.url, "/health")[1])
+    assert translate(server, text=LINES[0])["translations"][0]["translation"] == expected["beam2"][0]
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_a_slow_client_and_a_vanished_one_do_not_stall_the_others(server: Server,
+                                                                  expected: dict[str, list[str]]) -> None:
+    slow = socket.create_connection((server.host, server.port))
+    slow.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 60\r\n\r\n{\"text\": ")  # and never the rest
+    gone = socket.create_connection((server.host, server.port))
+    body = json.dumps({"text": LINES[:8], "beam": 4}).encode()
+    gone.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    gone.close()  # before its answer
+    try:
+        began = time.perf_counter()
+        for i in (5, 6, 7):
+            assert translate(server, text=LINES[i])["translations"][0]["translation"] == expected["beam2"][i]
+        assert time.perf_counter() - began < 10
+    finally:
+        slow.close()
+    assert get(server.url, "/health")[0] == 200
+
+
+def test_model_describes_the_run(server: Server, run_dir: Path) -> None:
+    from utils.runs import load_run
+
+    run = load_run(run_dir, device="cpu")
+    status, info = get(server.url, "/model")
+    assert status == 200 and info["engine"] == "pytorch" and info["attention"] is True
+    assert info["encoding"] == {"name": "rope", "input_pe": "none", "attention_pe": "rope",
+                                "cross_attention_pe": "none"}
+    assert info["size"] == {"parameters": sum(p.numel() for p in run.model.parameters()), "d_model": 32,
+                            "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, "norm": "pre"}
+    assert info["tokenizer"] == {"type": "bpe", "vocab_size": run.tokenizer.vocab_size, "lowercase": False}
+    assert info["training"]["step"] == run.step > 0 and info["training"]["checkpoint"].endswith("best.pt")
+    assert 0 <= info["training"]["best_valid_bleu"] <= 100
+    assert info["decode"]["beam"] == 2 and info["limits"]["max_lines"] == 8 and info["limits"]["max_chars"] == 300
+
+
+def test_attention_is_what_visualize_computes(server: Server, run_dir: Path) -> None:
+    from utils.runs import load_run
+    from utils.visualization import attention_maps, predicted_labels
+
+    run = load_run(run_dir, device="cpu")
+    for target, kind in ((None, "cross"), ("The cat sleeps on the sofa.", "cross"), (None, "encoder"),
+                         ("The cat sleeps.", "decoder")):
+        body = {"text": SENTENCE, "kind": kind, "layer": 0, **({"target": target} if target else {})}
+        status, _, answer = request(server, "POST", "/attention", json.dumps(body).encode())
+        assert status == 200, answer
+        src, tgt, attention = attention_maps(run.model, run.tokenizer, SENTENCE, target, run.cfg.decode)
+        weights = getattr(attention, kind)[0][0]  # [H, Tq, Tk]
+        rows = {"cross": predicted_labels(tgt), "encoder": src, "decoder": tgt}[kind]
+        assert answer["rows"] == rows and answer["columns"] == (tgt if kind == "decoder" else src)
+        assert answer["mode"] == ("greedy" if target is None else "teacher-forced")
+        assert (answer["kind"], answer["layer"], len(answer["heads"])) == (kind, 0, 2)
+        mean = weights.mean(0).tolist()
+        assert max(abs(a - b) for r, s in zip(answer["weights"], mean, strict=True)
+                   for a, b in zip(r, s, strict=True)) < 1e-4
+        assert all(abs(sum(row) - 1) < 1e-3 for row in answer["weights"])
+        if target is not None:
+            assert answer["target"] == target
+
+
+def test_the_page_in_a_headless_browser(server: Server, tmp_path: Path) -> None:
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    conn.request("GET", "/")
+    res = conn.getresponse()
+    html = res.read().decode()
+    conn.close()
+    assert res.status == 200 and res.getheader("content-type").startswith("text/html")
+    assert "src=" not in html and "href=" not in html and "@import" not in html  # no external assets
+    shot = tmp_path / "demo_page.png"
+    page = drive_page(server.url, SENTENCE, shot)
+    assert page.encoding == "rope" and "d_model 32" in page.details
+    answer = translate(server, text=SENTENCE, beam=2, nbest=2, lenpen=0.6)["translations"][0]
+    assert page.nbest == [h["text"] for h in answer["nbest"]]
+    assert page.scores == [f"score {h['score']:.3f}, log-prob {h['logprob']:.3f}" for h in answer["nbest"]]
+    assert page.status.startswith("translated in") and "beam 2" in page.status
+    status, _, att = request(server, "POST", "/attention", json.dumps(
+        {"text": SENTENCE, "target": answer["translation"], "kind": "cross", "layer": 0}).encode())
+    assert status == 200
+    assert page.columns == att["columns"] and page.rows == att["rows"] and page.columns[-1] == "</s>"
+    assert page.cells == {(i, j): w for i, row in enumerate(att["weights"]) for j, w in enumerate(row)}
+    assert "cross-attention" in page.note and "teacher-forced" in page.note
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 300_000
+    copy = os.environ.get("FR2EN_SCREENSHOT")  # e.g. bench/figures/demo_page.png
+    if copy:
+        shutil.copy(shot, copy)
+
+
+def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path, tmp_path: Path) -> None:
+    export = tmp_path / "ct2"
+    res = cli("--model_path", str(run_dir), "--export-ctranslate2", str(export))
+    assert res.returncode == 0, res.stderr
+    theirs = cli_lines(export)
+    srv = start_server(export, tmp_path / "ct2.log", *LIMITS, env=ENV)
+    try:
+        ours = []
+        for start in range(0, len(LINES), 8):
+            ours += [t["translation"] for t in translate(srv, text=LINES[start : start + 8])["translations"]]
+        assert ours == theirs
+        status, _, answer = request(srv, "POST", "/attention", json.dumps({"text": SENTENCE}).encode())
+        assert status == 501 and "attention maps need the PyTorch run" in answer["error"]
+        info = get(srv.url, "/model")[1]
+        assert info["engine"] == "ctranslate2" and info["attention"] is False and info["size"]["parameters"] is None
+        assert info["training"]["run"] == str(run_dir) and info["encoding"]["name"] == "rope"
+    finally:
+        assert srv.stop() in (0, -15)
+    assert "Traceback" not in (tmp_path / "ct2.log").read_text()
+
+
+def test_serve_command_line_errors_are_one_line(run_dir: Path, server: Server) -> None:
+    res = cli("--model_path", str(run_dir), "--serve", "--src_text", "Oui.")
+    assert res.returncode == 2 and "--serve takes no --src_text or --input" in res.stderr
+    res = cli("--model_path", str(run_dir), "--serve", "--max-lines", "0")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == "error: --max-lines must be >= 1, got 0"
+    res = cli("--model_path", str(run_dir), "--serve", "--port", str(server.port))  # taken by the shared server
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert f"cannot listen on 127.0.0.1:{server.port}" in res.stderr.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------------------------------- in-process
+
+
+class BlockingEngine:
+    """An engine whose ``translate`` records each call and waits until released: the queue can be filled."""
+
+    def __init__(self) -> None:
+        self.cfg = from_dict({"decode": {"beam": 2}})
+        self.calls: list[tuple[list[str], int]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def translate(self, texts: list[str], decode: object) -> list[list[object]]:
+        from utils.translate import Translation
+
+        self.calls.append((list(texts), decode.beam))  # type: ignore[attr-defined]
+        self.entered.set()
+        assert self.release.wait(30)
+        return [[Translation(t.upper(), -1.0, -2.0, [])] for t in texts]
+
+
+@contextmanager
+def serving(engine: BlockingEngine, **limits: float) -> Iterator[Server]:
+    """The app on a free port in a thread of this process (uvicorn, as --serve runs it)."""
+    import uvicorn
+
+    from utils.server import Limits, create_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, Limits(**limits)), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield Server(None, "127.0.0.1", sock.getsockname()[1], Path(os.devnull))  # type: ignore[arg-type]
+    finally:
+        engine.release.set()
+        server.should_exit = True
+        thread.join(10)
+
+
+def in_thread(fn, *args) -> tuple[threading.Thread, list]:  # noqa: ANN001
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(fn(*args)))
+    thread.start()
+    return thread, out
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def send(server: Server, body: dict) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        return post(conn, "/translate", body)
+    finally:
+        conn.close()
+
+
+def test_a_full_queue_answers_503_while_health_stays_responsive() -> None:
+    engine = BlockingEngine()
+    with serving(engine, max_queue=2, max_batch=1, max_wait_ms=0) as srv:
+        first = in_thread(send, srv, {"text": "un"})
+        assert engine.entered.wait(10)  # the worker holds "un"; the event loop still answers
+        waiting = [in_thread(send, srv, {"text": t}) for t in ("deux", "trois")]
+        wait_for(lambda: get(srv.url, "/health")[1]["waiting"] == 2)
+        status, answer = send(srv, {"text": "quatre"})
+        assert status == 503 and answer == {"error": "the server is busy (2 requests waiting); try again shortly"}
+        engine.release.set()
+        for thread, out in [first, *waiting]:
+            thread.join(10)
+            assert out[0][0] == 200
+        assert [out[0][1]["translations"][0]["translation"] for _, out in [first, *waiting]] == ["UN", "DEUX", "TROIS"]
+        health = get(srv.url, "/health")[1]
+        assert (health["rejected"], health["requests"], health["batches"]) == (1, 3, 3)
+
+
+def test_requests_waiting_together_are_decoded_together_by_decoding_settings() -> None:
+    engine = BlockingEngine()
+    with serving(engine, max_batch=4, max_wait_ms=0) as srv:
+        first = in_thread(send, srv, {"text": "un"})
+        assert engine.entered.wait(10)
+        bodies = [{"text": ["a", "b"]}, {"text": "c", "beam": 3}, {"text": "d"}, {"text": ["e", "f"]}]
+        threads = []
+        for body in bodies:  # queued in this order while "un" decodes
+            threads.append(in_thread(send, srv, body))
+            n = len(threads)
+            wait_for(lambda n=n: get(srv.url, "/health")[1]["waiting"] == n)
+        engine.release.set()
+        for thread, out in [first, *threads]:
+            thread.join(10)
+            assert out[0][0] == 200
+    # a batch takes waiting requests up to 4 sentences (a b, c, d; then e f), one translate call per beam size
+    assert engine.calls == [(["un"], 2), (["a", "b", "d"], 2), (["c"], 3), (["e", "f"], 2)]
+    assert [out[0][1]["translations"][0]["translation"] for _, out in threads] == ["A", "C", "D", "E"]
+
+
+def test_load_report_gives_nearest_rank_percentiles_and_ratios_to_the_cli() -> None:
+    done = Load(8, ["x"] * 100, [i / 1000 for i in range(100, 0, -1)], seconds=4.0)
+    assert done.requests_per_s == 25.0
+    assert (done.percentile(0.5), done.percentile(0.99), done.percentile(1.0)) == (0.05, 0.099, 0.1)
+    results = [{"engine": "pytorch", "cli_sentences_per_s": 50.0, "loads": [
+        {"clients": 8, "requests": 100, "same_as_cli": 100, "requests_per_s": 25.0, "p50_ms": 50.0, "p99_ms": 99.0,
+         "batches": 20, "ratio_to_cli": 0.5}]}]
+    lines = table(results, 100, 5).splitlines()
+    assert lines[0] == "100 sentences, one per request, beam 5:"
+    assert lines[-1] == "| pytorch | 8 | 25.0 | 50.0 | 99.0 | 0.50x | 20 | 100/100 | 50.0 |"

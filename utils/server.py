@@ -1,0 +1,578 @@
+"""Serve a trained run or a CTranslate2 export over HTTP: translations, attention maps and a demo page.
+
+    python inference.py --serve --model_path runs/demo_latest [--host 127.0.0.1] [--port 8000]
+
+Endpoints (JSON in and out; every error is ``{"error": "<one line>"}`` with a 4xx or 503 status):
+
+- ``POST /translate`` ``{"text": "..." | ["...", ...], "beam": 5, "nbest": 1, "lenpen": 0.6}``: the n-best list
+  of each line with its length-penalised score and summed log-probability, as ``inference.py`` gives them.
+- ``POST /attention`` ``{"text": "...", "target": "..."?, "kind": "cross", "layer": -1}``: the tokens and the
+  attention weights of one layer (head mean and each head) of the greedy translation, or of ``target``
+  teacher-forced, computed as ``visualize.py`` does (PyTorch runs only).
+- ``GET /model``: the run's encoding, size, tokenizer, training summary, decoding defaults and limits.
+- ``GET /health``: ``{"status": "ok"}`` and the batching counters. ``GET /``: the demo page.
+
+One decoding worker owns the model: requests wait in a bounded queue (full: 503), and those that arrive
+together are decoded together (micro-batching: up to ``max_batch`` sentences, after a wait of at most
+``max_wait_ms`` for more), in one thread, so the event loop keeps serving slow or gone clients meanwhile.
+
+No ``from __future__ import annotations`` here: FastAPI reads the endpoints' ``Request`` annotations at runtime.
+"""
+
+import asyncio
+import json
+import logging
+import math
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from utils.config import Config, DecodeConfig
+    from utils.translate import Translation
+
+log = logging.getLogger("server")
+
+PAGE = Path(__file__).resolve().parent / "static" / "index.html"
+KINDS = ("cross", "encoder", "decoder")
+
+
+class Engine(Protocol):
+    """What inference.py's engines give: a config and ``translate(texts, decode)`` (n-best lists)."""
+
+    cfg: "Config"
+
+    def translate(self, texts: list[str], decode: "DecodeConfig") -> list[list["Translation"]]: ...
+
+
+@dataclass
+class Limits:
+    """What one request may ask for, and how requests are batched and queued."""
+
+    max_lines: int = 64  # lines in one /translate request
+    max_chars: int = 2000  # characters in one line
+    max_beam: int = 32
+    max_batch: int = 64  # sentences decoded together
+    max_wait_ms: float = 2.0  # how long the worker waits for more requests to join a batch
+    max_queue: int = 256  # requests waiting for the worker; one more is answered 503
+
+    HELP: ClassVar[dict[str, str]] = {
+        "max_lines": "most lines in one /translate request", "max_chars": "most characters in one line",
+        "max_beam": "largest beam a request may ask for", "max_batch": "most sentences decoded together",
+        "max_wait_ms": "milliseconds the worker waits for more requests to join a batch",
+        "max_queue": "requests that may wait for the worker; more are answered 503"}
+
+    def check(self) -> None:
+        """ValueError, one line, for a limit that cannot work."""
+        for name in ("max_lines", "max_chars", "max_beam", "max_batch", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.max_wait_ms <= 1000:
+            raise ValueError(f"--max-wait-ms must be in 0..1000, got {self.max_wait_ms}")
+
+    @property
+    def max_body(self) -> int:
+        """Bytes a request body may have: every line at its limit, JSON-escaped, and room for the options."""
+        return 6 * self.max_lines * self.max_chars + 4096
+
+
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and one readable line."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+# ---------------------------------------------------------------------------------------------- the worker
+
+
+@dataclass
+class _Job:
+    future: asyncio.Future
+    texts: list[str]
+    key: tuple[int, int, float] | None = None  # (beam, nbest, lenpen) of a translation; None: ``call``
+    call: Callable[[], Any] | None = None
+
+
+@dataclass
+class Counters:
+    """What the worker has done (``GET /health``)."""
+
+    requests: int = 0
+    sentences: int = 0
+    batches: int = 0  # calls to the engine's translate
+    largest_batch: int = 0  # sentences in the largest of them
+    rejected: int = 0  # requests answered 503
+
+
+class Batcher:
+    """One decoding worker fed by a bounded queue: translation requests that wait together are decoded in one
+    ``translate`` call (grouped by beam, n-best and length penalty); other work (attention maps) runs alone.
+    The blocking calls run in one thread of their own, so the model is only ever used by that thread."""
+
+    def __init__(self, engine: Engine, limits: Limits) -> None:
+        self.engine, self.limits = engine, limits
+        self.counters = Counters()
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(limits.max_queue)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        self._task: asyncio.Task | None = None
+        self._held: _Job | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="decode-worker")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize() + (self._held is not None)
+
+    def _submit(self, job: _Job) -> asyncio.Future:
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self.counters.rejected += 1
+            raise RequestError(503, f"the server is busy ({self.limits.max_queue} requests waiting); "
+                                    "try again shortly") from None
+        return job.future
+
+    async def translate(self, texts: list[str], decode: "DecodeConfig") -> list[list["Translation"]]:
+        """The n-best lists of ``texts``, decoded with whatever other requests wait at the same time."""
+        future = asyncio.get_running_loop().create_future()
+        return await self._submit(_Job(future, texts, key=(decode.beam, decode.nbest, decode.lenpen)))
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in the decoding thread, between batches (anything else that uses the model)."""
+        return await self._submit(_Job(asyncio.get_running_loop().create_future(), [], call=fn))
+
+    async def _run(self) -> None:
+        while True:
+            job, self._held = (self._held, None) if self._held is not None else (await self._queue.get(), None)
+            if job.call is not None:
+                if not job.future.done():
+                    await self._execute([job], lambda job=job: job.call())
+                continue
+            jobs, size = [job], len(job.texts)
+            waited = False
+            while size < self.limits.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    if waited or self.limits.max_wait_ms <= 0:
+                        break
+                    waited = True  # one short wait for requests sent at the same moment
+                    await asyncio.sleep(self.limits.max_wait_ms / 1000)
+                    continue
+                if nxt.call is not None or size + len(nxt.texts) > self.limits.max_batch:
+                    self._held = nxt  # the next batch starts with it
+                    break
+                jobs.append(nxt)
+                size += len(nxt.texts)
+            jobs = [j for j in jobs if not j.future.done()]  # clients that went away while waiting
+            groups: dict[tuple[int, int, float], list[_Job]] = {}
+            for j in jobs:
+                groups.setdefault(j.key, []).append(j)  # type: ignore[arg-type]
+            for (beam, nbest, lenpen), group in groups.items():
+                decode = replace(self.engine.cfg.decode, beam=beam, nbest=nbest, lenpen=lenpen)
+                texts = [t for j in group for t in j.texts]
+                self.counters.batches += 1
+                self.counters.largest_batch = max(self.counters.largest_batch, len(texts))
+                await self._execute(group, lambda texts=texts, decode=decode: self.engine.translate(texts, decode))
+
+    async def _execute(self, group: list[_Job], fn: Callable[[], Any]) -> None:
+        """Run ``fn`` in the decoding thread; hand each job its share of the result (or the error)."""
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        except Exception as err:  # a failed decode fails the requests it held, not the worker
+            for j in group:
+                if not j.future.done():
+                    j.future.set_exception(err)
+            return
+        if group[0].call is not None:
+            if not group[0].future.done():
+                group[0].future.set_result(result)
+            return
+        start = 0
+        for j in group:
+            part = result[start : start + len(j.texts)]
+            start += len(j.texts)
+            self.counters.requests += 1
+            self.counters.sentences += len(j.texts)
+            if not j.future.done():
+                j.future.set_result(part)
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; RequestError (400/422) naming what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(400, f"the request body is not valid UTF-8 (byte {e.start}); send UTF-8 JSON") from None
+    if not text.strip():
+        raise RequestError(400, 'the request body is empty; send JSON such as {"text": "Bonjour."}')
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RequestError(400, f"invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise RequestError(400, "invalid JSON: nested too deeply") from None
+    if not isinstance(body, dict):
+        raise RequestError(422, f'the body must be a JSON object such as {{"text": "Bonjour."}}, '
+                                f"not {_json_type(body)}")
+    return body
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+             dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def check_fields(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = [k for k in body if k not in allowed]
+    if unknown:
+        raise RequestError(422, f"unknown field {unknown[0]!r} (fields: {', '.join(allowed)})")
+
+
+def int_field(body: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(422, f"{name} must be an integer, not {_json_type(value)}")
+    if not low <= value <= high:
+        raise RequestError(422, f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def float_field(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(422, f"{name} must be a number, not {_json_type(value)}")
+    if not low <= value <= high:
+        raise RequestError(422, f"{name} must be between {low} and {high}, got {value}")
+    return float(value)
+
+
+def check_text(text: Any, name: str, limits: Limits) -> str:
+    """One source line: a non-empty string of valid Unicode within ``max_chars``."""
+    if not isinstance(text, str):
+        raise RequestError(422, f"{name} must be a string, not {_json_type(text)}")
+    if not text.strip():
+        raise RequestError(422, f"{name} is empty: give a sentence to translate")
+    if len(text) > limits.max_chars:
+        raise RequestError(413, f"{name} has {len(text)} characters, over the limit of {limits.max_chars} "
+                                "(--max-chars)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(400, f"{name} is not valid Unicode (a lone surrogate at character {e.start})") from None
+    if "\x00" in text:
+        raise RequestError(400, f"{name} holds a NUL character")
+    return text
+
+
+def translate_request(body: dict[str, Any], decode: "DecodeConfig",
+                      limits: Limits) -> tuple[list[str], bool, "DecodeConfig"]:
+    """-> (lines, whether one string was sent, the decoding settings of this request)."""
+    check_fields(body, ("text", "beam", "nbest", "lenpen"))
+    if "text" not in body:
+        raise RequestError(422, 'missing field "text": a sentence or a list of sentences')
+    text = body["text"]
+    single = isinstance(text, str)
+    if single:
+        lines = [check_text(text, "text", limits)]
+    elif isinstance(text, list):
+        if not text:
+            raise RequestError(422, "text is an empty list: give at least one sentence")
+        if len(text) > limits.max_lines:
+            raise RequestError(413, f"{len(text)} lines in one request, over the limit of {limits.max_lines} "
+                                    "(--max-lines)")
+        lines = [check_text(t, f"text[{i}]", limits) for i, t in enumerate(text)]
+    else:
+        raise RequestError(422, f"text must be a string or a list of strings, not {_json_type(text)}")
+    beam = int_field(body, "beam", decode.beam, 1, limits.max_beam)
+    nbest = int_field(body, "nbest", min(decode.nbest, beam), 1, limits.max_beam)
+    if nbest > beam:
+        raise RequestError(422, f"nbest ({nbest}) cannot exceed beam ({beam})")
+    lenpen = float_field(body, "lenpen", decode.lenpen, 0.0, 10.0)
+    return lines, single, replace(decode, beam=beam, nbest=nbest, lenpen=lenpen)
+
+
+def hypotheses(nbest: list["Translation"]) -> list[dict[str, Any]]:
+    return [{"text": h.text, "score": h.score, "logprob": h.logprob} for h in nbest]
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+def attention_request(body: dict[str, Any], cfg: "Config", limits: Limits) -> tuple[str, str | None, str, int]:
+    """-> (source, target or None for the greedy translation, kind, layer)."""
+    check_fields(body, ("text", "target", "kind", "layer"))
+    if "text" not in body:
+        raise RequestError(422, 'missing field "text": the sentence whose attention is drawn')
+    text = check_text(body["text"], "text", limits)
+    target = body.get("target")
+    if target is not None:
+        target = check_text(target, "target", limits)
+    kind = body.get("kind", "cross")
+    if kind not in KINDS:
+        raise RequestError(422, f"kind must be one of {', '.join(KINDS)}, got {json.dumps(kind)}")
+    n = cfg.model.encoder_layers if kind == "encoder" else cfg.model.decoder_layers
+    layer = int_field(body, "layer", -1, -(2**31), 2**31)
+    if not -n <= layer < n:
+        side = "encoder" if kind == "encoder" else "decoder"
+        raise RequestError(422, f"layer {layer}: the {side} has {n} layers (0..{n - 1}, or -1 for the last)")
+    return text, target, kind, layer % n
+
+
+def attention_map(run: Any, text: str, target: str | None, kind: str, layer: int) -> dict[str, Any]:
+    """One layer's attention for a sentence, as visualize.py computes it: head mean and every head, rounded to
+    1e-5; cross-attention rows are the target tokens being predicted, as in visualize.py's figures."""
+    from utils.visualization import attention_from_ids, encode_pair, predicted_labels
+
+    src_ids, tgt_ids, target_text = encode_pair(run.model, run.tokenizer, text, target, run.cfg.decode)
+    src_tokens, tgt_tokens, attention = attention_from_ids(run.model, run.tokenizer, src_ids, tgt_ids)
+    weights = getattr(attention, kind)[layer][0]  # [H, Tq, Tk]
+    rows = {"cross": predicted_labels(tgt_tokens), "encoder": src_tokens, "decoder": tgt_tokens}[kind]
+    columns = src_tokens if kind in ("cross", "encoder") else tgt_tokens
+    rounded = lambda t: [[round(float(x), 5) for x in row] for row in t.tolist()]
+    return {"source": text, "target": target_text, "mode": "greedy" if target is None else "teacher-forced",
+            "kind": kind, "layer": layer, "rows": rows, "columns": columns,
+            "weights": rounded(weights.mean(0)), "heads": [rounded(h) for h in weights]}
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+def encoding_name(cfg: "Config") -> str:
+    """``sinusoidal``, ``rope (ntk x4)``, ``sinusoidal + alibi``, ``none (no positions)``..."""
+    m = cfg.model
+    parts = [p for p in (m.input_pe, m.attention_pe) if p != "none"]
+    if m.attention_pe == "rope" and m.rope.scaling != "none":
+        parts[-1] += f" ({m.rope.scaling} x{m.rope.factor:g})"
+    if m.cross_attention_pe != "none":
+        parts.append(f"{m.cross_attention_pe} in cross-attention")
+    return " + ".join(parts) if parts else "none (no positional information)"
+
+
+def training_summary(run_dir: Path | None, checkpoint: Path | str | None, step: int | None) -> dict[str, Any]:
+    """The checkpoint and its step; from the run's ``last.pt`` the best validation BLEU (PyTorch runs); from its
+    ``train.log`` (train.py writes one) the closing summary and the last validation line."""
+    out: dict[str, Any] = {"run": str(run_dir) if run_dir else None,
+                           "checkpoint": str(checkpoint) if checkpoint else None, "step": step}
+    if run_dir is None:
+        return out
+    if step is not None and (Path(run_dir) / "checkpoints" / "last.pt").is_file():
+        from utils.checkpoint import CheckpointError, load_checkpoint
+
+        try:
+            saved = load_checkpoint(Path(run_dir) / "checkpoints" / "last.pt").get("best_checkpoint", {})
+            out["best_valid_bleu"] = round(float(saved["_saved"][0][0]), 2)
+        except (CheckpointError, KeyError, IndexError, TypeError, ValueError):
+            pass
+    log_file = Path(run_dir) / "train.log"
+    if log_file.is_file():
+        from utils.trainer import read_summary
+
+        text = log_file.read_text(encoding="utf-8", errors="replace")
+        try:
+            out["summary"] = read_summary(text)
+        except ValueError:  # still training, or stopped before its closing line
+            pass
+        valid = [line for line in text.splitlines() if "| valid loss " in line]
+        if valid:
+            out["last_validation"] = valid[-1].split(" | ", 1)[-1].split(" | ")[0].strip()
+    return out
+
+
+def model_info(engine: Engine, model_path: str, limits: Limits) -> dict[str, Any]:
+    """What ``GET /model`` answers: the run's encoding, size, tokenizer, training summary, defaults and limits."""
+    cfg = engine.cfg
+    m = cfg.model
+    run = getattr(engine, "run", None)
+    if run is not None:  # a PyTorch run
+        kind, params = "pytorch", sum(p.numel() for p in run.model.parameters())
+        training = training_summary(run.run_dir, run.checkpoint, run.step)
+        vocab = run.tokenizer.vocab_size
+    else:  # a CTranslate2 export: its marker says which run and checkpoint it came from
+        from utils.export_ct2 import MARKER
+
+        marker_file = Path(model_path) / MARKER
+        marker = json.loads(marker_file.read_text()) if marker_file.is_file() else {}
+        run_dir = Path(marker["run"]) if marker.get("run") else None
+        kind, params = "ctranslate2", None
+        training = training_summary(run_dir if run_dir and run_dir.is_dir() else None, marker.get("checkpoint"),
+                                    None)
+        training["quantization"] = marker.get("quantization")
+        vocab = getattr(getattr(engine, "tokenizer", None), "vocab_size", None)
+    decode = cfg.decode
+    return {
+        "name": cfg.name, "engine": kind, "model_path": str(model_path), "attention": run is not None,
+        "encoding": {"name": encoding_name(cfg), "input_pe": m.input_pe, "attention_pe": m.attention_pe,
+                     "cross_attention_pe": m.cross_attention_pe},
+        "size": {"parameters": params, "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff,
+                 "encoder_layers": m.encoder_layers, "decoder_layers": m.decoder_layers, "norm": m.norm},
+        "tokenizer": {"type": cfg.tokenizer.type, "vocab_size": vocab, "lowercase": cfg.tokenizer.lowercase},
+        "training": training,
+        "decode": {"beam": decode.beam, "nbest": decode.nbest, "lenpen": decode.lenpen,
+                   "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "beam_stop": decode.beam_stop},
+        "limits": asdict(limits),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the app
+
+
+def create_app(engine: Engine, limits: Limits | None = None, model_path: str = "") -> "FastAPI":
+    """The FastAPI application serving ``engine`` (one decoding worker, started with the app)."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import HTMLResponse, JSONResponse
+    from starlette.exceptions import HTTPException
+
+    from models.positional import PositionLimitError
+    from utils.translate import InputError
+
+    limits = limits or Limits()
+    limits.check()
+    info = model_info(engine, model_path, limits)
+    state: dict[str, Batcher] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202
+        state["batcher"] = Batcher(engine, limits)
+        state["batcher"].start()
+        yield
+        await state["batcher"].stop()
+
+    app = FastAPI(title="fr2en-pe translation server", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.exception_handler(RequestError)
+    async def _refused(request: Request, err: RequestError) -> JSONResponse:
+        return error(err.status, err.message)
+
+    @app.exception_handler(InputError)
+    @app.exception_handler(PositionLimitError)
+    async def _input(request: Request, err: Exception) -> JSONResponse:  # a sentence the model cannot take
+        return error(422, str(err).strip().splitlines()[0])
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, err: HTTPException) -> JSONResponse:
+        if err.status_code == 404:
+            return error(404, f"no such endpoint: {request.method} {request.url.path} "
+                              "(endpoints: GET /, GET /health, GET /model, POST /translate, POST /attention)")
+        if err.status_code == 405:
+            return error(405, f"{request.url.path} does not take {request.method}")
+        return error(err.status_code, str(err.detail))
+
+    @app.exception_handler(Exception)
+    async def _failed(request: Request, err: Exception) -> JSONResponse:
+        log.exception("request %s %s failed", request.method, request.url.path)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return error(500, f"internal error: {first}")
+
+    async def read_body(request: Request) -> dict[str, Any]:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_body:
+            raise RequestError(413, f"the request body has {declared} bytes, over the limit of {limits.max_body}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body:
+                raise RequestError(413, f"the request body is over the limit of {limits.max_body} bytes")
+            chunks.append(chunk)
+        return parse_json(b"".join(chunks))
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        batcher = state["batcher"]
+        return {"status": "ok", "engine": info["engine"], "waiting": batcher.waiting, **asdict(batcher.counters)}
+
+    @app.get("/model")
+    async def model() -> dict[str, Any]:
+        return info
+
+    @app.post("/translate")
+    async def translate(request: Request) -> dict[str, Any]:
+        lines, single, decode = translate_request(await read_body(request), engine.cfg.decode, limits)
+        start = time.perf_counter()
+        results = await state["batcher"].translate(lines, decode)
+        out = [{"source": src, "translation": nbest[0].text, "nbest": hypotheses(nbest)}
+               for src, nbest in zip(lines, results, strict=True)]
+        return {"translations": out, "beam": decode.beam, "nbest": decode.nbest, "lenpen": decode.lenpen,
+                "seconds": round(time.perf_counter() - start, 4)}
+
+    @app.post("/attention")
+    async def attention(request: Request) -> dict[str, Any]:
+        body = await read_body(request)
+        run = getattr(engine, "run", None)
+        if run is None:
+            raise RequestError(501, "attention maps need the PyTorch run: this server runs a CTranslate2 export "
+                                    "(serve the run directory instead)")
+        text, target, kind, layer = attention_request(body, engine.cfg, limits)
+        return await state["batcher"].call(lambda: attention_map(run, text, target, kind, layer))
+
+    return app
+
+
+def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: any free one); OSError, one line, if it cannot be."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise OSError(e.errno, f"cannot listen on {host}:{port} ({e.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on {host}:{port} ({e.strerror})") from None
+    return sock
+
+
+def serve(engine: Engine, model_path: str, sock: socket.socket, limits: Limits | None = None) -> None:
+    """Serve ``engine`` on the bound ``sock`` until Ctrl-C or SIGTERM; once the server accepts connections it
+    prints ``serving ... on http://HOST:PORT`` (the real port when 0 was asked for)."""
+    import uvicorn
+
+    app = create_app(engine, limits, model_path)
+    what = "PyTorch" if getattr(engine, "run", None) is not None else "CTranslate2"
+    bound_host, bound_port = sock.getsockname()[:2]
+    url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            print(f"serving {model_path} ({what}) on {url} (Ctrl-C to stop)", flush=True)
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=5)
+    Announcing(config).run(sockets=[sock])
