@@ -124,6 +124,8 @@ def splits_to_score(asked: list[str] | None, listed: list[str], corpus: Any) -> 
             if listed_name not in corpus:
                 raise DataError(f"data.test: no split {listed_name!r} in the corpus; available: {', '.join(corpus)}")
             names.append(listed_name)
+    if not names:
+        raise DataError("data.test is empty: no split to score (name one with --split)")
     return list(dict.fromkeys(names))
 
 

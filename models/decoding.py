@@ -50,7 +50,7 @@ def length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tensor | f
 def max_lengths(src_mask: torch.Tensor, a: float, b: int, model: Seq2SeqTransformer) -> torch.Tensor:
     """Per-sentence cap on output tokens (EOS excluded): a * src_len + b, within the model's position limit."""
     src_len = src_mask.sum(1) - 1  # source eos not counted
-    cap = (a * src_len.float() + b).floor().long().clamp(min=1)
+    cap = (a * src_len.float() + b).clamp(max=2**31).floor().long().clamp(min=1)  # no int overflow at a huge a
     if model.max_length is not None:
         cap = cap.clamp(max=model.max_length - 1)
     return cap

@@ -276,6 +276,8 @@ def test_test_py_scores_the_splits_asked_for_each_named_or_says_why_not(run_dir:
         ["test", "validation"]
     one = cli("test.py", "--model_path", str(run_dir), "--beam", "1", "--split", "test", "--max_sentences", "3")
     assert [line.split(":")[0] for line in one.stdout.splitlines() if " sentences, greedy" in line] == ["test"]
+    assert error_line(cli("test.py", "--model_path", str(run_dir), "--set", "data.test=[]")) == \
+        "error: data.test is empty: no split to score (name one with --split)"
     line = error_line(cli("test.py", "--model_path", str(run_dir), "--set", "data.test=[nosuch]"))
     assert line == "error: data.test: no split 'nosuch' in the corpus; available: train, validation, test"
     folder = tmp_path / "text"

@@ -212,3 +212,11 @@ def test_every_decoder_honours_its_length_cap_whatever_the_scores(poison: float)
         nbest = beam_search(model, src, bos=BOS, eos=EOS, beam=3, nbest=2, max_len_a=1.0, max_len_b=3, stop=stop)
         assert len(nbest) == 4
         assert all(1 <= len(hyps) <= 2 and len(hyps[0].tokens) <= cap for hyps, cap in zip(nbest, caps, strict=True))
+
+
+def test_a_huge_length_cap_does_not_overflow_to_one_token() -> None:
+    from models.decoding import max_lengths
+
+    model = Seq2SeqTransformer(ModelConfig(d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=32), V, PAD)
+    cap = max_lengths(sources(2) != PAD, 1e30, 10, model)
+    assert cap.tolist() == [2**31, 2**31]  # it used to wrap around to a negative number, then 1

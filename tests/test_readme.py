@@ -1,0 +1,65 @@
+"""README's demo-sized command blocks, read from README itself and run in a fresh copy of the project (no runs/,
+no cache), in README's order: README and code cannot drift apart. A block runs when an HTML comment
+``<!-- readme-test ... -->`` precedes it. Every command runs as written, except that each ``train.py`` gets
+``--set`` overrides shrinking the demo model to the tests' tiny one, validated twice (its steps, epochs,
+checkpoints and schedule unchanged): the demo's own model takes a minute on 2 free cores, far longer on a busy
+CI machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+TINY = ("model.d_model=32", "model.d_ff=64", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
+        "tokenizer.vocab_size=400", "train.valid_bleu_sentences=4", "train.log_attention_every=0",
+        "train.eval_every=210")
+MARK = re.compile(r"<!-- readme-test[^>]*-->\s*\n```bash\n(.*?)```", re.S)
+
+
+def readme_blocks(text: str) -> list[str]:
+    """The command blocks marked for this test, in README's order."""
+    return [m.group(1) for m in MARK.finditer(text)]
+
+
+def shrink(block: str) -> str:
+    """``block`` with the tiny model's overrides after each ``train.py`` command."""
+    sets = " ".join(f"--set {s}" for s in TINY)
+    return "\n".join(f"{line} {sets}" if line.startswith("python train.py") else line for line in block.splitlines())
+
+
+def fresh_copy(dest: Path) -> Path:
+    """The tracked files of the project, as a fresh clone has them."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, files.split("\0")):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def test_readme_demo_commands_run_as_written(tmp_path: Path) -> None:
+    blocks = readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(blocks) == 4 and "train.py --config configs/demo.yaml" in blocks[0]
+    project = fresh_copy(tmp_path / "project")
+    bin_dir = Path(sys.executable).parent  # `python` is this environment's, as in an activated virtual environment
+    assert (bin_dir / "python").exists()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    for block in blocks:
+        res = subprocess.run(["bash", "-euo", "pipefail", "-c", shrink(block)], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=1200)
+        assert res.returncode == 0, f"{block}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        assert "Traceback" not in res.stderr, block
+    runs = project / "runs"
+    assert len((project / "hyp.en").read_text(encoding="utf-8").splitlines()) == 40  # one line per input line
+    latest = (runs / "demo_latest").resolve()
+    assert len(list(runs.glob("demo_2*"))) == 2 and latest == max(runs.glob("demo_2*"))
+    averaged = list((latest / "checkpoints").glob("average5_step_*.pt"))
+    assert [p.name for p in averaged] == ["average5_step_210-step_420.pt"]
+    assert (latest / "eval" / "test.average5_step_210-step_420.beam5.json").is_file()
