@@ -271,8 +271,8 @@ def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path,
     export = tmp_path / "ct2"
     res = cli("--model_path", str(run_dir), "--export-ctranslate2", str(export))
     assert res.returncode == 0, res.stderr
-    theirs = cli_lines(export)
-    srv = start_server(export, tmp_path / "ct2.log", *LIMITS, env=ENV)
+    theirs = cli_lines(export, "--beam", "1")
+    srv = start_server(export, tmp_path / "ct2.log", *LIMITS, "--beam", "1", env=ENV)  # the CLI's flags: defaults
     try:
         ours = []
         for start in range(0, len(LINES), 8):
@@ -283,6 +283,7 @@ def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path,
         info = get(srv.url, "/model")[1]
         assert info["engine"] == "ctranslate2" and info["attention"] is False and info["size"]["parameters"] is None
         assert info["training"]["run"] == str(run_dir) and info["encoding"]["name"] == "rope"
+        assert info["decode"]["beam"] == 1
     finally:
         assert srv.stop() in (0, -15)
     assert "Traceback" not in (tmp_path / "ct2.log").read_text()
