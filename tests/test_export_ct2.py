@@ -33,7 +33,8 @@ CASES += [{"norm": "post", "activation": "gelu", "tie_embeddings": False}]
 def test_every_encoding_exports_exactly(model_cfg: dict, tmp_path: Path) -> None:
     torch.manual_seed(0)
     cfg = from_dict({"model": {"d_model": 32, "n_heads": 4, "encoder_layers": 2, "decoder_layers": 2, "d_ff": 64,
-                               "dropout": 0.0, "max_positions": 64, **model_cfg}})
+                               "dropout": 0.0, "max_positions": 64, **model_cfg},
+                     "data": {"max_len": 24}})  # tables of 32-64 positions must hold the longest sentence
     model = Seq2SeqTransformer(cfg.model, V, 0).eval()
     spec = build_spec(model, cfg, TOKENS, SPECIALS)
     spec.validate()
