@@ -403,12 +403,12 @@ def main() -> int:
     except ValueError as e:
         parser.error(str(e))
     systems += list(variants)
-    data = shared_data()
-    if not (data / "bench" / "fr-en" / "train.fr").is_file():
-        parser.error(f"bench data not found under {data} (set FR2EN_SHARED_DATA)")
     from utils.io import ensure_dir
 
     work = ensure_dir((ROOT / args.work).resolve(), "--work")
+    data = shared_data()
+    if not (data / "bench" / "fr-en" / "train.fr").is_file():
+        parser.error(f"bench data not found under {data} (set FR2EN_SHARED_DATA)")
     results = {}
     for system in systems:
         out = work / system / "result.json"
