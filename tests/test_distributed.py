@@ -12,6 +12,8 @@ import torch
 import yaml
 from conftest import ROOT, make_tiny_config
 
+from utils.trainer import read_summary
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
 
@@ -61,6 +63,10 @@ def test_torchrun_train_writes_one_run_from_rank_zero(tmp_path: Path) -> None:
     assert res.stdout.count("run directory:") == 1
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert state["trainer"]["iteration"] == 3
+    # The summary's tokens (and tokens/s) are the run's, both ranks together, not rank 0's share.
+    summary = read_summary((run_dir / "train.log").read_text())
+    rank0 = state["tokens_seen"]["tokens"]
+    assert 0 < rank0 and 1.5 * rank0 < summary["target_tokens"] < 2.5 * rank0, (rank0, summary)
     shutil.rmtree(tmp_path / "runs")
 
 

@@ -716,6 +716,8 @@ def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
             run_validation(trainer)  # the epochs ran out between evaluations
     wall = time.perf_counter() - wall_start
     train_s = max(wall - totals["eval_s"], 1e-9)
+    if world > 1:  # the run's throughput is every rank's tokens, not rank 0's share
+        totals["tokens"] = int(idist.all_reduce(totals["tokens"]))
     summary = {
         "steps": totals["steps"] // t.accumulate,
         "target_tokens": totals["tokens"],
