@@ -435,7 +435,8 @@ def synthetic_corpus(cfg: Any, pairs: int, seed: int) -> Any:
     import datasets
     import numpy as np
 
-    from data.sources import load_corpus, make_split
+    from data.lines import make_split
+    from data.sources import load_corpus
 
     train = load_corpus(cfg.data)["train"]
     src, tgt = train["src"], train["tgt"]

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("data")
 
-CACHE_VERSION = 2  # 2: corpus keyed on file contents; text lines cleaned by data.sources.clean_text
+CACHE_VERSION = 2  # 2: corpus keyed on file contents; text lines cleaned by data.lines.clean_text
 ARRAYS: dict[str, type[np.integer[Any]]] = {
     "src_tokens": np.int32,
     "src_offsets": np.int64,

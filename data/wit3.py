@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from data.sources import DataError, clean_text, decode_lines, make_split
+from data.lines import DataError, clean_text, decode_lines, make_split
 
 if TYPE_CHECKING:
     import datasets

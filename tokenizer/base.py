@@ -104,10 +104,9 @@ class Tokenizer(ABC):
 
     def decode_batch(self, batch: Sequence[Sequence[int]]) -> list[str]:
         """``decode`` over a batch."""
-        from data.sources import clean_text
-
         cleaned = [self._clean(ids) for ids in batch]
-        return [clean_text(text) for text in self._detokenize(cleaned)] if cleaned else []
+        # Whitespace runs of any kind become one space: the rule data.lines.clean_text applies to the corpus.
+        return [" ".join(text.split()) for text in self._detokenize(cleaned)] if cleaned else []
 
     def meta(self) -> dict[str, Any]:
         """What meta.json records (``type`` picks the class on load)."""

@@ -137,7 +137,7 @@ class JointSubwordTokenizer(Tokenizer):
                 count += 1
                 yield s
 
-        # Whitespace runs of any kind (\r, tabs, no-break spaces...) become one space, as data.sources.clean_text
+        # Whitespace runs of any kind (\r, tabs, no-break spaces...) become one space, as data.lines.clean_text
         # does, so no input reaches the model as a lone "▁" or an <unk>, whoever calls encode.
         norm = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
         norm += [normalizers.Lowercase()] if cfg.lowercase else []

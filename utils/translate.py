@@ -51,7 +51,7 @@ def encode_sources(
 ) -> list[list[int]]:
     """Source ids with eos appended. Over-long or empty inputs raise ``InputError`` when ``strict``;
     otherwise over-long ones are truncated (with a warning) and empty ones stay empty."""
-    from data.sources import clean_text
+    from data.lines import clean_text
 
     texts = [clean_text(t) for t in texts]  # as training data was read, whatever the caller passes
     ids = tokenizer.encode_src(texts)
@@ -169,7 +169,7 @@ def source_lines(stream: BinaryIO, name: str, report: StreamReport) -> Iterator[
     """Lines of ``stream`` as the training data is read: split on ``\n`` only (any ``\r`` becomes a space),
     UTF-8 (a BOM is dropped), ``clean_text``. A line that is not valid UTF-8 is yielded as "" and recorded
     in ``report.bad``; NUL bytes in the first line mean the input is not text (InputError)."""
-    from data.sources import clean_text
+    from data.lines import clean_text
 
     for n, (raw, whole) in enumerate(bounded_lines(stream), 1):
         if n == 1:
