@@ -36,7 +36,15 @@ if TYPE_CHECKING:
     from utils.runs import LoadedRun
     from utils.translate import Translation
 
-from utils.cli import add_alias_args, add_average_args, add_set_arg, apply_average_args, run_main, setup_logging
+from utils.cli import (
+    add_alias_args,
+    add_average_args,
+    add_set_arg,
+    apply_average_args,
+    decode_overrides,
+    run_main,
+    setup_logging,
+)
 
 
 def main() -> int:
@@ -76,12 +84,7 @@ def main() -> int:
 
     from utils.config import ConfigError
 
-    overrides = list(args.overrides)
-    for key, value in (("beam", args.beam), ("lenpen", args.lenpen), ("batch_size", args.batch_size)):
-        if value is not None:
-            overrides.append(f"decode.{key}={value}")
-    if args.nbest is not None:
-        overrides.append(f"decode.nbest={args.nbest}")
+    overrides = decode_overrides(args)
     from utils.translate import open_source, translate_stream
 
     if args.export_ct2:

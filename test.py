@@ -20,7 +20,15 @@ import re
 import time
 from typing import Any
 
-from utils.cli import add_alias_args, add_average_args, add_set_arg, apply_average_args, run_main, setup_logging
+from utils.cli import (
+    add_alias_args,
+    add_average_args,
+    add_set_arg,
+    apply_average_args,
+    decode_overrides,
+    run_main,
+    setup_logging,
+)
 
 
 def main() -> int:
@@ -49,11 +57,7 @@ def main() -> int:
 
     if args.max_sentences is not None and args.max_sentences < 1:
         parser.error(f"--max_sentences must be >= 1, got {args.max_sentences}")
-    overrides = list(args.overrides) + [f"decode.beam={args.beam}", "decode.nbest=1"]
-    if args.lenpen is not None:
-        overrides.append(f"decode.lenpen={args.lenpen}")
-    if args.batch_size is not None:
-        overrides.append(f"decode.batch_size={args.batch_size}")
+    overrides = decode_overrides(args) + ["decode.nbest=1"]
     if args.buckets:
         overrides.append(f"eval.length_buckets=[{args.buckets}]")
     average = apply_average_args(parser, args)

@@ -21,12 +21,14 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:
+    from utils.cli import add_set_arg
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--encodings", nargs="+", default=["sinusoidal", "learnable", "rope", "alibi", "t5"])
     parser.add_argument("--minutes", type=float, default=8.0, help="training wall time per encoding")
     parser.add_argument("--split", default="test.iwslt-tst2010")
     parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_arg(parser, help="a config value applied to every run (repeatable)")
     args = parser.parse_args()
 
     results = {}

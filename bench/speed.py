@@ -286,17 +286,6 @@ class MemoryMeter:
         return peak - self.base - self.file_growth
 
 
-def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def _sync(device: Any) -> None:
     import torch
 
@@ -417,7 +406,9 @@ def model_worker(spec: dict, cfg: Any) -> dict[str, Any]:
     del inputs
     meter = MemoryMeter(device)
     meter.start()
-    seed_everything(spec["seed"])
+    from utils.trainer import set_seed
+
+    set_seed(spec["seed"])
     model = build_model(name, cfg, ids["vocab"], ids["pad"], ids["eos"], spec["max_positions"]).to(device)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if spec["task"] == "train":
@@ -895,6 +886,8 @@ def real_sections(res: dict[str, dict], meta: dict) -> list[str]:
 
 
 def main() -> int:
+    from utils.cli import add_set_arg
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--config", default="configs/bench_small_rope.yaml")
@@ -911,8 +904,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, help="CPU threads (default: $OMP_NUM_THREADS, else all cores)")
     parser.add_argument("--peak-tflops", type=float, default=989.0,
                         help="accelerator peak for the MFU (default 989: H100 SXM bf16 dense)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value (repeatable)")
+    add_set_arg(parser)
     parser.add_argument("--real-steps", type=int,
                         help="steps of train.py itself per precision (default 60 on CPU, 300 on CUDA; 0 = skip)")
     parser.add_argument("--model_path", help="a trained run directory to time real decoding on "
@@ -961,7 +953,9 @@ def main() -> int:
     setup_logging()
     cfg = load_config(config, args.overrides)
     max_tokens = max_tokens or cfg.data.max_tokens
-    seed_everything(cfg.seed)
+    from utils.trainer import set_seed
+
+    set_seed(cfg.seed)
     corpus_cache: list[Any] = []
 
     def corpus() -> Any:

@@ -53,6 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from utils.cli import add_set_arg  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 
 DECODERS = {"beam5": 5, "greedy": 1}
@@ -462,8 +463,7 @@ def main() -> int:
     parser.add_argument("--config", help="the base config every variant starts from")
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                         help="a grid axis (repeatable: the cross product of all axes)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="applied to every run")
+    add_set_arg(parser, help="a config value applied to every run (repeatable)")
     parser.add_argument("--test-variant", action="append", default=[], metavar="[LABEL+]TAG:KEY=V,...",
                         help="also score the trained models under inference-only overrides, e.g. a RoPE scaling: "
                              "rope+linear:model.rope.scaling=linear,model.rope.factor=8 (repeatable)")

@@ -353,3 +353,13 @@ def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_keeps_the_run_lo
     assert (run / "checkpoints" / "last.pt").read_bytes() == before
     assert not list((run / "checkpoints").glob(".*.tmp"))
     assert load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] == step
+
+
+def test_decode_flags_become_the_same_overrides_in_every_script() -> None:
+    import argparse
+
+    from utils.cli import decode_overrides
+
+    args = argparse.Namespace(overrides=["model.rope.factor=2"], beam=4, lenpen=None, batch_size=16, nbest=2)
+    assert decode_overrides(args) == ["model.rope.factor=2", "decode.beam=4", "decode.batch_size=16", "decode.nbest=2"]
+    assert decode_overrides(argparse.Namespace(overrides=[], beam=1)) == ["decode.beam=1"]  # flags a script lacks

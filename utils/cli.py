@@ -55,9 +55,21 @@ def add_alias_args(parser: argparse.ArgumentParser, name: str, **kwargs) -> None
     parser.add_argument(*flags, dest=name, **kwargs)
 
 
-def add_set_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set model.attention_pe=rope (repeatable)")
+def add_set_arg(parser: argparse.ArgumentParser,
+                help: str = "override a config value, e.g. --set model.attention_pe=rope (repeatable)") -> None:
+    """--set KEY=VALUE (repeatable) into ``args.overrides``, as every script and benchmark spells it."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def decode_overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` values followed by the decoding flags given (--beam, --lenpen, --batch_size, --nbest), as
+    config overrides: a flag the script does not declare or the user did not give changes nothing."""
+    overrides = list(args.overrides)
+    for key in ("beam", "lenpen", "batch_size", "nbest"):
+        value = getattr(args, key, None)
+        if value is not None:
+            overrides.append(f"decode.{key}={value}")
+    return overrides
 
 
 def add_average_args(parser: argparse.ArgumentParser) -> None:
