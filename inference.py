@@ -154,7 +154,7 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
             parser.error("--average and --config apply to runs, not to an exported CTranslate2 model")
         from utils.config import ConfigError, load_config
         from utils.export_ct2 import CT2Model
-        from utils.runs import CONFIG_FILE
+        from utils.rundir import RunDir
 
         try:
             engine = CT2Model(args.model_path, device="cuda" if args.device == "cuda" else "cpu",
@@ -164,9 +164,8 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
         except (ValueError, RuntimeError, OSError) as err:  # a compute type or device it lacks, a damaged model
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(f"cannot load the CTranslate2 model {args.model_path}: {first}") from None
-        from pathlib import Path
 
-        engine.cfg = load_config(Path(args.model_path) / CONFIG_FILE, overrides)
+        engine.cfg = load_config(RunDir(args.model_path).config, overrides)
         return engine
     average = apply_average_args(parser, args)
     return TorchEngine(load_run(args.model_path, args.config, overrides, args.device, average=average))

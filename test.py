@@ -71,13 +71,14 @@ def main() -> int:
         if len(corpus[name]) == 0:
             raise DataError(f"split {name} has no sentence pairs: nothing to score")
 
-    out_dir = ensure_dir(run.run_dir / "eval", "the run's eval folder")
     from utils.config import load_config
-    from utils.runs import CONFIG_FILE
+    from utils.rundir import RunDir
 
-    tag = args.tag if args.tag is not None else settings_tag(load_config(run.run_dir / CONFIG_FILE).to_dict(),
+    rd = RunDir(run.run_dir)
+    out_dir = ensure_dir(rd.eval_dir, "the run's eval folder")
+    tag = args.tag if args.tag is not None else settings_tag(load_config(rd.config).to_dict(),
                                                              cfg.to_dict(), args.max_sentences)
-    tag = f"{run.checkpoint.stem}.beam{cfg.decode.beam}" + (f".{tag}" if tag else "")
+    ckpt, beam = run.checkpoint.stem, cfg.decode.beam
     report = {}
     for name in names:
         split = corpus[name]
@@ -96,8 +97,8 @@ def main() -> int:
             "max_sentences": args.max_sentences, "overrides": list(args.overrides), "by_source_length": by_length,
         }
         report[name] = entry
-        atomic_write_text(out_dir / f"{name}.{tag}.hyp", "\n".join(hyps) + "\n")
-        atomic_write_text(out_dir / f"{name}.{tag}.json", json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
+        atomic_write_text(rd.eval_file(name, ckpt, beam, tag, "hyp"), "\n".join(hyps) + "\n")
+        atomic_write_text(rd.eval_file(name, ckpt, beam, tag), json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
         decoder = "greedy" if cfg.decode.beam == 1 else f"beam {cfg.decode.beam}, lenpen {cfg.decode.lenpen}"
         print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s")
         print(f"  sacreBLEU {scores.bleu:.2f}   chrF {scores.chrf:.2f}   nltk BLEU-4 {scores.nltk_bleu4:.2f}")
@@ -107,7 +108,7 @@ def main() -> int:
             f"{r['bucket']}: {r['bleu']:.1f} (n={r['n']})" if r["n"] else f"{r['bucket']}: - (n=0)" for r in by_length
         ))
     if len(report) > 1:
-        atomic_write_text(out_dir / f"all.{tag}.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        atomic_write_text(rd.eval_file("all", ckpt, beam, tag), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     print(f"hypotheses and scores written to {out_dir}")
     return 0
 

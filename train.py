@@ -60,9 +60,8 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
     import ignite.distributed as idist
 
     from utils.config import ConfigError, load_config
+    from utils.rundir import RunDir
     from utils.runs import (
-        CONFIG_FILE,
-        TOKENIZER_DIR,
         check_compatible,
         check_runs_root,
         create_run_dir,
@@ -74,10 +73,10 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
     rank = idist.get_rank()
     if args.resume:
         run_dir = Path(args.resume)
-        if not (run_dir / "checkpoints" / "last.pt").is_file():
-            raise ConfigError(f"--resume {run_dir}: no checkpoints/last.pt to resume from")
-        run_cfg = load_config(run_dir / CONFIG_FILE)
-        cfg = load_config(run_dir / CONFIG_FILE, args.overrides)
+        if not RunDir(run_dir).last.is_file():
+            raise ConfigError(f"--resume {run_dir}: no {RunDir(run_dir).last.relative_to(run_dir)} to resume from")
+        run_cfg = load_config(RunDir(run_dir).config)
+        cfg = load_config(RunDir(run_dir).config, args.overrides)
         check_compatible(run_cfg, cfg, "--set")
         if args.config:
             check_compatible(run_cfg, load_config(args.config), args.config)
@@ -91,14 +90,14 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
             check_runs_root(args.runs)
             corpus, tokenizer = prepare(cfg)
             run_dir = create_run_dir(cfg, args.runs, lock=True)
-            tokenizer.save(run_dir / TOKENIZER_DIR)
+            tokenizer.save(RunDir(run_dir).tokenizer)
         if idist.get_world_size() > 1:  # every rank trains in rank 0's run directory
             run_dir = Path(idist.broadcast(str(run_dir) if rank == 0 else "", src=0, safe_mode=True))
     if rank == 0:
         if args.resume:
-            setup_logging(str(run_dir / "train.log"))
+            setup_logging(str(RunDir(run_dir).log))
         else:
-            attach_log_file(str(run_dir / "train.log"))
+            attach_log_file(str(RunDir(run_dir).log))
         logging.getLogger("train").info("run directory: %s", run_dir)
     else:
         setup_logging()
@@ -107,7 +106,7 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
         if args.resume and args.overrides and rank == 0:
             from utils.config import save_config
 
-            save_config(cfg, run_dir / CONFIG_FILE)
+            save_config(cfg, RunDir(run_dir).config)
 
     try:
         metrics = train(cfg, run_dir, resume=bool(args.resume), corpus=None if args.resume else corpus,

@@ -61,8 +61,10 @@ def main() -> int:
         raise ConfigError(f"--length must be >= 1, got {args.length}")
     run = load_run(args.model_path, args.config, args.overrides, args.device)
     from utils.io import ensure_dir
+    from utils.rundir import RunDir
 
-    out_dir = ensure_dir(args.out if args.out else run.run_dir / "visualize", "--out")
+    rd = RunDir(run.run_dir)
+    out_dir = ensure_dir(args.out if args.out else rd.figures, "--out")
 
     from torch.utils.tensorboard import SummaryWriter
 
@@ -87,7 +89,7 @@ def main() -> int:
     position, notes = position_figures(run.model, run.cfg, length=args.length)
     figs.update(position)
 
-    tb_dir = run.run_dir / "tb" / "visualize"
+    tb_dir = rd.tb_figures
     writer = SummaryWriter(log_dir=str(tb_dir))
     try:
         tags = list(figs)

@@ -149,9 +149,10 @@ def run_flops(run_dir: Path, steps: int) -> dict[str, Any]:
     from models.transformer import Seq2SeqTransformer
     from tokenizer import load_tokenizer
     from utils.config import load_config
+    from utils.rundir import RunDir
 
-    cfg = load_config(run_dir / "config.yaml")
-    tok = load_tokenizer(run_dir / "tokenizer")
+    cfg = load_config(RunDir(run_dir).config)
+    tok = load_tokenizer(RunDir(run_dir).tokenizer)
     train = load_or_build(cfg, tok, lambda: load_corpus(cfg.data), ["train"])["train"]
     sampler = TokenBatchSampler(train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed)
     batches: list = []

@@ -19,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from utils.rundir import BEST, RunDir, latest_link_path  # noqa: E402
+
 
 def main() -> int:
     from utils.cli import add_set_arg
@@ -38,11 +40,11 @@ def main() -> int:
         cmd = [sys.executable, "train.py", "--config", str(config), *(x for s in sets for x in ("--set", s))]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        run = (ROOT / "runs" / f"bench_short_{enc}_latest").resolve()
+        run = latest_link_path(ROOT / "runs", f"bench_short_{enc}").resolve()
         cmd = [sys.executable, "test.py", "--model_path", str(run), "--split", args.split, "--beam", str(args.beam)]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
-        results[enc] = json.loads((run / "eval" / f"{args.split}.best.beam{args.beam}.json").read_text())
+        results[enc] = json.loads(RunDir(run).eval_file(args.split, BEST, args.beam).read_text())
 
     buckets = [row["bucket"] for row in next(iter(results.values()))["by_source_length"]]
     counts = [row["n"] for row in next(iter(results.values()))["by_source_length"]]

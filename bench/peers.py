@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from bench.measure import CommandFailed, run_measured  # noqa: E402
 from utils.checkpoint import periodic_checkpoints  # noqa: E402
 from utils.host import cpu_has_native_bf16  # noqa: E402
+from utils.rundir import LAST, RunDir  # noqa: E402
 from utils.runs import average_path  # noqa: E402
-from utils.trainer import read_summary  # noqa: E402
 
 TEST_SETS = ["test.tatoeba", "test.multi30k-2016", "test.iwslt-tst2010"]
 CONFIG = "configs/bench_small_rope.yaml"
@@ -85,8 +85,8 @@ def run_ours(work: Path, minutes: float, overrides: list[str], python: str) -> d
         cmd += ["--set", o]
     rss = run_measured(cmd, work / "train.log").peak_rss_mib
     log_text = (work / "train.log").read_text()
-    stats = read_summary(log_text)
     run_dir = Path(next(ln.split("run directory: ", 1)[1] for ln in log_text.splitlines() if "run directory: " in ln))
+    stats = RunDir(run_dir).summary()
     result = {**stats, "peak_rss_mb": rss, "run_dir": str(run_dir), "tests": {}}
     result.update(decode_ours(work, run_dir, python))
     return result
@@ -96,14 +96,19 @@ def decode_ours(work: Path, run_dir: Path, python: str, average: bool = True) ->
     """``test.py --beam 5`` on the run (and, with ``average``, on its last checkpoints averaged where it kept them)."""
     cmd = [python, "test.py", "--model_path", str(run_dir), "--beam", "5"]
     run_measured(cmd, work / "test.log")
-    checkpoint = "best" if (run_dir / "checkpoints" / "best.pt").is_file() else "last"
-    result: dict = {"tests": read_scores(run_dir, checkpoint)}
-    kept = periodic_checkpoints(run_dir / "checkpoints")
+    result: dict = {"tests": read_scores(run_dir, scored_checkpoint(run_dir))}
+    kept = periodic_checkpoints(RunDir(run_dir).checkpoints)
     if average and len(kept) >= AVERAGE:  # the same run scored with its last checkpoints averaged
         run_measured(cmd + ["--average", str(AVERAGE)], work / "test_average.log")
         result["tests_average"] = read_scores(run_dir, average_path(run_dir, kept[-AVERAGE:]).stem)
         result["averaged"] = [p.stem for p in kept[-AVERAGE:]]
     return result
+
+
+def scored_checkpoint(run_dir: Path) -> str:
+    """The checkpoint test.py scores for a run directory: its best (else its last), as a file stem."""
+    best = RunDir(run_dir).best
+    return best.stem if best.is_file() else LAST
 
 
 def decode_ctranslate2(work: Path, run_dir: Path, python: str, data: Path) -> dict:
@@ -142,7 +147,7 @@ def read_scores(run_dir: Path, checkpoint: str) -> dict[str, dict[str, float]]:
     """BLEU, chrF and sentences/s per test set from test.py's JSON for ``checkpoint`` (a file stem), beam 5."""
     out = {}
     for name in TEST_SETS:
-        entry = json.loads((run_dir / "eval" / f"{name}.{checkpoint}.beam5.json").read_text())
+        entry = json.loads(RunDir(run_dir).eval_file(name, checkpoint, 5).read_text())
         out[name] = {k: entry[k] for k in ("bleu", "chrf", "sentences_per_s")}
     return out
 
@@ -293,8 +298,7 @@ def add_output_lengths(work: Path, system: str, result: dict) -> None:
             hyp = work / system / f"{name}.hyp"
         else:
             run_dir = Path(result["run_dir"])
-            checkpoint = "best" if (run_dir / "checkpoints" / "best.pt").is_file() else "last"
-            hyp = run_dir / "eval" / f"{name}.{checkpoint}.beam5.hyp"
+            hyp = RunDir(run_dir).eval_file(name, scored_checkpoint(run_dir), 5, ext="hyp")
         lines = hyp.read_text(encoding="utf-8").splitlines()
         result["tests"][name].update(words=sum(len(line.split()) for line in lines), lines=len(lines))
 

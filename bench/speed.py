@@ -76,6 +76,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from utils.rundir import RunDir, latest_link_path  # noqa: E402
+
 MODELS = ("ours", "marian", "torch")
 LABELS = {"ours": "ours", "marian": "Marian", "torch": "nn.Transformer"}
 TEST_SPLIT = "test.iwslt-tst2010"
@@ -516,7 +518,7 @@ def get_tokenizer(cfg: Any, out: Path, corpus: Any) -> tuple[Any, Path]:
     """The tokenizer of runs/<name>_latest, else <out>/tokenizer, else train one on 50k pairs (saved there)."""
     from tokenizer import load_tokenizer, train_tokenizer
 
-    for path in (ROOT / "runs" / f"{cfg.name}_latest" / "tokenizer", out / "tokenizer"):
+    for path in (RunDir(latest_link_path(ROOT / "runs", cfg.name)).tokenizer, out / "tokenizer"):
         if (path / "meta.json").is_file():
             return load_tokenizer(path), path
     path = out / "tokenizer"
@@ -573,7 +575,6 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
     (start-up, tokenizer and the final validation included).
     """
     from bench.measure import run_measured
-    from utils.trainer import read_summary
 
     amp = ["train.amp=none"] if precision == "fp32" else ["train.amp=bf16", "train.amp_cpu=true"]
     sets = [f"train.max_steps={steps}", "train.eval_every=100000000", "train.log_attention_every=0",
@@ -584,23 +585,24 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
     log = work / f"real.{precision}.log"
     print(f"  train.py, {steps} steps, {precision} ...", end="", flush=True)
     m = run_measured(cmd, log)
-    summary = read_summary(log.read_text())
+    runs = work / "real"
+    run = max((p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()), key=lambda p: p.stat().st_mtime)
+    summary = RunDir(run).summary()
     print(f" {summary['target_tokens_per_s']:.0f} tgt tok/s ({m.wall_s:.0f}s)", flush=True)
     out = {"tok_per_s": summary["target_tokens_per_s"], "steps": summary["steps"],
            "train_seconds": summary["train_seconds"], "wall_s": m.wall_s, "user_s": m.user_s, "sys_s": m.sys_s,
            "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
-    out.update(achieved_flops(work / "real", summary, precision, device))
+    out.update(achieved_flops(run, summary, precision, device))
     return out
 
 
-def achieved_flops(runs: Path, summary: dict[str, Any], precision: str, device: str) -> dict[str, Any]:
-    """Model FLOP/s of the newest run under ``runs`` over its training seconds, and its ratio to the peak of
-    the device for the precision used (bench/hardware.py)."""
+def achieved_flops(run: Path, summary: dict[str, Any], precision: str, device: str) -> dict[str, Any]:
+    """Model FLOP/s of the run directory ``run`` over its training seconds, and its ratio to the peak of the
+    device for the precision used (bench/hardware.py)."""
     import torch
 
     from bench.hardware import cpu_peak, cuda_peak, run_flops
 
-    run = max((p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()), key=lambda p: p.stat().st_mtime)
     counted = run_flops(run, summary["steps"])
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     peak = cuda_peak(precision, torch.cuda.get_device_name()) if cuda else cpu_peak(precision)
@@ -1032,7 +1034,7 @@ def main() -> int:
                     meta.setdefault("real_skipped", []).append("bf16 (this CPU has no bf16 instructions)")
                     continue
                 res[f"real.{p}"] = time_real_loop(config, args.overrides, real_steps, p, args.device, work)
-    model_path = args.model_path or (ROOT / "runs" / f"{cfg.name}_latest")
+    model_path = args.model_path or latest_link_path(ROOT / "runs", cfg.name)
     if parts == {"trained"} and not Path(model_path).exists():
         parser.error(f"--parts trained: no trained model at {model_path} (train one, or give --model_path RUN_DIR)")
     if "trained" in parts and Path(model_path).exists():

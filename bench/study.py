@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from utils.cli import add_set_arg  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
+from utils.rundir import RunDir  # noqa: E402
 
 DECODERS = {"beam5": 5, "greedy": 1}
 
@@ -235,7 +236,7 @@ def find_run(root: Path, poll: float = 2.0) -> Path | None:
                 said = True
             time.sleep(poll)
     for run in runs:
-        if not discard_if_untrained(run) and not (run / "checkpoints" / "last.pt").is_file():
+        if not discard_if_untrained(run) and not RunDir(run).last.is_file():
             shutil.rmtree(run)  # killed between a periodic checkpoint and its last.pt: nothing to resume from
     runs = [p for p in runs if p.is_dir()]
     return runs[-1] if runs else None
@@ -250,11 +251,11 @@ def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | Non
         if other.is_symlink() or study in other.parents or not other.is_dir():
             continue
         runs = sorted(p for p in other.iterdir()
-                      if p.is_dir() and not p.is_symlink() and (p / "checkpoints" / "last.pt").is_file())
+                      if p.is_dir() and not p.is_symlink() and RunDir(p).last.is_file())
         if not runs:
             continue
         try:
-            same = load_config(runs[-1] / "config.yaml").to_dict() == expected
+            same = load_config(RunDir(runs[-1]).config).to_dict() == expected
         except ConfigError:
             continue
         if same and training_done(runs[-1], steps, tokens):
@@ -267,7 +268,7 @@ def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | Non
 def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
     from utils.checkpoint import load_checkpoint
 
-    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    state = load_checkpoint(RunDir(run).last)
     accumulate = _run_cfg(run).train.accumulate
     if steps and state["trainer"]["iteration"] >= steps * accumulate:
         return True
@@ -277,7 +278,7 @@ def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
 def _run_cfg(run: Path):
     from utils.config import load_config
 
-    return load_config(run / "config.yaml")
+    return load_config(RunDir(run).config)
 
 
 @dataclass
@@ -364,7 +365,7 @@ def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll
 
 
 def eval_file(run: Path, split: str, beam: int, checkpoint: str, tag: str | None) -> Path:
-    return run / "eval" / f"{split}.{checkpoint}.beam{beam}{'.' + tag if tag else ''}.json"
+    return RunDir(run).eval_file(split, checkpoint, beam, tag)
 
 
 def file_tag(tag: str | None, max_sentences: int | None) -> str | None:
@@ -409,7 +410,7 @@ def merge_spec(old: dict[str, Any], spec: dict[str, Any], study: Path) -> dict[s
 
 
 def attention_file(run: Path, checkpoint: str, sentences: int) -> Path:
-    return run / "eval" / f"attention_stats.{checkpoint}.n{sentences}.json"
+    return RunDir(run).attention_stats(checkpoint, sentences)
 
 
 def read_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any] | None:
@@ -429,7 +430,7 @@ def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, A
     from utils.runs import load_run
     from utils.translate import encode_sources
 
-    loaded = load_run(run / "checkpoints" / f"{checkpoint}.pt", device="cpu")
+    loaded = load_run(RunDir(run).checkpoint(checkpoint), device="cpu")
     valid = load_corpus(loaded.cfg.data)["validation"]
     n = min(sentences, len(valid))
     limit = loaded.model.max_length
@@ -446,7 +447,7 @@ def valid_curve(run: Path) -> list[tuple[int, float]]:
     """Validation BLEU of a run against optimizer steps."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    ea = EventAccumulator(str(run / "tb"))
+    ea = EventAccumulator(str(RunDir(run).tb))
     ea.Reload()
     if "valid/bleu" not in ea.Tags().get("scalars", []):
         return []
@@ -593,7 +594,7 @@ def main() -> int:
                 if all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra)
                        for split, n in sizes.items()):
                     continue
-                cmd = [sys.executable, "test.py", "--model_path", str(run / "checkpoints" / f"{args.checkpoint}.pt"),
+                cmd = [sys.executable, "test.py", "--model_path", str(RunDir(run).checkpoint(args.checkpoint)),
                        "--beam", str(beam)] + (["--tag", files] if files else [])
                 cmd += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
                 cmd += [x for s in extra for x in ("--set", s)]

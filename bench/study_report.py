@@ -29,12 +29,13 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
     are returned under ``"_hypotheses"`` for ``write_report`` to publish."""
     from bench.study import eval_file, file_tag, read_attention, valid_curve
     from utils.config import load_config
+    from utils.rundir import RunDir
 
     labels = list(dict.fromkeys(job.variant.label for job in jobs))
     seeds = sorted({job.seed for job in jobs})
     by_key = {(job.variant.label, job.seed): job for job in jobs}
     first = runs[by_key[(baseline, seeds[0])].key]
-    first_cfg = load_config(first / "config.yaml")
+    first_cfg = load_config(RunDir(first).config)
     lengths = _source_lengths(first, corpus, splits)
     hypotheses: dict[str, dict[str, dict[str, list[list[str]]]]] = {}
     systems: dict[str, dict[str, Any]] = {}
@@ -139,10 +140,10 @@ def _source_lengths(run: Path, corpus: Any, splits: list[str]) -> dict[str, list
     but without its truncation at the model's length limit: the same buckets for every system of the study,
     whatever tokenizer each was trained with."""
     from tokenizer import load_tokenizer
-    from utils.runs import TOKENIZER_DIR
+    from utils.rundir import RunDir
     from utils.translate import encode_sources
 
-    tok = load_tokenizer(run / TOKENIZER_DIR)
+    tok = load_tokenizer(RunDir(run).tokenizer)
     return {split: [max(len(x) - 1, 0) for x in encode_sources(tok, list(corpus[split]["src"]), None, strict=False)]
             for split in splits}
 

@@ -19,6 +19,7 @@ from data.cache import load_or_build
 from data.sources import load_corpus
 from tokenizer import load_tokenizer
 from utils.checkpoint import CheckpointError, load_checkpoint
+from utils.rundir import RunDir
 from utils.runs import create_run_dir, load_run, resolve_checkpoint
 from utils.trainer import train
 
@@ -42,6 +43,11 @@ def test_run_directory_holds_everything_to_reload(tmp_path: Path, tiny_config, c
     rate = summary["target_tokens"] / summary["train_seconds"]
     assert summary["target_tokens_per_s"] == pytest.approx(rate, rel=0.05)
     assert summary["valid_ppl"] == pytest.approx(metrics["ppl"])
+    rd = RunDir(run)  # summary.json holds the same dict; a run without it (written before it) reads the log line
+    assert json.loads(rd.summary_json.read_text()) == summary == rd.summary()
+    rd.summary_json.unlink()
+    rd.log.write_text(f"2026-01-01 00:00:00,000 INFO train: {line}\n")
+    assert rd.summary() == summary
     messages = [r.getMessage() for r in caplog.records]
     progress = [m.split(" | ")[0] for m in messages if "| loss" in m and "target tokens/s" in m]
     assert progress == ["epoch 1 step 2", "epoch 1 step 4", "epoch 1 step 6"]
@@ -93,7 +99,9 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path: Path, 
     resumed = create_run_dir(first, tmp_path / "b")
     train(first, resumed)
     assert load_checkpoint(resumed / "checkpoints" / "last.pt")["trainer"]["iteration"] == 10
+    assert RunDir(resumed).summary()["steps"] == 10
     train(cfg, resumed, resume=True)
+    assert RunDir(resumed).summary()["steps"] == 30  # the summary of the latest session, as its log line says
     final = load_checkpoint(resumed / "checkpoints" / "last.pt")
     assert final["trainer"]["iteration"] == 40
     reference = weights(straight)

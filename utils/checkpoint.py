@@ -18,6 +18,7 @@ import torch
 
 from utils.config import ModelConfig
 from utils.io import atomic_path
+from utils.rundir import CHECKPOINT_EXT, PERIODIC_PREFIX
 
 #: Model keys (dotted) that shape no parameter and may differ between training and inference.
 INFERENCE_ONLY_KEYS = (
@@ -100,9 +101,9 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
 def periodic_checkpoints(checkpoint_dir: Path | str) -> list[Path]:
     """The ``step_<iteration>.pt`` files of a run (``train.keep_checkpoints``), oldest first."""
     found = []
-    for path in Path(checkpoint_dir).glob("step_*.pt"):
+    for path in Path(checkpoint_dir).glob(f"{PERIODIC_PREFIX}*.{CHECKPOINT_EXT}"):
         try:
-            found.append((int(path.stem.split("_", 1)[1]), path))
+            found.append((int(path.stem[len(PERIODIC_PREFIX):]), path))
         except ValueError:
             continue
     return [p for _, p in sorted(found)]

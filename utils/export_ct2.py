@@ -186,7 +186,7 @@ def export(run_dir: Path, checkpoint: Path, model: Seq2SeqTransformer, cfg: Conf
            out_dir: Path, quantization: str | None = None) -> Path:
     """Write a CTranslate2 model directory: model.bin + vocabularies, the run's tokenizer/ and config.yaml."""
     from utils.io import PathError, ensure_dir
-    from utils.runs import CONFIG_FILE, TOKENIZER_DIR
+    from utils.rundir import RunDir
 
     tokens = tokenizer.id_to_token(list(range(tokenizer.vocab_size)))
     specials = {"bos_token": tokens[tokenizer.bos_id], "eos_token": tokens[tokenizer.eos_id],
@@ -205,8 +205,8 @@ def export(run_dir: Path, checkpoint: Path, model: Seq2SeqTransformer, cfg: Conf
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         spec.save(str(tmp))
-        shutil.copytree(run_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
-        shutil.copy(run_dir / CONFIG_FILE, tmp / CONFIG_FILE)
+        shutil.copytree(RunDir(run_dir).tokenizer, RunDir(tmp).tokenizer)
+        shutil.copy(RunDir(run_dir).config, RunDir(tmp).config)
         (tmp / MARKER).write_text(json.dumps({"run": str(run_dir), "checkpoint": str(checkpoint),
                                               "quantization": quantization,
                                               "positions": model.max_length or TABLE_LENGTH}, indent=1) + "\n")
@@ -248,11 +248,11 @@ class CT2Model:
 
         from tokenizer import load_tokenizer
         from utils.config import load_config
-        from utils.runs import CONFIG_FILE, TOKENIZER_DIR
+        from utils.rundir import RunDir
 
         export_dir = Path(export_dir)
-        self.cfg = load_config(export_dir / CONFIG_FILE)
-        self.tokenizer = load_tokenizer(export_dir / TOKENIZER_DIR)
+        self.cfg = load_config(RunDir(export_dir).config)
+        self.tokenizer = load_tokenizer(RunDir(export_dir).tokenizer)
         self.translator = ctranslate2.Translator(str(export_dir), device=device, compute_type=compute_type,
                                                  intra_threads=threads)
         self.vocab = {t: i for i, t in enumerate(self.tokenizer.id_to_token(list(range(self.tokenizer.vocab_size))))}

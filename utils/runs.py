@@ -1,16 +1,7 @@
 """Run directories: create one per training run, and load one back (config + tokenizer + weights).
 
-Layout of ``runs/<name>_<YYYYmmdd_HHMMSS>/``::
-
-    config.yaml        the resolved config (every default filled in)
-    tokenizer/         everything needed to rebuild the tokenizer
-    checkpoints/       best.pt (best validation BLEU) and last.pt (resume point)
-    tb/                TensorBoard event files
-    eval/              test.py hypotheses and score JSON
-    train.lock         locked (flock) while a process trains in the run; the lock dies with the process
-
-``runs/<name>_latest`` is a symbolic link to the newest run of that config that has a checkpoint; a
-start that fails leaves no run directory behind.
+The layout of a run directory (which file is where) is ``utils.rundir.RunDir``; a start that fails leaves no run
+directory behind, and ``runs/<name>_latest`` moves to a run once it has a checkpoint.
 """
 
 from __future__ import annotations
@@ -37,11 +28,7 @@ from utils.checkpoint import (
     periodic_checkpoints,
 )
 from utils.config import Config, ConfigError, load_config, save_config
-
-CONFIG_FILE = "config.yaml"
-TOKENIZER_DIR = "tokenizer"
-CHECKPOINT_DIR = "checkpoints"
-LOCK_FILE = "train.lock"
+from utils.rundir import RunDir
 
 _held_locks: dict[Path, int] = {}  # run directory -> descriptor of its lock file, held by this process
 
@@ -57,7 +44,7 @@ def lock_run(run_dir: Path | str) -> None:
     run_dir = Path(run_dir).resolve()
     if run_dir in _held_locks:
         return
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(RunDir(run_dir).lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -79,10 +66,10 @@ def unlock_run(run_dir: Path | str) -> None:
 def run_locked_by(run_dir: Path | str) -> int | None:
     """The pid training in ``run_dir`` if another process holds its lock, else None."""
     run_dir = Path(run_dir).resolve()
-    if run_dir in _held_locks or not (run_dir / LOCK_FILE).is_file():
+    if run_dir in _held_locks or not (RunDir(run_dir).lock).is_file():
         return None
     try:
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+        fd = os.open(RunDir(run_dir).lock, os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -96,7 +83,7 @@ def run_locked_by(run_dir: Path | str) -> int | None:
 
 def _lock_owner(run_dir: Path) -> int | None:
     try:
-        return int((run_dir / LOCK_FILE).read_text().split()[0])
+        return int((RunDir(run_dir).lock).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -134,15 +121,14 @@ def create_run_dir(cfg: Config, root: Path | str = "runs", lock: bool = False) -
             continue
     if lock:
         lock_run(run)  # before anything is written: no other process removes or trains in it
-    (run / CHECKPOINT_DIR).mkdir()
-    save_config(cfg, run / CONFIG_FILE)
+    RunDir(run).checkpoints.mkdir()
+    save_config(cfg, RunDir(run).config)
     return run
 
 
 def latest_link(run_dir: Path) -> Path:
     """``<root>/<name>_latest`` for a run directory ``<root>/<name>_<timestamp>[_n]``."""
-    name = load_config(run_dir / CONFIG_FILE).name
-    return run_dir.parent / f"{name}_latest"
+    return RunDir(run_dir).latest_link(load_config(RunDir(run_dir).config).name)
 
 
 def point_latest(run_dir: Path) -> None:
@@ -161,7 +147,7 @@ def point_latest(run_dir: Path) -> None:
 def discard_if_untrained(run_dir: Path) -> bool:
     """Remove a run directory that never got a checkpoint (a start that failed); True if removed. A directory
     another process trains in (its lock is held) is never removed."""
-    ckpt = Path(run_dir) / CHECKPOINT_DIR
+    ckpt = RunDir(run_dir).checkpoints
     if any(ckpt.glob("*.pt")) or run_locked_by(run_dir) is not None:
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -174,16 +160,20 @@ def resolve_checkpoint(model_path: Path | str) -> tuple[Path, Path]:
     path = Path(model_path)
     if path.is_dir():
         run = path.resolve()
-        for name in ("best.pt", "last.pt"):
-            if (run / CHECKPOINT_DIR / name).is_file():
-                return run, run / CHECKPOINT_DIR / name
-        raise CheckpointError(f"no checkpoints/best.pt or checkpoints/last.pt in run directory {path}")
+        rd = RunDir(run)
+        for ckpt in (rd.best, rd.last):
+            if ckpt.is_file():
+                return run, ckpt
+        best, last = (p.relative_to(run) for p in (rd.best, rd.last))
+        raise CheckpointError(f"no {best} or {last} in run directory {path}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     path = path.resolve()
-    run = path.parent.parent if path.parent.name == CHECKPOINT_DIR else path.parent
-    if not (run / CONFIG_FILE).is_file():
-        raise CheckpointError(f"{path} is not inside a run directory (no {CONFIG_FILE} next to {CHECKPOINT_DIR}/)")
+    names = RunDir(".")
+    run = path.parent.parent if path.parent.name == names.checkpoints.name else path.parent
+    if not RunDir(run).config.is_file():
+        raise CheckpointError(f"{path} is not inside a run directory "
+                              f"(no {names.config.name} next to {names.checkpoints.name}/)")
     return run, path
 
 
@@ -212,7 +202,7 @@ class LoadedRun:
 
 def average_path(run_dir: Path, kept: list[Path]) -> Path:
     """Where the average of ``kept`` (oldest first) is saved: ``checkpoints/average<N>_step_<a>-step_<b>.pt``."""
-    return Path(run_dir) / CHECKPOINT_DIR / f"average{len(kept)}_{kept[0].stem}-{kept[-1].stem}.pt"
+    return RunDir(run_dir).average(kept)
 
 
 def save_average(run_dir: Path | str, n: int) -> Path:
@@ -238,11 +228,11 @@ def check_finite(weights: dict[str, torch.Tensor], source: Path | str) -> None:
 def last_periodic(run_dir: Path, n: int) -> list[Path]:
     """The run's last ``n`` periodic checkpoints, oldest first; CheckpointError, one line, saying why there are
     fewer (the keep_checkpoints setting, or a run that wrote fewer than it keeps) and what would work."""
-    kept = periodic_checkpoints(run_dir / CHECKPOINT_DIR)
+    kept = periodic_checkpoints(RunDir(run_dir).checkpoints)
     if len(kept) >= n:
         return kept[-n:]
-    t = load_config(run_dir / CONFIG_FILE).train
-    where = f"--average {n}: {run_dir / CHECKPOINT_DIR} holds {len(kept)} periodic checkpoint(s) (step_*.pt)"
+    t = load_config(RunDir(run_dir).config).train
+    where = f"--average {n}: {RunDir(run_dir).checkpoints} holds {len(kept)} periodic checkpoint(s) (step_*.pt)"
     if t.keep_checkpoints < n:
         raise CheckpointError(f"{where}: the run kept train.keep_checkpoints={t.keep_checkpoints}; "
                               f"average at most {len(kept)}, or train with train.keep_checkpoints >= {n}")
@@ -280,13 +270,14 @@ def load_run(
     the parameters averaged over the run's last N periodic checkpoints (``train.keep_checkpoints``).
     """
     run_dir, ckpt_path = resolve_checkpoint(model_path)
-    run_cfg = load_config(run_dir / CONFIG_FILE)
+    rd = RunDir(run_dir)
+    run_cfg = load_config(rd.config)
     if config_path is not None:
         cfg = load_config(config_path, overrides)
         check_compatible(run_cfg, cfg, str(config_path))
     else:
-        cfg = load_config(run_dir / CONFIG_FILE, overrides)
-    tokenizer = load_tokenizer(run_dir / TOKENIZER_DIR)
+        cfg = load_config(rd.config, overrides)
+    tokenizer = load_tokenizer(rd.tokenizer)
     if average:
         kept = last_periodic(run_dir, average)
         state = average_checkpoints(kept)
@@ -299,9 +290,9 @@ def load_run(
     meta = state.get("meta", {})
     expected = model_fingerprint(cfg.model, tokenizer.vocab_size)
     if meta.get("model_fingerprint") not in (None, expected):
-        raise CheckpointError(f"{ckpt_path} was saved for a different model configuration than {run_dir / CONFIG_FILE}")
+        raise CheckpointError(f"{ckpt_path} was saved for a different model configuration than {rd.config}")
     if meta.get("tokenizer_fingerprint") not in (None, tokenizer.fingerprint):
-        raise CheckpointError(f"{ckpt_path} was trained with a different tokenizer than {run_dir / TOKENIZER_DIR}")
+        raise CheckpointError(f"{ckpt_path} was trained with a different tokenizer than {rd.tokenizer}")
     model = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
     try:
         model.load_state_dict(state["model"])

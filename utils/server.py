@@ -378,28 +378,28 @@ def encoding_name(cfg: "Config") -> str:
 
 def training_summary(run_dir: Path | None, checkpoint: Path | str | None, step: int | None) -> dict[str, Any]:
     """The checkpoint and its step; from the run's ``last.pt`` the best validation BLEU (PyTorch runs); from its
-    ``train.log`` (train.py writes one) the closing summary and the last validation line."""
+    ``summary.json`` (else ``train.log``) the closing summary, and from the log the last validation line."""
     out: dict[str, Any] = {"run": str(run_dir) if run_dir else None,
                            "checkpoint": str(checkpoint) if checkpoint else None, "step": step}
     if run_dir is None:
         return out
-    if step is not None and (Path(run_dir) / "checkpoints" / "last.pt").is_file():
+    from utils.rundir import RunDir
+
+    rd = RunDir(run_dir)
+    if step is not None and rd.last.is_file():
         from utils.checkpoint import CheckpointError, load_checkpoint
 
         try:
-            saved = load_checkpoint(Path(run_dir) / "checkpoints" / "last.pt").get("best_checkpoint", {})
+            saved = load_checkpoint(rd.last).get("best_checkpoint", {})
             out["best_valid_bleu"] = round(float(saved["_saved"][0][0]), 2)
         except (CheckpointError, KeyError, IndexError, TypeError, ValueError):
             pass
-    log_file = Path(run_dir) / "train.log"
-    if log_file.is_file():
-        from utils.trainer import read_summary
-
-        text = log_file.read_text(encoding="utf-8", errors="replace")
-        try:
-            out["summary"] = read_summary(text)
-        except ValueError:  # still training, or stopped before its closing line
-            pass
+    try:
+        out["summary"] = rd.summary()
+    except (ValueError, OSError):  # still training, or stopped before its closing line
+        pass
+    if rd.log.is_file():
+        text = rd.log.read_text(encoding="utf-8", errors="replace")
         valid = [line for line in text.splitlines() if "| valid loss " in line]
         if valid:
             out["last_validation"] = valid[-1].split(" | ", 1)[-1].split(" | ")[0].strip()

@@ -55,21 +55,12 @@ from utils.config import Config, TrainConfig
 from utils.evaluation import create_evaluator, token_loss
 from utils.host import cpu_has_native_bf16, keep_freed_memory
 from utils.metrics import corpus_scores
-from utils.runs import CHECKPOINT_DIR, TOKENIZER_DIR, lock_run, point_latest, select_device, unlock_run
+from utils.rundir import BEST, LAST, PERIODIC_PREFIX, SUMMARY_MARK, RunDir
+from utils.rundir import read_summary as read_summary  # re-exported: callers that import it from here
+from utils.runs import lock_run, point_latest, select_device, unlock_run
 from utils.translate import encode_sources, translate_ids
 
 log = logging.getLogger("train")
-
-
-SUMMARY_MARK = " | stats "  # precedes the JSON of the closing summary line in train.log
-
-
-def read_summary(log_text: str) -> dict[str, Any]:
-    """The closing summary of a train.log (steps, target_tokens, train/eval seconds, tokens/s, valid_ppl)."""
-    for line in reversed(log_text.splitlines()):
-        if SUMMARY_MARK in line and " optimizer steps" in line:
-            return json.loads(line.split(SUMMARY_MARK, 1)[1])
-    raise ValueError("the training log has no closing summary line (did training stop early?)")
 
 
 def threads_per_process(num_threads: int | None, local_processes: int, cores: int) -> int | None:
@@ -158,7 +149,7 @@ class AtomicSaver(BaseSaveHandler):
 
     def __init__(self, dirname: Path, on_first_save: Callable[[], None] | None = None) -> None:
         self.dirname = Path(dirname)
-        self.fixed_names = {"best.pt", "last.pt"}
+        self.fixed_names = {RunDir(self.dirname.parent).best.name, RunDir(self.dirname.parent).last.name}
         self.on_first_save = on_first_save  # e.g. point <name>_latest at the run once it has a checkpoint
 
     def __call__(self, checkpoint: dict[str, Any], filename: str, metadata: dict | None = None) -> None:
@@ -265,7 +256,7 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
             corpus = load_corpus(cfg.data)
         return corpus
 
-    tok_dir = run_dir / TOKENIZER_DIR
+    tok_dir = RunDir(run_dir).tokenizer
     tokenizer: Tokenizer | None = None
     if not resume and rank == 0 and not (tok_dir / TOKENIZER_META).is_file():
         tokenizer = build_tokenizer(
@@ -451,7 +442,8 @@ def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
     t = cfg.train
     model, optimizer, scheduler, scaler = s.model, s.optimizer, s.scheduler, s.scaler
     pad_id = s.tokenizer.pad_id
-    ckpt_dir = run_dir / CHECKPOINT_DIR
+    rd = RunDir(run_dir)
+    ckpt_dir = rd.checkpoints
 
     guard = NonFiniteGuard(t.nonfinite, check_grads=not scaler.is_enabled())
 
@@ -540,7 +532,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
     best = Checkpoint(
         {"model": core, "meta": meta, "trainer": trainer},  # the trainer state records the step
         saver,
-        filename_pattern="best.{ext}",
+        filename_pattern=f"{BEST}.{{ext}}",
         n_saved=1,
         score_function=lambda e: e.state.metrics["bleu"],
         score_name="bleu",
@@ -566,12 +558,12 @@ def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
     periodic = None
     if t.keep_checkpoints > 0:  # weights every checkpoint_every steps (or validation), the last K kept, to average
         periodic = Checkpoint({"model": core, "meta": meta, "trainer": trainer}, saver,
-                              filename_pattern="step_{global_step}.{ext}", n_saved=t.keep_checkpoints,
+                              filename_pattern=f"{PERIODIC_PREFIX}{{global_step}}.{{ext}}", n_saved=t.keep_checkpoints,
                               global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED))
         to_save["periodic_checkpoints"] = periodic
-    last = Checkpoint(to_save, saver, filename_pattern="last.{ext}", n_saved=1)
+    last = Checkpoint(to_save, saver, filename_pattern=f"{LAST}.{{ext}}", n_saved=1)
 
-    tb = TensorboardLogger(log_dir=str(run_dir / "tb")) if rank == 0 else None  # only rank 0 logs
+    tb = TensorboardLogger(log_dir=str(rd.tb)) if rank == 0 else None  # only rank 0 logs
     if tb is not None:
         every = Events.ITERATION_COMPLETED(every=t.log_every)
         tb.attach(trainer, OutputHandler("train", metric_names=["loss", "grad_norm", "tokens_per_s"]), every)
@@ -687,18 +679,18 @@ def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
                 _stop(engine)
 
         if resume:
-            state = load_checkpoint(ckpt_dir / "last.pt")
+            state = load_checkpoint(rd.last)
             try:
                 # Checkpoints written before these keys existed resume without them.
                 optional = ("grads", "tokens_seen", "periodic_checkpoints")
                 Checkpoint.load_objects(to_load={k: v for k, v in to_save.items() if k in state or k not in optional},
                                         checkpoint=state)
             except (KeyError, ValueError, RuntimeError, TypeError) as e:
-                raise CheckpointError(f"{ckpt_dir / 'last.pt'} cannot resume this run: "
+                raise CheckpointError(f"{rd.last} cannot resume this run: "
                                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
             log.info(
                 "resumed from %s at epoch %d, step %d",
-                ckpt_dir / "last.pt",
+                rd.last,
                 trainer.state.epoch,
                 trainer.state.iteration,
             )
@@ -739,6 +731,8 @@ def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
         summary["peak_rss_mb"],
         json.dumps(summary),
     )
+    if rank == 0:  # the same summary for the benchmarks, without parsing the log
+        rd.write_summary(summary)
     if tb is not None:
         tb.close()
     return {k: v for k, v in evaluator.state.metrics.items() if isinstance(v, float)} if evaluator.state else {}

@@ -1,0 +1,153 @@
+"""The layout of a run directory: every file name a run holds is spelled here, and only here.
+
+Layout of ``runs/<name>_<YYYYmmdd_HHMMSS>[_n]/``::
+
+    config.yaml        the resolved config (every default filled in)
+    tokenizer/         everything needed to rebuild the tokenizer
+    checkpoints/       best.pt (best validation BLEU), last.pt (resume point), step_<N>.pt (periodic),
+                       average<K>_step_<a>-step_<b>.pt (averaged)
+    tb/                TensorBoard event files
+    eval/              test.py hypotheses and score JSON, study statistics
+    visualize/         visualize.py figures (its default --out; TensorBoard copies in tb/visualize/)
+    train.log          the training log; its closing line holds the summary
+    summary.json       the same summary, written at the end of training (runs before it have only the log line)
+    train.lock         locked (flock) while a process trains in the run
+
+``runs/<name>_latest`` links to the newest run of that config that has a checkpoint.
+
+Light on purpose (no torch): scripts, utils and bench import it; models/, data/ and tokenizer/ do not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from utils.io import atomic_write_text
+
+SUMMARY_MARK = " | stats "  # precedes the JSON of the closing summary line in train.log
+CHECKPOINT_EXT = "pt"
+BEST = "best"
+LAST = "last"
+PERIODIC_PREFIX = "step_"
+
+
+def read_summary(log_text: str) -> dict[str, Any]:
+    """The closing summary of a train.log (steps, target_tokens, train/eval seconds, tokens/s, valid_ppl)."""
+    for line in reversed(log_text.splitlines()):
+        if SUMMARY_MARK in line and " optimizer steps" in line:
+            return json.loads(line.split(SUMMARY_MARK, 1)[1])
+    raise ValueError("the training log has no closing summary line (did training stop early?)")
+
+
+def latest_link_path(runs_root: Path | str, name: str) -> Path:
+    """``<runs_root>/<name>_latest``: the link to the newest run of config ``name``."""
+    return Path(runs_root) / f"{name}_latest"
+
+
+def eval_stem(checkpoint: str, beam: int, tag: str | None = None) -> str:
+    """``<checkpoint>.beam<N>[.<tag>]``: what test.py's eval file names carry after the split name."""
+    return f"{checkpoint}.beam{beam}" + (f".{tag}" if tag else "")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory (nothing is created or checked on construction)."""
+
+    root: Path
+
+    def __init__(self, root: Path | str) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "train.log"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def tb(self) -> Path:
+        return self.root / "tb"
+
+    @property
+    def figures(self) -> Path:
+        """visualize.py's default output folder."""
+        return self.root / "visualize"
+
+    @property
+    def tb_figures(self) -> Path:
+        """visualize.py's TensorBoard folder."""
+        return self.tb / "visualize"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "train.lock"
+
+    @property
+    def summary_json(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.root / "eval"
+
+    def checkpoint(self, name: str) -> Path:
+        """``checkpoints/<name>.pt`` (name: ``best``, ``last``, ``step_<N>``...)."""
+        return self.checkpoints / f"{name}.{CHECKPOINT_EXT}"
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoint(BEST)
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoint(LAST)
+
+    def periodic(self, step: int) -> Path:
+        """The periodic checkpoint of iteration ``step``."""
+        return self.checkpoint(f"{PERIODIC_PREFIX}{step}")
+
+    def periodic_glob(self) -> list[Path]:
+        """Every periodic checkpoint file (unordered)."""
+        return list(self.checkpoints.glob(f"{PERIODIC_PREFIX}*.{CHECKPOINT_EXT}"))
+
+    def average(self, kept: list[Path]) -> Path:
+        """Where the average of periodic checkpoints ``kept`` (oldest first) is saved."""
+        return self.checkpoint(f"average{len(kept)}_{kept[0].stem}-{kept[-1].stem}")
+
+    def eval_file(self, split: str, checkpoint: str, beam: int, tag: str | None = None, ext: str = "json") -> Path:
+        """``eval/<split>.<checkpoint>.beam<N>[.<tag>].<ext>`` as test.py writes it (split ``all``: every split)."""
+        return self.eval_dir / f"{split}.{eval_stem(checkpoint, beam, tag)}.{ext}"
+
+    def attention_stats(self, checkpoint: str, sentences: int) -> Path:
+        """``eval/attention_stats.<checkpoint>.n<sentences>.json`` (bench/study.py)."""
+        return self.eval_dir / f"attention_stats.{checkpoint}.n{sentences}.json"
+
+    def latest_link(self, name: str) -> Path:
+        """``<name>_latest`` next to this run (``name``: the config's name)."""
+        return latest_link_path(self.root.parent, name)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """Write ``summary.json`` atomically."""
+        atomic_write_text(self.summary_json, json.dumps(summary, indent=2) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        """The closing training summary: ``summary.json``, else (runs written before it existed) parsed from
+        ``train.log``. ValueError if training wrote neither."""
+        if self.summary_json.is_file():
+            return json.loads(self.summary_json.read_text(encoding="utf-8"))
+        if self.log.is_file():
+            return read_summary(self.log.read_text(encoding="utf-8"))
+        raise ValueError(f"{self.root} has no {self.summary_json.name} and no {self.log.name}")
