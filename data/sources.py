@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import datasets
 
-    from utils.config import DataConfig
+    from data.config import DataConfig
 
 logger = logging.getLogger("data")
 

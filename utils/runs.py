@@ -15,7 +15,6 @@ start that fails leaves no run directory behind.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import itertools
 import os
@@ -196,7 +195,7 @@ def check_compatible(run_cfg: Config, cfg: Config, source: str) -> None:
             raise ConfigError(
                 f"{source} has model.{key}={user_model[key]!r} but the checkpoint was trained with {value!r}"
             )
-    if dataclasses.asdict(run_cfg.tokenizer) != dataclasses.asdict(cfg.tokenizer):
+    if run_cfg.tokenizer.to_dict() != cfg.tokenizer.to_dict():
         raise ConfigError(f"{source} describes a different tokenizer than the one the checkpoint was trained with")
 
 
