@@ -26,9 +26,9 @@ class ConfigError(ValueError):
 class _Bad(ValueError):
     """A bad value; ``rest`` follows the field's dotted key (``": expected an integer, got 'x'"``)."""
 
-    def __init__(self, rest: str) -> None:
+    def __init__(self, rest: str, out_of_range: bool = False) -> None:
         super().__init__(rest)
-        self.rest = rest
+        self.rest, self.out_of_range = rest, out_of_range
 
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -126,7 +126,7 @@ def _check_range(value: Any, metadata: list[Any]) -> None:
     ok = math.isfinite(value) and (ge is None or value >= ge) and (gt is None or value > gt) \
         and (lt is None or value < lt)
     if not ok:
-        raise _Bad(f": must be {' and '.join(parts)}, got {value!r}")
+        raise _Bad(f": must be {' and '.join(parts)}, got {value!r}", out_of_range=True)
 
 
 class Section(BaseModel):
@@ -158,9 +158,27 @@ def _section_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
     return cls
 
 
-def config_error(err: ValidationError, root: type[BaseModel], prefix: str = "") -> ConfigError:
-    """pydantic's first error as one line naming the dotted key (``prefix`` names ``root`` when it is nested)."""
-    e = err.errors(include_url=False)[0]
+def _reading_order(e: Any, root: type[BaseModel], raw: Any) -> tuple[tuple[int, int], ...]:
+    """Where error ``e`` lies as ``raw`` is read: in each section its unknown keys, then its values in ``raw``'s
+    order (nested sections whole), then its ranges in declaration order."""
+    order, node, loc = [], raw, e["loc"]
+    for i, part in enumerate(loc):
+        keys = list(node) if isinstance(node, dict) else []
+        index = keys.index(part) if part in keys else len(keys)
+        if i == len(loc) - 1 and e["type"] == "extra_forbidden":
+            order.append((0, index))
+        elif i == len(loc) - 1 and getattr((e.get("ctx") or {}).get("error"), "out_of_range", False):
+            order.append((2, list(_section_at(root, loc[:-1]).model_fields).index(part)))
+        else:
+            order.append((1, index))
+        node = node.get(part) if isinstance(node, dict) else None
+    return tuple(order)
+
+
+def config_error(err: ValidationError, root: type[BaseModel], raw: Any = None, prefix: str = "") -> ConfigError:
+    """The first error met reading ``raw`` (the mapping validated) as one line naming the dotted key (``prefix``
+    names ``root`` when it is nested): unknown keys in a section before its values, values in ``raw``'s order."""
+    e = min(err.errors(include_url=False), key=lambda e: _reading_order(e, root, raw))
     loc = tuple(str(p) for p in e["loc"])
     key = prefix + ".".join(loc)
     if e["type"] == "extra_forbidden":

@@ -120,7 +120,7 @@ def _build(values: dict[str, Any]) -> Config:
     try:
         return Config.model_validate(values)
     except ValidationError as e:
-        raise config_error(e, Config) from None
+        raise config_error(e, Config, values) from None
 
 
 def _check_vocabulary(t: TokenizerConfig) -> None:
