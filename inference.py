@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -101,8 +100,9 @@ def main() -> int:
     if args.src_text is not None:
         if not args.src_text.strip():
             raise ConfigError("--src_text is empty: give a sentence to translate")
-        beam_cfg = replace(cfg.decode, nbest=cfg.decode.beam if args.nbest is None else cfg.decode.nbest)
-        greedy_cfg = replace(cfg.decode, beam=1, nbest=1)
+        beam_nbest = cfg.decode.beam if args.nbest is None else cfg.decode.nbest
+        beam_cfg = cfg.decode.model_copy(update=dict(nbest=beam_nbest))
+        greedy_cfg = cfg.decode.model_copy(update=dict(beam=1, nbest=1))
         greedy = engine.translate([args.src_text], greedy_cfg)[0][0]
         print(f"source: {args.src_text}")
         print(f"greedy: {greedy.text}\t(logprob {greedy.logprob:.3f})")

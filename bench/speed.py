@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import gc
 import json
 import math
@@ -452,8 +451,8 @@ def data_worker(spec: dict, cfg: Any) -> dict[str, Any]:
         splits = ["train", TEST_SPLIT]
         loader = no_corpus
     else:
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache_dir=spec["cache_dir"],
-                                                                   num_proc=spec.get("num_proc", 1)))
+        data = cfg.data.model_copy(update=dict(cache_dir=spec["cache_dir"], num_proc=spec.get("num_proc", 1)))
+        cfg = cfg.model_copy(update=dict(data=data))
         splits = ["train"]
         if task == "data_cold":
             corpus = synthetic_corpus(cfg, spec["pairs"], spec["seed"])
@@ -523,7 +522,7 @@ def get_tokenizer(cfg: Any, out: Path, corpus: Any) -> tuple[Any, Path]:
             return load_tokenizer(path), path
     path = out / "tokenizer"
     print(f"training a {cfg.tokenizer.type} tokenizer on 50k pairs -> {path}", flush=True)
-    tcfg = dataclasses.replace(cfg.tokenizer, train_max_sentences=50_000)
+    tcfg = cfg.tokenizer.model_copy(update=dict(train_max_sentences=50_000))
     train = corpus()["train"]
     tok = train_tokenizer(tcfg, train["src"], train["tgt"], seed=cfg.seed)
     tok.save(path)
@@ -690,9 +689,10 @@ def time_trained_decoding(model_path: str, sentences: int, beam: int, device: st
     split = load_corpus(run.cfg.data)[TEST_SPLIT]
     n = min(sentences, len(split))
     sources, refs = list(split["src"][:n]), list(split["tgt"][:n])
-    decoders = {"greedy": dataclasses.replace(run.cfg.decode, beam=1, nbest=1)}
+    decoders = {"greedy": run.cfg.decode.model_copy(update=dict(beam=1, nbest=1))}
     for rule in ("bound", "k_finished"):
-        decoders[f"beam {beam}, stop={rule}"] = dataclasses.replace(run.cfg.decode, beam=beam, nbest=1, beam_stop=rule)
+        decoders[f"beam {beam}, stop={rule}"] = run.cfg.decode.model_copy(
+            update=dict(beam=beam, nbest=1, beam_stop=rule))
     out: dict[str, Any] = {"model": str(run.checkpoint), "sentences": n, "lenpen": run.cfg.decode.lenpen,
                            "batch_size": run.cfg.decode.batch_size, "decoders": {}}
     texts: dict[str, list[str]] = {}

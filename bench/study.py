@@ -187,12 +187,11 @@ def add_test_variants(variants: list[Variant], items: Sequence[str]) -> None:
 def inference_only(trained: Any, tested: Any, name: str) -> None:
     """A test variant may change how a trained model is run (decoding, RoPE scaling), not what was trained
     or which data it is scored on."""
-    import dataclasses
 
     from utils.runs import check_compatible
 
     check_compatible(trained, tested, f"--test-variant {name}")
-    if dataclasses.asdict(trained.data) != dataclasses.asdict(tested.data):
+    if trained.data.to_dict() != tested.data.to_dict():
         raise ConfigError(f"--test-variant {name} changes data settings; a test variant changes inference only")
 
 

@@ -38,8 +38,9 @@ from data.sources import DataError, corpus_fingerprint
 if TYPE_CHECKING:
     import datasets
 
+    from data.config import DataConfig
+    from data.config import Experiment as Config
     from tokenizer import Tokenizer
-    from utils.config import Config, DataConfig
 
 logger = logging.getLogger("data")
 

@@ -34,7 +34,7 @@ from data.lines import DataError, clean_text, make_split, read_lines
 if TYPE_CHECKING:
     import datasets
 
-    from utils.config import DataConfig
+    from data.config import DataConfig
 
 logger = logging.getLogger("data")
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.config import ModelConfig
 from models.positional import AttentionKind, build_attention_pe
-from utils.config import ModelConfig
 
 LayerCache = dict[str, torch.Tensor]
 

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import LayerCache, MultiHeadAttention
+from models.config import ModelConfig
 from models.positional import build_input_pe
-from utils.config import ModelConfig
 
 
 class FeedForward(nn.Module):

@@ -213,14 +213,13 @@ def test_inference_streams_large_input_in_order_with_bounded_memory(run_dir: Pat
 
 def test_translate_stream_numbers_nbest_rows_across_chunks(run_dir: Path) -> None:
     import io
-    from dataclasses import replace
 
     from utils.runs import load_run
     from utils.translate import translate_stream
 
     run = load_run(run_dir)
     out = io.StringIO()
-    decode = replace(run.cfg.decode, beam=2, nbest=2)
+    decode = run.cfg.decode.model_copy(update=dict(beam=2, nbest=2))
     from utils.translate import translate
 
     fn = lambda texts, d: translate(run.model, run.tokenizer, texts, d, strict=False)  # noqa: E731

@@ -196,3 +196,28 @@ def test_every_shipped_config_resolves_as_recorded(monkeypatch: pytest.MonkeyPat
     assert not diff, f"resolved configs changed (recorded, now): {diff}; regenerate the record if intended"
     assert now["bench_small_rope.yaml"]["model.attention_pe"] == "rope"  # inherited from bench_small, then set
     assert now["bench_small_rope.yaml"]["train.warmup_tokens"] == 750000
+
+
+def test_lower_layers_do_not_import_utils_config() -> None:
+    """models/, data/ and tokenizer/ declare their own sections: importing them loads no ``utils.config``."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys, models.transformer, models.decoding, models.positional, data.cache, data.sources, "
+            "data.batching, tokenizer.factory, tokenizer.joint; "
+            "print(sorted(m for m in sys.modules if m.startswith('utils.config')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_sections_keep_the_dataclass_api() -> None:
+    """Equality, copies with changes, plain dicts (what run directories and checkpoints store)."""
+    from utils.config import DecodeConfig, ModelConfig
+
+    cfg = load_config(Path("configs/demo.yaml"))
+    assert cfg.to_dict()["model"]["rope"] == ModelConfig().rope.to_dict()
+    greedy = cfg.decode.model_copy(update=dict(beam=1, nbest=1))
+    assert (greedy.beam, cfg.decode.beam) == (1, 5) and greedy != cfg.decode
+    assert DecodeConfig(**{**cfg.decode.to_dict(), "beam": 5}) == cfg.decode
+    assert from_dict(cfg.to_dict()) == cfg

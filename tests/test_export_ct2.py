@@ -129,7 +129,6 @@ def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_pa
 def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Path, tmp_path: Path) -> None:
     """Greedy: one ``translate_batch`` for sentences of every length cap (one per cap made CTranslate2's greedy
     1.6x slower); beam: one per cap. Every n-best list is what the sentence decoded alone, with its cap, gives."""
-    import dataclasses
 
     from utils.export_ct2 import CT2Model, ctranslate2_penalty, export
     from utils.runs import load_run
@@ -150,7 +149,7 @@ def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Pa
     engine.translator = Counting()
     ids = encode_sources(engine.tokenizer, lines, None)
     for beam, batch_size in ((1, 64), (1, 7), (5, 64)):
-        decode = dataclasses.replace(engine.cfg.decode, beam=beam, nbest=beam, batch_size=batch_size)
+        decode = engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=beam, batch_size=batch_size))
         caps = [int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b) for seq in ids]
         calls.clear()
         together = engine.translate(lines, decode)
@@ -202,7 +201,6 @@ def test_peers_decodes_an_export_of_our_run_next_to_the_others(trained: Path, tm
 def test_speed_times_the_export_in_a_fresh_process(trained: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/speed.py's CTranslate2 rows: timed in a spawned process (PyTorch's thread pool, once used, slows
     CTranslate2 in the same process); greedy outputs are ours, float32 and int8 both timed."""
-    import dataclasses
 
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import speed
@@ -213,9 +211,9 @@ def test_speed_times_the_export_in_a_fresh_process(trained: Path, monkeypatch: p
     run = load_run(str(trained))
     lines = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()[:12]
     refs = (ROOT / "data" / "demo" / "test.en").read_text(encoding="utf-8").splitlines()[:12]
-    decoders = {"greedy": dataclasses.replace(run.cfg.decode, beam=1, nbest=1)}
+    decoders = {"greedy": run.cfg.decode.model_copy(update=dict(beam=1, nbest=1))}
     for rule in ("bound", "k_finished"):
-        decoders[f"beam 5, stop={rule}"] = dataclasses.replace(run.cfg.decode, beam=5, nbest=1, beam_stop=rule)
+        decoders[f"beam 5, stop={rule}"] = run.cfg.decode.model_copy(update=dict(beam=5, nbest=1, beam_stop=rule))
     ids = encode_sources(run.tokenizer, lines, run.model.max_length, strict=False)
     ours = {label: [best[0].text for best in translate_ids(run.model, run.tokenizer, ids, d)]
             for label, d in decoders.items()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -137,9 +136,9 @@ def test_teacher_forced_target_gives_its_tokens(runs: dict[str, Path]) -> None:
 def test_position_figures_for_every_registered_encoding(level: str, name: str, tmp_path: Path) -> None:
     model_cfg = make_tiny_config(tmp_path).model
     if level == "input":
-        model_cfg = dataclasses.replace(model_cfg, input_pe=name, attention_pe="none")
+        model_cfg = model_cfg.model_copy(update=dict(input_pe=name, attention_pe="none"))
     else:
-        model_cfg = dataclasses.replace(model_cfg, input_pe="none", attention_pe=name, cross_attention_pe=name)
+        model_cfg = model_cfg.model_copy(update=dict(input_pe="none", attention_pe=name, cross_attention_pe=name))
     model = Seq2SeqTransformer(model_cfg, 100, 0)
     figs, notes = position_figures(model, model_cfg, length=24, bias_length=12)
     if name == "none":

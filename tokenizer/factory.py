@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from utils.config import TokenizerConfig
+from tokenizer.config import TokenizerConfig
 
 from .base import META_FILE, Tokenizer, TokenizerError
 from .joint import JOINT_TYPES, JointSubwordTokenizer

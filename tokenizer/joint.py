@@ -22,7 +22,7 @@ from pathlib import Path
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from utils.config import TokenizerConfig
+from tokenizer.config import TokenizerConfig
 from utils.io import atomic_write_text
 
 from .base import Tokenizer, TokenizerError, canonical_json, sha256_hex

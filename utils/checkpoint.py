@@ -7,7 +7,6 @@ so that pairing it with the wrong settings is caught with a clear error.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import zipfile
@@ -30,7 +29,7 @@ INFERENCE_ONLY_KEYS = (
 def model_shape_items(cfg: ModelConfig) -> dict[str, object]:
     """Flattened model config (``rope.theta``, ...) without the inference-only keys."""
     flat: dict[str, object] = {}
-    for key, value in dataclasses.asdict(cfg).items():
+    for key, value in cfg.to_dict().items():
         items = {f"{key}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value}
         flat.update({k: v for k, v in items.items() if k not in INFERENCE_ONLY_KEYS})
     return flat

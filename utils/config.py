@@ -1,7 +1,9 @@
-"""Typed configuration: YAML file -> nested dataclasses, with ``--set key=value`` overrides.
+"""Typed configuration: YAML file -> nested pydantic sections, with ``--set key=value`` overrides.
 
-Every key is declared here with its type and default. An unknown key, a value of the wrong type or a
-value outside a closed set stops with one line naming the key and what is allowed, e.g.::
+Every key is declared with its type and default: the ``model``, ``data`` and ``tokenizer`` sections next to
+their layer (``models/config.py``, ``data/config.py``, ``tokenizer/config.py``), the rest here.
+An unknown key, a value of the wrong type or a value outside a closed set stops with one line naming
+the key and what is allowed, e.g.::
 
     ConfigError: model.attention_pe: 'rpoe' is not one of: none, rope
 
@@ -11,23 +13,22 @@ String values may reference environment variables as ``${VAR}`` or ``${VAR:-defa
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import os
-import re
-import types
-import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
+from pydantic import Field, ValidationError
 
+from data.config import DataConfig
+from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig
+from sections import ConfigError, Section, config_error, expand_env
+from tokenizer.config import TokenizerConfig
 
-class ConfigError(ValueError):
-    """A config problem, reported as one line naming the offending key."""
-
+__all__ = [
+    "Config", "ConfigError", "DataConfig", "DecodeConfig", "EvalConfig", "ModelConfig", "RopeConfig", "ShawConfig",
+    "T5BiasConfig", "TokenizerConfig", "TrainConfig", "expand_env", "from_dict", "load_config", "save_config",
+]
 
 # Closed sets whose members live in a registry are checked against that registry at validation time
 # (see ``_registry_choices``) so that adding an encoding needs no edit here.
@@ -36,302 +37,90 @@ ATTENTION_PE_KEY = "model.attention_pe"
 CROSS_ATTENTION_PE_KEY = "model.cross_attention_pe"
 
 
-def num(default: float | int | None, *, ge: float | None = None, gt: float | None = None,
-        lt: float | None = None) -> Any:
-    """A numeric field with the range it must lie in (a finite number), checked when the config is built."""
-    return field(default=default, metadata={"range": (ge, gt, lt)})
-
-
-def _check_range(key: str, value: float | int, bounds: tuple[float | None, float | None, float | None]) -> None:
-    ge, gt, lt = bounds
-    parts = ([f">= {ge:g}"] if ge is not None else []) + ([f"> {gt:g}"] if gt is not None else []) \
-        + ([f"< {lt:g}"] if lt is not None else [])
-    ok = math.isfinite(value) and (ge is None or value >= ge) and (gt is None or value > gt) \
-        and (lt is None or value < lt)
-    if not ok:
-        raise ConfigError(f"{key}: must be {' and '.join(parts) or 'a finite number'}, got {value!r}")
-
-
-@dataclass
-class DataConfig:
-    """Where the parallel corpus comes from and how it is filtered and batched."""
-
-    source: Literal["demo", "iwslt2017", "wit3", "text"] = "demo"
-    path: str | None = None  # wit3: archive (.tgz/.zip) or folder; text: folder of {split}.{lang}[.gz]
-    src_lang: str = "fr"
-    tgt_lang: str = "en"
-    train: str = "train"  # text source: file prefix of each split
-    validation: str = "valid"
-    test: list[str] = field(default_factory=lambda: ["test"])
-    min_len: int = num(1, ge=0)  # tokens, after subword tokenization (bos/eos not counted)
-    max_len: int = num(128, ge=1)  # training pairs longer than this on either side are dropped
-    max_train_len: int | None = num(None, ge=1)  # stricter training-only cap (train short, test long)
-    max_len_ratio: float | None = num(None, ge=1)  # drop training pairs with len ratio above this
-    max_tokens: int = num(4096, ge=1)  # batch size in tokens (max of source and target, padding included)
-    valid_max_tokens: int | None = num(None, ge=1)  # defaults to max_tokens
-    cache_dir: str = "data/cache"
-    num_proc: int = num(1, ge=1)  # processes used to tokenize the corpus the first time
-
-
-@dataclass
-class TokenizerConfig:
-    """Joint vocabulary trained on the training split (subwords, characters or words; see tokenizer/joint.py),
-    or a pretrained Marian tokenizer."""
-
-    type: Literal["bpe", "unigram", "char", "word", "marian"] = "bpe"
-    vocab_size: int = num(8000, ge=1)
-    min_frequency: int = num(2, ge=0)
-    lowercase: bool = False
-    path: str | None = None  # marian: Hub id or local folder
-    train_max_sentences: int | None = num(None, ge=1)  # subsample (deterministically) for faster training
-    byte_fallback: bool = True  # bpe/unigram/char: unseen characters become their UTF-8 bytes, never <unk>
-
-
-@dataclass
-class RopeConfig:
-    """Rotary position embedding (Su et al. 2021) and its length-extension scalings.
-
-    ``scaling``/``factor``/``original_max_len``/``beta_*`` change no parameter: set them at inference
-    (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
-    """
-
-    theta: float = num(10000.0, gt=1)  # the base: every frequency base^(-2j/d) is then below 1
-    dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
-    scaling: Literal["none", "linear", "ntk", "yarn"] = "none"
-    factor: float = num(1.0, ge=1)  # s: how many times longer than the training length
-    original_max_len: int = num(128, ge=1)  # L: the training length (tokens) the scaling starts from
-    beta_fast: float = num(32.0, gt=0)  # YaRN: dims with more than beta_fast rotations over L are left unchanged
-    beta_slow: float = num(1.0, gt=0)  # YaRN: dims with fewer than beta_slow rotations over L are fully interpolated
-
-
-@dataclass
-class ShawConfig:
-    """Relative position representations (Shaw et al. 2018)."""
-
-    max_distance: int = num(16, ge=1)  # k: relative distances are clipped to [-k, k]
-    values: bool = False  # also add a_V to the values (needs the explicit attention path)
-
-
-@dataclass
-class T5BiasConfig:
-    """T5's bucketed relative attention bias (Raffel et al. 2020)."""
-
-    num_buckets: int = num(32, ge=2)
-    max_distance: int = num(128, ge=1)
-
-
-@dataclass
-class ModelConfig:
-    """Encoder-decoder Transformer (Vaswani et al. 2017) with pluggable positional encodings."""
-
-    d_model: int = num(512, ge=1)
-    n_heads: int = num(8, ge=1)
-    encoder_layers: int = num(6, ge=1)
-    decoder_layers: int = num(6, ge=1)
-    d_ff: int = num(2048, ge=1)
-    dropout: float = num(0.1, ge=0, lt=1)
-    attention_dropout: float = num(0.0, ge=0, lt=1)
-    activation_dropout: float = num(0.0, ge=0, lt=1)  # FFN hidden layer (fairseq's; 0 in the paper)
-    activation: Literal["relu", "gelu"] = "relu"
-    norm: Literal["pre", "post"] = "pre"
-    tie_embeddings: bool = True
-    scale_embeddings: bool = True
-    input_pe: str = "sinusoidal"
-    attention_pe: str = "none"
-    cross_attention_pe: str = "none"
-    max_positions: int = num(1024, ge=1)  # size of learned position tables; longer inputs are an error
-    gaussian_sigma: float = num(2.0, gt=0)  # input_pe=gaussian: width of the window around each position
-    rope: RopeConfig = field(default_factory=RopeConfig)
-    shaw: ShawConfig = field(default_factory=ShawConfig)
-    t5: T5BiasConfig = field(default_factory=T5BiasConfig)
-
-
-@dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """Optimisation, schedule, evaluation and stopping."""
 
-    epochs: int = num(50, ge=1)
-    max_steps: int | None = num(None, ge=1)  # stop after this many optimizer steps
-    max_target_tokens: int | None = num(None, ge=1)  # stop once this many target tokens were trained on (all ranks)
-    max_minutes: float | None = num(None, gt=0)  # stop after this much wall time
-    lr: float = num(5e-4, ge=0)  # 0 freezes the weights (a control run)
+    epochs: int = Field(50, ge=1)
+    max_steps: int | None = Field(None, ge=1)  # stop after this many optimizer steps
+    max_target_tokens: int | None = Field(None, ge=1)  # stop once this many target tokens were trained on (all ranks)
+    max_minutes: float | None = Field(None, gt=0)  # stop after this much wall time
+    lr: float = Field(5e-4, ge=0)  # 0 freezes the weights (a control run)
     scheduler: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
-    warmup_steps: int = num(4000, ge=0)
+    warmup_steps: int = Field(4000, ge=0)
     # The schedule at any batch size: warmup counted in target tokens (replaces warmup_steps), and a peak
     # lr meant for batches of lr_batch_tokens target tokens, scaled by sqrt(batch / lr_batch_tokens) for
     # others (Adam's square-root rule, Malladi et al. 2022). Batch = mean target tokens per optimizer step.
-    warmup_tokens: int | None = num(None, ge=1)
-    lr_batch_tokens: int | None = num(None, ge=1)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = num(1e-9, gt=0)
-    weight_decay: float = num(0.0, ge=0)
-    label_smoothing: float = num(0.1, ge=0, lt=1)
-    clip_norm: float = num(1.0, ge=0)  # 0 = no clipping
+    warmup_tokens: int | None = Field(None, ge=1)
+    lr_batch_tokens: int | None = Field(None, ge=1)
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.98])
+    eps: float = Field(1e-9, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    clip_norm: float = Field(1.0, ge=0)  # 0 = no clipping
     # A step whose loss or gradient norm is NaN or inf: "stop" training with one line naming it, or "skip" it
     # (no update; training stops after 20 skipped in a row). fp16 overflow steps are the grad scaler's to skip.
     nonfinite: Literal["stop", "skip"] = "stop"
-    accumulate: int = num(1, ge=1)  # gradient accumulation steps
-    eval_every: int = num(0, ge=0)  # evaluate every N iterations; 0 = at the end of each epoch
-    patience: int = num(10, ge=1)  # early stopping, in evaluations without a better validation BLEU
-    valid_bleu_sentences: int | None = num(None, ge=1)  # score BLEU on the first N validation pairs (speed)
-    valid_beam: int = num(1, ge=1)  # beam used for validation BLEU (1 = greedy)
-    log_every: int = num(50, ge=1)
-    keep_checkpoints: int = num(0, ge=0)  # keep the last K periodic checkpoints (step_<iteration>.pt) to average
-    checkpoint_every: int = num(0, ge=0)  # periodic checkpoints (+ last.pt) every N iterations; 0 = each validation
-    log_attention_every: int = num(0, ge=0)  # epochs between attention-map images in TensorBoard; 0 = off
+    accumulate: int = Field(1, ge=1)  # gradient accumulation steps
+    eval_every: int = Field(0, ge=0)  # evaluate every N iterations; 0 = at the end of each epoch
+    patience: int = Field(10, ge=1)  # early stopping, in evaluations without a better validation BLEU
+    valid_bleu_sentences: int | None = Field(None, ge=1)  # score BLEU on the first N validation pairs (speed)
+    valid_beam: int = Field(1, ge=1)  # beam used for validation BLEU (1 = greedy)
+    log_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(0, ge=0)  # keep the last K periodic checkpoints (step_<iteration>.pt) to average
+    checkpoint_every: int = Field(0, ge=0)  # periodic checkpoints (+ last.pt) every N iterations; 0 = each validation
+    log_attention_every: int = Field(0, ge=0)  # epochs between attention-map images in TensorBoard; 0 = off
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU
     amp_cpu: bool = False  # allow bf16 autocast when running on CPU
-    num_threads: int | None = num(None, ge=1)  # torch.set_num_threads on CPU
+    num_threads: int | None = Field(None, ge=1)  # torch.set_num_threads on CPU
 
 
-@dataclass
-class DecodeConfig:
+class DecodeConfig(Section):
     """Decoding defaults shared by validation, inference.py and test.py."""
 
-    beam: int = num(5, ge=1)
-    nbest: int = num(1, ge=1)
-    lenpen: float = num(0.6, ge=0)  # GNMT length penalty alpha (Wu et al. 2016, eq. 14); 0 = raw log-prob
-    max_len_a: float = num(1.5, ge=0)  # hypotheses are capped at a * src_len + b tokens
-    max_len_b: int = num(10, ge=0)
-    batch_size: int = num(64, ge=1)  # sentences per decoding batch
+    beam: int = Field(5, ge=1)
+    nbest: int = Field(1, ge=1)
+    lenpen: float = Field(0.6, ge=0)  # GNMT length penalty alpha (Wu et al. 2016, eq. 14); 0 = raw log-prob
+    max_len_a: float = Field(1.5, ge=0)  # hypotheses are capped at a * src_len + b tokens
+    max_len_b: int = Field(10, ge=0)
+    batch_size: int = Field(64, ge=1)  # sentences per decoding batch
     # When a sentence's beam search ends: "bound" once no alive beam can beat its finished n-best
     # (finds what the model prefers); "k_finished" after K finished hypotheses (fairseq's rule).
     beam_stop: Literal["bound", "k_finished"] = "bound"
 
 
-@dataclass
-class EvalConfig:
+class EvalConfig(Section):
     """test.py reporting."""
 
     # Source-length bucket edges in subword tokens: [1, 10), [10, 20), ..., [60, inf) by default.
-    length_buckets: list[int] = field(default_factory=lambda: [10, 20, 30, 40, 60])
+    length_buckets: list[int] = Field(default_factory=lambda: [10, 20, 30, 40, 60])
 
 
-@dataclass
-class Config:
+class Config(Section):
     """A whole experiment. ``name`` defaults to the config file's stem."""
 
     name: str = "experiment"
-    seed: int = num(1234, ge=0, lt=2**31)  # seed + rank seeds NumPy, which takes 0 .. 2**32 - 1
-    data: DataConfig = field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    seed: int = Field(1234, ge=0, lt=2**31)  # seed + rank seeds NumPy, which takes 0 .. 2**32 - 1
+    data: DataConfig = Field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    decode: DecodeConfig = Field(default_factory=DecodeConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
 
 # ----------------------------------------------------------------------------------------------
 # Building from dicts, with type checks
 
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def expand_env(value: str) -> str:
-    """Expand ``${VAR}`` and ``${VAR:-default}``; an unset variable without default is an error."""
-
-    def sub(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
-        if name in os.environ:
-            return os.environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(f"environment variable {name} is not set (referenced as {m.group(0)})")
-
-    return _ENV.sub(sub, value)
-
-
-# A number however users type it. YAML 1.1 (PyYAML) reads 7e-4, 1E3 and 5e+2 as strings; number fields accept them.
-_NUMBER = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?")
-
-
-def _as_number(value: Any) -> Any:
-    """``value``, or the float a numeric string spells (``"7e-4"`` -> 0.0007)."""
-    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        return float(value.strip().replace("_", ""))
-    return value
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp)).replace("typing.", "")
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Check/convert ``value`` to the annotated type ``tp``; raise ConfigError naming ``key``."""
-    origin = get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for opt in options:
-            if opt is type(None):
-                continue
-            try:
-                return _coerce(key, value, opt)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if origin is Literal:
-        allowed = get_args(tp)
-        if value not in allowed:
-            raise ConfigError(f"{key}: {value!r} is not one of: {', '.join(map(str, allowed))}")
-        return value
-    if origin is list:
-        (item_tp,) = get_args(tp)
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {_type_name(tp)} keys, got {value!r}")
-        return _build(tp, value, prefix=f"{key}.")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        value = _as_number(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        value = _as_number(value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return expand_env(value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported type {tp}")
-
-
-def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in values if k not in names]
-    if unknown:
-        raise ConfigError(
-            f"unknown config key {prefix}{unknown[0]}; allowed keys in "
-            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(names)}"
-        )
-    kwargs = {k: _coerce(f"{prefix}{k}", v, hints[k]) for k, v in values.items()}
-    for f in dataclasses.fields(cls):
-        if "range" in f.metadata and kwargs.get(f.name) is not None:
-            _check_range(f"{prefix}{f.name}", kwargs[f.name], f.metadata["range"])
-    return cls(**kwargs)
+def _build(values: dict[str, Any]) -> Config:
+    """A ``Config`` from a raw mapping; pydantic's errors become one ConfigError line naming the key."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"the top level must be a mapping of sections, got {values!r}")
+    try:
+        return Config.model_validate(values)
+    except ValidationError as e:
+        raise config_error(e, Config, values) from None
 
 
 def _check_vocabulary(t: TokenizerConfig) -> None:
@@ -440,7 +229,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
     raw = apply_overrides(_deepcopy(raw), overrides or [])
-    cfg = validate(_build(Config, raw))
+    cfg = validate(_build(raw))
     check_effective(cfg, overrides or [])
     return cfg
 

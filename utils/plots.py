@@ -7,7 +7,6 @@ torch tensors or NumPy arrays.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -261,7 +260,7 @@ def rope_scaling_curves(rope_cfg: RopeConfig, head_dim: int, length: int) -> Fig
     fig = Figure(figsize=(12.0, 4.5), layout="constrained")
     left, right = fig.subplots(1, 2)
     for name in SCALINGS:
-        cfg = dataclasses.replace(rope_cfg, scaling=name, factor=1.0 if name == "none" else factor)
+        cfg = rope_cfg.model_copy(update=dict(scaling=name, factor=1.0 if name == "none" else factor))
         inv, scale = scaled_inv_freq(cfg, dim)
         label = name if name == "none" else f"{name} (s={factor:g})"
         if name == rope_cfg.scaling:

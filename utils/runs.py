@@ -6,7 +6,6 @@ directory behind, and ``runs/<name>_latest`` moves to a run once it has a checkp
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import itertools
 import os
@@ -186,7 +185,7 @@ def check_compatible(run_cfg: Config, cfg: Config, source: str) -> None:
             raise ConfigError(
                 f"{source} has model.{key}={user_model[key]!r} but the checkpoint was trained with {value!r}"
             )
-    if dataclasses.asdict(run_cfg.tokenizer) != dataclasses.asdict(cfg.tokenizer):
+    if run_cfg.tokenizer.to_dict() != cfg.tokenizer.to_dict():
         raise ConfigError(f"{source} describes a different tokenizer than the one the checkpoint was trained with")
 
 

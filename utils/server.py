@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -188,7 +188,7 @@ class Batcher:
             for j in jobs:
                 groups.setdefault(j.key, []).append(j)  # type: ignore[arg-type]
             for (beam, nbest, lenpen), group in groups.items():
-                decode = replace(self.engine.cfg.decode, beam=beam, nbest=nbest, lenpen=lenpen)
+                decode = self.engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
                 texts = [t for j in group for t in j.texts]
                 self.counters.batches += 1
                 self.counters.largest_batch = max(self.counters.largest_batch, len(texts))
@@ -316,7 +316,7 @@ def translate_request(body: dict[str, Any], decode: "DecodeConfig",
     if nbest > beam:
         raise RequestError(422, f"nbest ({nbest}) cannot exceed beam ({beam})")
     lenpen = float_field(body, "lenpen", decode.lenpen, 0.0, 10.0)
-    return lines, single, replace(decode, beam=beam, nbest=nbest, lenpen=lenpen)
+    return lines, single, decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
 
 
 def hypotheses(nbest: list["Translation"]) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ killed write are removed at the next start.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -473,7 +472,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, corpus: Any,
     core = s.core
     rank, world = idist.get_rank(), idist.get_world_size()
     evaluator = create_evaluator(core, pad_id, s.device, s.autocast)
-    decode_cfg = dataclasses.replace(cfg.decode, beam=t.valid_beam, nbest=1)
+    decode_cfg = cfg.decode.model_copy(update=dict(beam=t.valid_beam, nbest=1))
 
     @trainer.on(Events.EPOCH_STARTED)
     def _set_epoch(engine: Engine) -> None:

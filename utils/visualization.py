@@ -56,7 +56,7 @@ def encode_pair(
     """
     src_ids = encode_sources(tokenizer, [src_text], model.max_length, strict=True)[0]
     if tgt_text is None:
-        greedy = dataclasses.replace(decode or DecodeConfig(), beam=1, nbest=1)
+        greedy = (decode or DecodeConfig()).model_copy(update=dict(beam=1, nbest=1))
         hyp = translate_ids(model, tokenizer, [src_ids], greedy)[0][0]
         return src_ids, list(hyp.tokens), hyp.text
     if not tgt_text.strip():

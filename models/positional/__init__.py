@@ -7,6 +7,7 @@ line in ``REGISTRY`` below. ``model.input_pe`` names an input-level entry; ``mod
 
 from __future__ import annotations
 
+from models.config import ModelConfig
 from models.positional.absolute import LearnableLNPE, LearnablePE, PositionLimitError, SinusoidalPE
 from models.positional.alibi import ALiBiPE
 from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
@@ -14,7 +15,6 @@ from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.rotary import RotaryPE
 from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE
-from utils.config import ModelConfig
 
 REGISTRY: dict[str, dict[str, type | None]] = {
     "input": {

@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
+from models.config import ModelConfig
 from models.positional.base import InputPE
-from utils.config import ModelConfig
 
 
 class PositionLimitError(ValueError):

@@ -13,8 +13,8 @@ import math
 
 import torch
 
+from models.config import ModelConfig
 from models.positional.base import AttentionKind, AttentionPE
-from utils.config import ModelConfig
 
 
 def alibi_slopes(n_heads: int) -> list[float]:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import torch
 from torch import nn
 
-from utils.config import ConfigError, ModelConfig
+from models.config import ConfigError, ModelConfig
 
 if TYPE_CHECKING:
-    from utils.config import Config
+    from models.config import Experiment as Config
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 

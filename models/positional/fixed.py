@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from models.config import ConfigError, ModelConfig
 from models.positional.absolute import PositionLimitError
 from models.positional.base import InputPE
-from utils.config import ConfigError, ModelConfig
 
 if TYPE_CHECKING:
-    from utils.config import Config
+    from models.config import Experiment as Config
 
 
 def check_length(length: int, limit: int, what: str) -> None:

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from models.config import ConfigError, ModelConfig, RopeConfig
 from models.positional.base import AttentionKind, AttentionPE
-from utils.config import ConfigError, ModelConfig, RopeConfig
 
 if TYPE_CHECKING:
-    from utils.config import Config
+    from models.config import Experiment as Config
 
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:

@@ -20,8 +20,8 @@ import math
 import torch
 from torch import nn
 
+from models.config import ModelConfig
 from models.positional.base import AttentionKind, AttentionPE
-from utils.config import ModelConfig
 
 
 class ShawPE(AttentionPE):

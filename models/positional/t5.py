@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from models.config import ConfigError, ModelConfig
 from models.positional.base import AttentionKind, AttentionPE
-from utils.config import ConfigError, ModelConfig
 
 if TYPE_CHECKING:
-    from utils.config import Config
+    from models.config import Experiment as Config
 
 
 def relative_position_bucket(
