@@ -23,11 +23,11 @@ trained model can use them at inference:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from models.positional.base import AttentionKind, AttentionPE
+from models.positional.base import AttentionKind, AttentionPE, Plot
 from utils.config import ConfigError, ModelConfig, RopeConfig
 
 if TYPE_CHECKING:
@@ -97,6 +97,39 @@ class RotaryPE(AttentionPE):
                               f"model.n_heads = {m.d_model}/{m.n_heads} = {rot} is odd (or set an even model.rope.dim)")
         if m.rope.scaling == "ntk" and rot <= 2:
             raise ConfigError(f"model.rope.scaling=ntk needs more than 2 rotated dimensions, got {rot}")
+
+    def model_plots(self) -> list[Plot]:
+        """``position/rope_scaling``: the length extension of ``model.rope`` (factor 4 shown when unscaled)."""
+        r = self.cfg.rope
+        factor = r.factor if r.factor > 1 else 4.0  # as in rope_scaling_curves
+        return [Plot("position/rope_scaling", "rope_scaling_curves",
+                     (r, self.head_dim, int(1.25 * factor * r.original_max_len)))]
+
+    def decay(self) -> dict[str, Any]:
+        return {"rope_dim": self.rot_dim, "rope_base": self.cfg.rope.theta}
+
+    @classmethod
+    def ct2_refusal(cls, cfg: Config, key: str) -> str | None:
+        reason = super().ct2_refusal(cfg, key)
+        if reason is None and cfg.model.rope.scaling == "yarn":
+            return "model.rope.scaling=yarn: CTranslate2 has no YaRN scaling (linear and ntk export)"
+        return reason
+
+    @classmethod
+    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
+        """CTranslate2's rotary arguments: rotate-half layout; linear scaling native, NTK folded into the base."""
+        from ctranslate2.specs import attention_spec
+
+        r = cfg.rope
+        head_dim = cfg.d_model // cfg.n_heads
+        dim = r.dim or head_dim
+        out: dict[str, Any] = {"rotary_dim": 0 if dim == head_dim else dim, "rotary_interleave": False,
+                               "rotary_base": r.theta}
+        if r.scaling == "linear":
+            out.update(rotary_scaling_type=attention_spec.RotaryScalingType.Linear, rotary_scaling_factor=r.factor)
+        elif r.scaling == "ntk":
+            out["rotary_base"] = r.theta * r.factor ** (dim / (dim - 2))
+        return out
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``, times the YaRN scale (1 otherwise)."""
