@@ -1,9 +1,10 @@
 """The registry's promise: a new encoding is one module plus one registry line. A throwaway encoding defined
 here, registered by one dict entry, trains, translates, plots and exports (or is refused in one line) with no
-here, registered by one dict entry, trains, translates, plots and exports (or is refused in one line) with no
-other edit."""
+other edit. And per-forward position data (RoPE's angles) is computed once per forward, not once per layer."""
+
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from torch import nn
 from models.positional import REGISTRY
 from models.positional.absolute import sinusoid_table
 from models.positional.base import AttentionPE, InputPE
+from models.transformer import Seq2SeqTransformer
 from utils.config import ModelConfig, from_dict
 
 
@@ -95,3 +97,34 @@ def test_a_new_attention_encoding_is_one_class_and_one_registry_line(tmp_path: P
     assert "distance in encoder self-attention: this encoding has nothing to plot" in shown
     if importlib.util.find_spec("ctranslate2") is not None:
         assert refusal == "model.attention_pe=distance: CTranslate2 has no equivalent of this encoding"
+
+
+def test_rope_angles_are_computed_once_per_forward(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """3+3 layers with RoPE in self- and cross-attention: one angle table per positions tensor per forward
+    (source, target), not one per layer; and the logits are those of per-layer computation."""
+    import models.positional.rotary as rotary
+
+    cfg = dataclasses.replace(make_tiny_config(tmp_path).model, encoder_layers=3, decoder_layers=3, input_pe="none",
+                              attention_pe="rope", cross_attention_pe="rope", dropout=0.0)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(cfg, 50, 0).eval()
+    src, tgt = torch.randint(3, 50, (2, 7)), torch.randint(3, 50, (2, 5))
+    calls: list[int] = []
+    real = rotary.rope_angles
+    monkeypatch.setattr(rotary, "rope_angles", lambda pos, *a: calls.append(len(pos)) or real(pos, *a))
+    with torch.no_grad():
+        shared = model(src, tgt)
+    assert sorted(calls) == [5, 7, 7]  # encoder positions; decoder positions; the source's, read by cross-attention
+    calls.clear()
+    with torch.no_grad():  # KV-cached decoding: once per step, at the step's true offset
+        memory, mask = model.encode(src)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, i : i + 1], memory, mask, cache) for i in range(tgt.shape[1])]
+    assert sorted(calls) == [1] * 5 + [7] * 6  # the encoder; then each step: its position, and the source's
+    assert torch.allclose(torch.cat(steps, 1), shared, atol=1e-5)
+    for module in model.modules():  # every layer on its own: what the model computed before sharing
+        if isinstance(module, AttentionPE):
+            module.shared = type(module.shared)()
+    with torch.no_grad():
+        alone = model(src, tgt)
+    assert torch.equal(alone, shared)

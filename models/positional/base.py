@@ -16,6 +16,7 @@ Beyond the forward hooks, an encoding describes itself to the layers above (whic
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -41,6 +42,28 @@ class Plot:
     draw: str  # the name of a function in utils.plots, e.g. "pe_heatmap", "bias_grid"
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class SharedPositions:
+    """Per-forward position data (e.g. RoPE's cos/sin) computed once and shared by every layer holding this memo.
+
+    An entry is keyed on the positions tensor *object* (a stack makes one per forward or decoding step,
+    ``torch.arange``) and a hashable ``key`` naming what was computed from it. The last ``size`` entries are kept
+    with strong references to their positions, so an object id is never reused while its entry lives.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self.entries: list[tuple[torch.Tensor, Hashable, Any]] = []
+
+    def get(self, positions: torch.Tensor, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()`` for (``positions``, ``key``), computed on the first ask of a forward."""
+        for pos, k, value in self.entries:
+            if pos is positions and k == key:
+                return value
+        value = compute()
+        self.entries = [(positions, key, value), *self.entries[: self.size - 1]]
+        return value
 
 
 class InputPE(nn.Module):
@@ -140,6 +163,8 @@ class AttentionPE(nn.Module):
         self.cfg = cfg
         self.kind = kind
         self.head_dim = cfg.d_model // cfg.n_heads
+        #: Per-forward position data; the model gives all its layers one memo (``Seq2SeqTransformer``).
+        self.shared = SharedPositions()
 
     @classmethod
     def check(cls, cfg: Config, key: str) -> None:

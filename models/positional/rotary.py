@@ -79,6 +79,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
 
 
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions ``[T]``, theta ``[R/2]`` -> (cos, sin) of m * theta_j in the rotate-half layout, each ``[T, R]``
+    float32, times ``scale`` (YaRN's sqrt(1/t); 1 otherwise)."""
+    freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).float(), (emb.sin() * scale).float()
+
+
 class RotaryPE(AttentionPE):
     """RoPE on q and k of self-attention (and of cross-attention if asked for)."""
 
@@ -132,10 +140,12 @@ class RotaryPE(AttentionPE):
         return out
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``, times the YaRN scale (1 otherwise)."""
-        freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.scale).float(), (emb.sin() * self.scale).float()
+        """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``, times the YaRN scale (1 otherwise).
+
+        Computed once per positions tensor and shared through ``self.shared`` by every layer of the model (all
+        its RotaryPE have the same theta_j: one ``model.rope``)."""
+        return self.shared.get(positions, ("rope", self.rot_dim, self.scale),
+                               lambda: rope_angles(positions, self.inv_freq, self.scale))
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
