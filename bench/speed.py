@@ -88,22 +88,12 @@ EOS_OFFSET = 1e4  # subtracted from the EOS logit before a hypothesis reaches it
 # Models
 
 
-def sinusoidal_table(n: int, d: int) -> Any:
-    """[n, d] sin/cos positional table of Vaswani et al. 2017 (sin on even, cos on odd dims)."""
-    import torch
-
-    pos = torch.arange(n, dtype=torch.float32)[:, None]
-    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
-    table = torch.zeros(n, d)
-    table[:, 0::2] = torch.sin(pos * freq)
-    table[:, 1::2] = torch.cos(pos * freq)
-    return table
-
-
 def _torch_transformer_class() -> type:
     import torch
     import torch.nn.functional as F
     from torch import nn
+
+    from models.positional.absolute import sinusoid_table  # the one sinusoid table (Vaswani et al. 2017)
 
     class TorchTransformer(nn.Module):
         """``nn.Transformer`` + scaled token embeddings + sinusoidal positions + tied output layer.
@@ -124,7 +114,7 @@ def _torch_transformer_class() -> type:
                 activation=m.activation, batch_first=True, norm_first=m.norm == "pre",
             )
             nn.init.normal_(self.embed.weight, 0.0, m.d_model**-0.5)
-            self.register_buffer("pe", sinusoidal_table(max_positions, m.d_model), persistent=False)
+            self.register_buffer("pe", sinusoid_table(max_positions, m.d_model), persistent=False)
 
         max_length = None
 

@@ -17,7 +17,8 @@ from torch import nn
 
 from models.attention import LayerCache, MultiHeadAttention
 from models.config import ModelConfig
-from models.positional import build_input_pe
+from models.positional import AttentionPE, build_input_pe
+from models.positional.base import SharedPositions
 
 
 class FeedForward(nn.Module):
@@ -158,6 +159,10 @@ class Seq2SeqTransformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.output = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, vocab_size, bias=False)
+        shared = SharedPositions()  # per-forward position data (RoPE angles) computed once for all layers
+        for module in self.modules():
+            if isinstance(module, AttentionPE):
+                module.shared = shared
         self._init_weights()
 
     def _init_weights(self) -> None:

@@ -5,7 +5,8 @@ with the run's tokenizer and resolved config, so text is tokenized and detokeniz
 does. Every input-level encoding exports as an explicit position table (learnable_ln and binary folded into
 the token tables); RoPE (rotate-half layout; linear and NTK scaling), ALiBi (decoder: native; encoder: a
 relative-bias table with one exact bucket per distance), Shaw (keys, and values when used) and T5 (one
-table per layer) as CTranslate2's own relative schemes.
+table per layer) as CTranslate2's own relative schemes. Each encoding class says how (``ct2_token_weight``,
+``ct2_stack``, ``ct2_fill``) or why not (``ct2_refusal``); this module only assembles the spec.
 """
 
 from __future__ import annotations
@@ -31,16 +32,17 @@ class ExportError(ConfigError):
 
 
 def check_exportable(cfg: Config) -> None:
-    """ExportError, one line, for what CTranslate2 cannot compute exactly."""
+    """ExportError, one line, for what CTranslate2 cannot compute exactly (each encoding says, ``ct2_refusal``)."""
+    from models.positional import REGISTRY
+
     m = cfg.model
-    if m.cross_attention_pe != "none":
-        raise ExportError(f"model.cross_attention_pe={m.cross_attention_pe}: CTranslate2's cross-attention has "
-                          "no positional term")
-    if m.attention_pe != "none" and m.input_pe != "none":
-        raise ExportError(f"model.input_pe={m.input_pe} with model.attention_pe={m.attention_pe}: CTranslate2 "
-                          "drops the position table when self-attention has a relative scheme")
-    if m.attention_pe == "rope" and m.rope.scaling == "yarn":
-        raise ExportError("model.rope.scaling=yarn: CTranslate2 has no YaRN scaling (linear and ntk export)")
+    reasons = [REGISTRY["input"][m.input_pe].ct2_refusal(cfg)]
+    for key in ("model.cross_attention_pe", "model.attention_pe"):
+        cls = REGISTRY["attention"][getattr(m, key.split(".")[1])]
+        reasons.append(None if cls is None else cls.ct2_refusal(cfg, key))
+    reason = next((r for r in reasons if r is not None), None)
+    if reason is not None:
+        raise ExportError(reason)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -65,70 +67,27 @@ def input_table(model: Seq2SeqTransformer, side: str, length: int) -> np.ndarray
         return _np(pe(x, torch.arange(length))[0])
 
 
-def _rotary(cfg: Config) -> dict[str, Any]:
-    """CTranslate2's rotary arguments for our RoPE: rotate-half layout, NTK folded into the base."""
-    from ctranslate2.specs import attention_spec
-
-    r = cfg.model.rope
-    head_dim = cfg.model.d_model // cfg.model.n_heads
-    dim = r.dim or head_dim
-    out: dict[str, Any] = {"rotary_dim": 0 if dim == head_dim else dim, "rotary_interleave": False,
-                           "rotary_base": r.theta}
-    if r.scaling == "linear":
-        out.update(rotary_scaling_type=attention_spec.RotaryScalingType.Linear, rotary_scaling_factor=r.factor)
-    elif r.scaling == "ntk":
-        out["rotary_base"] = r.theta * r.factor ** (dim / (dim - 2))
-    return out
-
-
-def _alibi_table(model: Seq2SeqTransformer, length: int) -> tuple[np.ndarray, int]:
-    """The encoder's symmetric ALiBi as a T5-style relative bias table: with 4 * length buckets every distance
-    below ``length`` has its own (exact) bucket, each holding -m_h |j - i|."""
-    from models.positional.alibi import alibi_slopes
-    from models.positional.t5 import relative_position_bucket
-
-    buckets = 4 * length
-    rel = torch.arange(-(length - 1), length)
-    ids = relative_position_bucket(rel, True, buckets, 2 * buckets)
-    slopes = torch.tensor(alibi_slopes(model.cfg.n_heads))
-    table = torch.zeros(buckets, model.cfg.n_heads)
-    table[ids] = -rel.abs().float()[:, None] * slopes[None, :]
-    return _np(table), 2 * buckets
-
-
 def build_spec(model: Seq2SeqTransformer, cfg: Config, tokens: list[str], specials: dict[str, str]) -> Any:
     """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights, every encoding mapped exactly."""
     from ctranslate2.specs import common_spec, transformer_spec
+
+    from models.positional import REGISTRY
 
     m = cfg.model
     check_exportable(cfg)
     pre = m.norm == "pre"
     act = common_spec.Activation.GELU if m.activation == "gelu" else common_spec.Activation.RELU
     length = model.max_length or TABLE_LENGTH
-    enc_kw: dict[str, Any] = {}
-    dec_kw: dict[str, Any] = {}
-    if m.attention_pe == "rope":
-        enc_kw = dec_kw = _rotary(cfg)
-    elif m.attention_pe == "alibi":
-        enc_kw, dec_kw = {"relative_attention_bias": True}, {"alibi": True}
-    elif m.attention_pe == "t5":
-        enc_kw = dec_kw = {"relative_attention_bias": True}
-    elif m.attention_pe == "shaw":
-        enc_kw = dec_kw = {"relative_position": True}
+    attention = REGISTRY["attention"][m.attention_pe]
+    enc_kw: dict[str, Any] = {} if attention is None else attention.ct2_stack(m, "encoder")
+    dec_kw: dict[str, Any] = {} if attention is None else attention.ct2_stack(m, "decoder")
     enc = transformer_spec.TransformerEncoderSpec(m.encoder_layers, m.n_heads, pre_norm=pre, activation=act, **enc_kw)
     dec = transformer_spec.TransformerDecoderSpec(m.decoder_layers, m.n_heads, pre_norm=pre, activation=act, **dec_kw)
     scale = model.embed_scale
     for side, stack, embed in (("src", enc, model.src_embed), ("tgt", dec, model.tgt_embed)):
         table = stack.embeddings[0] if side == "src" else stack.embeddings
-        weight = embed.weight.detach().float()
         pe = model.src_pe if side == "src" else model.tgt_pe
-        if m.input_pe == "learnable_ln":  # LN(scale E[w]) + p: the LayerNorm depends on the token only
-            with torch.no_grad():
-                weight = pe.norm(weight * scale) / scale
-        elif m.input_pe == "binary":  # the last n_bits dimensions are replaced by the position's bits
-            weight = weight.clone()
-            weight[:, weight.shape[1] - pe.n_bits:] = 0.0
-        table.weight = _np(weight)
+        table.weight = _np(pe.ct2_token_weight(embed.weight.detach().float(), scale))
         stack.scale_embeddings = bool(m.scale_embeddings)
         if hasattr(stack, "position_encodings"):  # always explicit: with none, CTranslate2 adds its own sinusoid
             stack.position_encodings.encodings = input_table(model, side, length)
@@ -136,7 +95,8 @@ def build_spec(model: Seq2SeqTransformer, cfg: Config, tokens: list[str], specia
         _norm(enc.layer_norm, model.encoder_norm)
         _norm(dec.layer_norm, model.decoder_norm)
     for ours, theirs in zip(model.encoder, enc.layer, strict=True):
-        _attention_pe(theirs.self_attention, ours.self_attn.pe, m.attention_pe, model, length)
+        if ours.self_attn.pe is not None:
+            ours.self_attn.pe.ct2_fill(theirs.self_attention, length)
         _norm(theirs.self_attention.layer_norm, ours.res1.norm)
         _linear(theirs.self_attention.linear[0], ours.self_attn.qkv_proj)
         _linear(theirs.self_attention.linear[1], ours.self_attn.out_proj)
@@ -144,8 +104,8 @@ def build_spec(model: Seq2SeqTransformer, cfg: Config, tokens: list[str], specia
         _linear(theirs.ffn.linear_0, ours.ff.fc1)
         _linear(theirs.ffn.linear_1, ours.ff.fc2)
     for ours, theirs in zip(model.decoder, dec.layer, strict=True):
-        if m.attention_pe != "alibi":  # the decoder's causal ALiBi is CTranslate2's own
-            _attention_pe(theirs.self_attention, ours.self_attn.pe, m.attention_pe, model, length)
+        if ours.self_attn.pe is not None:
+            ours.self_attn.pe.ct2_fill(theirs.self_attention, length)
         _norm(theirs.self_attention.layer_norm, ours.res1.norm)
         _linear(theirs.self_attention.linear[0], ours.self_attn.qkv_proj)
         _linear(theirs.self_attention.linear[1], ours.self_attn.out_proj)
@@ -165,21 +125,6 @@ def build_spec(model: Seq2SeqTransformer, cfg: Config, tokens: list[str], specia
     for key, value in specials.items():
         setattr(spec.config, key, value)
     return spec
-
-
-def _attention_pe(spec: Any, pe: Any, name: str, model: Seq2SeqTransformer, length: int) -> None:
-    """Fill one self-attention's relative-position weights (rope and none have none)."""
-    if name == "t5":
-        spec.relative_attention_bias = _np(pe.rel_embed.weight)
-        spec.relative_attention_max_distance = np.dtype("int32").type(pe.max_distance)
-    elif name == "alibi":  # encoder only: the symmetric distances as a bias table
-        table, max_distance = _alibi_table(model, length)
-        spec.relative_attention_bias = table
-        spec.relative_attention_max_distance = np.dtype("int32").type(max_distance)
-    elif name == "shaw":
-        spec.relative_position_keys = _np(pe.key_embed.weight)
-        values = pe.value_embed.weight if pe.value_embed is not None else torch.zeros_like(pe.key_embed.weight)
-        spec.relative_position_values = _np(values)
 
 
 def export(run_dir: Path, checkpoint: Path, model: Seq2SeqTransformer, cfg: Config, tokenizer: Any,

@@ -18,18 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from matplotlib.figure import Figure
 
-from models.positional import AttentionPE, InputPE
-from models.positional.absolute import LearnableLNPE
-from models.positional.alibi import ALiBiPE
-from models.positional.fixed import BinaryPE
-from models.positional.rotary import RotaryPE
-from models.positional.shaw import ShawPE
-from models.positional.t5 import T5BiasPE
+from models.positional import AttentionPE
+from models.positional.base import Plot
 from models.transformer import Attention, Seq2SeqTransformer
 from tokenizer import Tokenizer
 from utils import plots
@@ -166,38 +161,9 @@ def attention_figures(
     return figures_from_attention(*attention_maps(model, tokenizer, src_text, tgt_text, decode))
 
 
-def _input_figures(model: Seq2SeqTransformer, m: ModelConfig, length: int) -> tuple[dict[str, Figure], list[str]]:
-    figs: dict[str, Figure] = {}
-    notes: list[str] = []
-    pes: dict[str, InputPE] = {"encoder": model.src_pe, "decoder": model.tgt_pe}
-    n = min(length, model.max_length or length)
-    table = model.src_pe.table(n)
-    if table is None:
-        notes.append(f"input_pe={m.input_pe}: no input positional encoding to plot")
-        return figs, notes
-    learned = any(True for _ in model.src_pe.parameters())
-    what = f"input_pe={m.input_pe}"
-    if isinstance(model.src_pe, BinaryPE):
-        bits = model.src_pe.n_bits
-        notes.append(f"{what}: the plots show the {bits}-bit code that replaces the last {bits} embedding dims")
-        figs["position/input/heatmap"] = plots.pe_heatmap(
-            table[:, -bits:], f"{what}: bits (least significant first) replacing the last {bits} dims"
-        )
-        figs["position/input/cosine"] = plots.pe_cosine(table, f"{what}: cosine between position codes")
-        return figs, notes
-    if isinstance(model.src_pe, LearnableLNPE):
-        notes.append(f"{what}: the learned table is added to layer-normalised embeddings")
-    if not learned:
-        figs["position/input/heatmap"] = plots.pe_heatmap(table, f"{what}, first {n} positions")
-        figs["position/input/cosine"] = plots.pe_cosine(table, f"{what}: cosine similarity between positions")
-        return figs, notes
-    for side, pe in pes.items():
-        t = pe.table(n)
-        assert t is not None
-        figs[f"position/input/{side}/heatmap"] = plots.pe_heatmap(t, f"{what}, {side} table, first {n} positions")
-        figs[f"position/input/{side}/cosine"] = plots.pe_cosine(t, f"{what}, {side}: cosine between positions")
-        figs[f"position/input/{side}/mds"] = plots.pe_mds(t, f"{what}, {side}: classical MDS of positions")
-    return figs, notes
+def draw(plot: Plot) -> Figure:
+    """The figure an encoding described: ``utils.plots.<plot.draw>(*plot.args, **plot.kwargs)``."""
+    return getattr(plots, plot.draw)(*plot.args, **plot.kwargs)
 
 
 def _first_pe(model: Seq2SeqTransformer, kind: str) -> AttentionPE | None:
@@ -216,34 +182,28 @@ def position_figures(
     ``length`` positions for input tables (capped at the model's limit), ``bias_length`` for bias matrices.
     """
     m = cfg.model if isinstance(cfg, Config) else cfg
-    figs, notes = _input_figures(model, m, length)
+    n = min(length, model.max_length or length)
+    specs, notes = model.src_pe.plots(m.input_pe, n, {"encoder": model.src_pe, "decoder": model.tgt_pe})
     pes = {kind: _first_pe(model, kind) for kind in KINDS}
-    rope = next((pe for pe in pes.values() if isinstance(pe, RotaryPE)), None)
-    if m.input_pe == "sinusoidal" or rope is not None:
-        figs["position/decay"] = plots.decay_curves(
-            max(256, length), d_model=m.d_model if m.input_pe == "sinusoidal" else None,
-            rope_dim=rope.rot_dim if rope is not None else None, rope_base=m.rope.theta,
-        )
-    if rope is not None:
-        factor = m.rope.factor if m.rope.factor > 1 else 4.0  # as in rope_scaling_curves
-        figs["position/rope_scaling"] = plots.rope_scaling_curves(
-            m.rope, rope.head_dim, int(1.25 * factor * m.rope.original_max_len)
-        )
+    attention = [pe for pe in pes.values() if pe is not None]
+    decay: dict[str, Any] = model.src_pe.decay()
+    for pe in attention:
+        decay = {**pe.decay(), **decay}  # the first that gives an argument wins
+    if decay:
+        specs.append(Plot("position/decay", "decay_curves", (max(256, length),), decay))
+    for pe in attention:
+        specs += pe.model_plots()
     names = {"encoder": m.attention_pe, "decoder": m.attention_pe, "cross": m.cross_attention_pe}
     for kind, pe in pes.items():
-        what = f"{names[kind]}, {TITLES[kind]}, layer 0"
-        if isinstance(pe, (ALiBiPE, T5BiasPE)):
-            pos = torch.arange(bias_length, device=model.device)
-            bias = pe.bias(pos, pos)[0]
-            figs[f"position/bias/{kind}"] = plots.bias_grid(bias, f"{what}: bias added to the scores",
-                                                            causal=kind == "decoder")
-        elif isinstance(pe, ShawPE):
-            tables = {"a^K (keys)": pe.key_embed.weight}
-            if pe.value_embed is not None:
-                tables["a^V (values)"] = pe.value_embed.weight
-            figs[f"position/shaw/{kind}"] = plots.relative_tables(
-                tables, pe.max_distance, f"{what}: relative tables (k={pe.max_distance})"
-            )
+        if pe is not None:
+            own = pe.plots(f"{names[kind]}, {TITLES[kind]}, layer 0", bias_length)
+            if not own and not pe.model_plots():
+                notes.append(f"{names[kind]} in {TITLES[kind]}: this encoding has nothing to plot")
+            specs += own
+    figs: dict[str, Figure] = {}
+    for spec in specs:
+        if spec.tag not in figs:  # a model-wide figure comes from the first layer that gives it
+            figs[spec.tag] = draw(spec)
     if m.attention_pe == "none":
         notes.append("attention_pe=none: no attention-level positional encoding in self-attention")
     if m.input_pe == "none" and m.attention_pe == "none" and m.cross_attention_pe == "none":

@@ -3,6 +3,9 @@
 A new encoding is one module with a class deriving from ``InputPE`` or ``AttentionPE`` plus one
 line in ``REGISTRY`` below. ``model.input_pe`` names an input-level entry; ``model.attention_pe``
 (self-attention) and ``model.cross_attention_pe`` (cross-attention) name attention-level entries.
+The class carries everything else about the encoding: what to plot (``plots``) and how to export to
+CTranslate2 or why it cannot (``ct2_*``), with defaults in ``models/positional/base.py``; nothing outside
+the registry switches on encoding names or classes.
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.positional.base import InputPE
+from models.positional.base import InputPE, Plot
 
 
 class PositionLimitError(ValueError):
@@ -40,6 +41,9 @@ class SinusoidalPE(InputPE):
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         table = self.table(int(positions.max()) + 1)
         return x + table[positions].to(x.dtype)
+
+    def decay(self) -> dict[str, Any]:
+        return {"d_model": self.cfg.d_model}
 
 
 class LearnablePE(InputPE):
@@ -81,3 +85,12 @@ class LearnableLNPE(LearnablePE):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return super().embed(self.norm(x), positions)
+
+    def plots(self, name: str, length: int, sides: dict[str, InputPE]) -> tuple[list[Plot], list[str]]:
+        figs, notes = super().plots(name, length, sides)
+        return figs, [f"input_pe={name}: the learned table is added to layer-normalised embeddings", *notes]
+
+    def ct2_token_weight(self, weight: torch.Tensor, scale: float) -> torch.Tensor:
+        """LN(scale E[w]) + P[pos]: the LayerNorm depends on the token only, so it folds into the token table."""
+        with torch.no_grad():
+            return self.norm(weight * scale) / scale

@@ -10,11 +10,13 @@ decoder uses the paper's causal -m_h (i - j) (keys after the query are masked an
 from __future__ import annotations
 
 import math
+from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from models.config import ModelConfig
-from models.positional.base import AttentionKind, AttentionPE
+from models.positional.base import AttentionKind, AttentionPE, Plot
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -41,3 +43,26 @@ class ALiBiPE(AttentionPE):
         if self.kind != "decoder":
             dist = dist.abs()
         return -self.slopes[None, :, None, None] * dist[None, None]
+
+    def plots(self, what: str, length: int) -> list[Plot]:
+        return [self.bias_plot(what, length)]
+
+    @classmethod
+    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
+        """Decoder: CTranslate2's own (causal) ALiBi; encoder: a relative bias table (see ``ct2_fill``)."""
+        return {"alibi": True} if side == "decoder" else {"relative_attention_bias": True}
+
+    def ct2_fill(self, spec: Any, length: int) -> None:
+        """Encoder: the symmetric ALiBi as a T5-style relative bias table: with 4 * length buckets every distance
+        below ``length`` has its own (exact) bucket, each holding -m_h |j - i|. Decoder: nothing (native)."""
+        from models.positional.t5 import relative_position_bucket
+
+        if self.kind == "decoder":
+            return
+        buckets = 4 * length
+        rel = torch.arange(-(length - 1), length)
+        ids = relative_position_bucket(rel, True, buckets, 2 * buckets)
+        table = torch.zeros(buckets, self.cfg.n_heads)
+        table[ids] = -rel.abs().float()[:, None] * self.slopes.cpu()[None, :]
+        spec.relative_attention_bias = table.numpy()
+        spec.relative_attention_max_distance = np.int32(2 * buckets)

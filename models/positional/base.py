@@ -8,11 +8,17 @@ to the attention output, which needs the explicit attention path, e.g. Shaw et a
 
 Positions are explicit ``LongTensor [T]`` (shared by the batch: padding is on the right), so a
 KV-cached decoding step passes its true offset and the same code serves training and inference.
+
+Beyond the forward hooks, an encoding describes itself to the layers above (which never switch on names):
+``plots`` returns ``Plot`` specs that ``utils.visualization`` draws, and ``ct2_refusal`` / ``ct2_token_weight``
+/ ``ct2_stack`` / ``ct2_fill`` map it onto a CTranslate2 spec (ctranslate2 is imported lazily, inside).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -23,6 +29,41 @@ if TYPE_CHECKING:
     from models.config import Experiment as Config
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
+
+
+@dataclass
+class Plot:
+    """One figure an encoding asks for: ``utils.plots.<draw>(*args, **kwargs)`` saved under ``tag``.
+
+    Encodings describe their figures this way (models/ does not draw); ``utils.visualization`` draws them.
+    """
+
+    tag: str
+    draw: str  # the name of a function in utils.plots, e.g. "pe_heatmap", "bias_grid"
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class SharedPositions:
+    """Per-forward position data (e.g. RoPE's cos/sin) computed once and shared by every layer holding this memo.
+
+    An entry is keyed on the positions tensor *object* (a stack makes one per forward or decoding step,
+    ``torch.arange``) and a hashable ``key`` naming what was computed from it. The last ``size`` entries are kept
+    with strong references to their positions, so an object id is never reused while its entry lives.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self.entries: list[tuple[torch.Tensor, Hashable, Any]] = []
+
+    def get(self, positions: torch.Tensor, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()`` for (``positions``, ``key``), computed on the first ask of a forward."""
+        for pos, k, value in self.entries:
+            if pos is positions and k == key:
+                return value
+        value = compute()
+        self.entries = [(positions, key, value), *self.entries[: self.size - 1]]
+        return value
 
 
 class InputPE(nn.Module):
@@ -61,6 +102,50 @@ class InputPE(nn.Module):
         """The ``[length, D]`` table added to embeddings, for plots; None if it has none."""
         return None
 
+    # ------------------------------------------------------------------ plots (drawn by utils.visualization)
+
+    def plots(self, name: str, length: int, sides: dict[str, InputPE]) -> tuple[list[Plot], list[str]]:
+        """(figures, one-line notes) for this encoding at ``length`` positions; ``name`` is its registry name,
+        ``sides`` the encoder and decoder instances (learned tables are separate parameters per side).
+
+        Default: nothing (with a note) without a table; a fixed table's heatmap and cosine similarity; a learned
+        one's heatmap, cosine and classical MDS per side.
+        """
+        what = f"input_pe={name}"
+        table = self.table(length)
+        if table is None:
+            return [], [f"{what}: no input positional encoding to plot"]
+        if not any(True for _ in self.parameters()):
+            return [Plot("position/input/heatmap", "pe_heatmap", (table, f"{what}, first {length} positions")),
+                    Plot("position/input/cosine", "pe_cosine",
+                         (table, f"{what}: cosine similarity between positions"))], []
+        out: list[Plot] = []
+        for side, pe in sides.items():
+            t = pe.table(length)
+            assert t is not None
+            tag = f"position/input/{side}"
+            out += [Plot(f"{tag}/heatmap", "pe_heatmap", (t, f"{what}, {side} table, first {length} positions")),
+                    Plot(f"{tag}/cosine", "pe_cosine", (t, f"{what}, {side}: cosine between positions")),
+                    Plot(f"{tag}/mds", "pe_mds", (t, f"{what}, {side}: classical MDS of positions"))]
+        return out, []
+
+    def decay(self) -> dict[str, Any]:
+        """Arguments of ``utils.plots.decay_curves`` this encoding contributes (sinusoids: ``d_model``); {} for none."""
+        return {}
+
+    # ------------------------------------------------------------------ CTranslate2 export (utils.export_ct2)
+
+    @classmethod
+    def ct2_refusal(cls, cfg: Config) -> str | None:
+        """Why CTranslate2 cannot compute this encoding exactly (one line), or None. By default None: the export
+        writes ``embed(0, positions)`` as CTranslate2's additive position table, exact for ``x + P[pos]``."""
+        return None
+
+    def ct2_token_weight(self, weight: torch.Tensor, scale: float) -> torch.Tensor:
+        """The token table ``[V, D]`` CTranslate2 should hold for ours (``weight``, scaled by ``scale`` in the
+        model), so that ``scale * table + P[pos]`` equals ``embed(scale * E, pos)``. Identity by default."""
+        return weight
+
 
 class AttentionPE(nn.Module):
     """Attention-level encoding, built once per attention layer it applies to.
@@ -78,6 +163,8 @@ class AttentionPE(nn.Module):
         self.cfg = cfg
         self.kind = kind
         self.head_dim = cfg.d_model // cfg.n_heads
+        #: Per-forward position data; the model gives all its layers one memo (``Seq2SeqTransformer``).
+        self.shared = SharedPositions()
 
     @classmethod
     def check(cls, cfg: Config, key: str) -> None:
@@ -97,6 +184,59 @@ class AttentionPE(nn.Module):
     def values(self, attn: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         """Extra output term from weights ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, Dh]``, or None."""
         return None
+
+    # ------------------------------------------------------------------ plots (drawn by utils.visualization)
+
+    def model_plots(self) -> list[Plot]:
+        """Figures drawn once per model (the first layer that gives a tag wins); none by default."""
+        return []
+
+    def plots(self, what: str, length: int) -> list[Plot]:
+        """Figures of this (first) layer's encoding, ``what`` naming it in titles, ``length`` positions; none by
+        default (visualization then draws nothing for it)."""
+        return []
+
+    def decay(self) -> dict[str, Any]:
+        """Arguments of ``utils.plots.decay_curves`` this encoding contributes (RoPE: ``rope_dim``); {} for none."""
+        return {}
+
+    def bias_plot(self, what: str, length: int) -> Plot:
+        """``position/bias/<kind>``: ``bias`` of positions 0..length-1 per head (for q-independent biases)."""
+        tensor = next(iter(self.buffers()), None)
+        tensor = tensor if tensor is not None else next(iter(self.parameters()), None)
+        pos = torch.arange(length, device=tensor.device if tensor is not None else None)
+        bias = self.bias(pos, pos)
+        assert bias is not None, f"{type(self).__name__}.bias_plot needs a bias"
+        return Plot(f"position/bias/{self.kind}", "bias_grid", (bias[0], f"{what}: bias added to the scores"),
+                    {"causal": self.kind == "decoder"})
+
+    # ------------------------------------------------------------------ CTranslate2 export (utils.export_ct2)
+
+    @classmethod
+    def ct2_refusal(cls, cfg: Config, key: str) -> str | None:
+        """Why CTranslate2 cannot compute this encoding exactly where ``key`` (model.attention_pe or
+        model.cross_attention_pe) puts it, one line, or None. The default refuses cross-attention (CTranslate2's
+        has no positional term), an input table beside it (CTranslate2 drops it under a relative scheme), and any
+        encoding that does not override ``ct2_stack``."""
+        name = getattr(cfg.model, key.split(".")[1])
+        if key == "model.cross_attention_pe":
+            return f"{key}={name}: CTranslate2's cross-attention has no positional term"
+        if cfg.model.input_pe != "none":
+            return (f"model.input_pe={cfg.model.input_pe} with {key}={name}: CTranslate2 drops the position table "
+                    "when self-attention has a relative scheme")
+        if cls.ct2_stack.__func__ is AttentionPE.ct2_stack.__func__:  # not overridden
+            return f"{key}={name}: CTranslate2 has no equivalent of this encoding"
+        return None
+
+    @classmethod
+    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
+        """Keyword arguments of ``ctranslate2.specs.Transformer{Encoder,Decoder}Spec`` for this self-attention
+        encoding on ``side`` (import ctranslate2 lazily, inside). Not exportable by default."""
+        raise NotImplementedError(f"{cls.__name__} has no CTranslate2 mapping")
+
+    def ct2_fill(self, spec: Any, length: int) -> None:
+        """Fill one layer's CTranslate2 self-attention ``spec`` with this encoding's weights (tables of numpy
+        arrays) for sequences up to ``length``; nothing by default (e.g. RoPE is parameter-free)."""
 
 
 class NoInputPE(InputPE):

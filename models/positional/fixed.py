@@ -12,7 +12,7 @@ import torch
 
 from models.config import ConfigError, ModelConfig
 from models.positional.absolute import PositionLimitError
-from models.positional.base import InputPE
+from models.positional.base import InputPE, Plot
 
 if TYPE_CHECKING:
     from models.config import Experiment as Config
@@ -128,6 +128,20 @@ class BinaryPE(InputPE):
         out = torch.zeros(length, self.cfg.d_model)
         out[:, self.cfg.d_model - self.n_bits :] = binary_bits(torch.arange(length), self.n_bits)
         return out
+
+    def plots(self, name: str, length: int, sides: dict[str, InputPE]) -> tuple[list[Plot], list[str]]:
+        """The bits that replace the last n_bits dims, and the cosine between whole position codes."""
+        what, bits, table = f"input_pe={name}", self.n_bits, self.table(length)
+        note = f"{what}: the plots show the {bits}-bit code that replaces the last {bits} embedding dims"
+        return [Plot("position/input/heatmap", "pe_heatmap",
+                     (table[:, -bits:], f"{what}: bits (least significant first) replacing the last {bits} dims")),
+                Plot("position/input/cosine", "pe_cosine", (table, f"{what}: cosine between position codes"))], [note]
+
+    def ct2_token_weight(self, weight: torch.Tensor, scale: float) -> torch.Tensor:
+        """The last n_bits dimensions are replaced by the position's bits: zero them in the token table."""
+        weight = weight.clone()
+        weight[:, weight.shape[1] - self.n_bits :] = 0.0
+        return weight
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         check_length(int(positions.max()) + 1, self.max_length, self.limit_message())

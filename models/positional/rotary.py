@@ -23,12 +23,12 @@ trained model can use them at inference:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from models.config import ConfigError, ModelConfig, RopeConfig
-from models.positional.base import AttentionKind, AttentionPE
+from models.positional.base import AttentionKind, AttentionPE, Plot
 
 if TYPE_CHECKING:
     from models.config import Experiment as Config
@@ -79,6 +79,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((x_rot, x_pass), dim=-1) if x_pass.shape[-1] else x_rot
 
 
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions ``[T]``, theta ``[R/2]`` -> (cos, sin) of m * theta_j in the rotate-half layout, each ``[T, R]``
+    float32, times ``scale`` (YaRN's sqrt(1/t); 1 otherwise)."""
+    freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).float(), (emb.sin() * scale).float()
+
+
 class RotaryPE(AttentionPE):
     """RoPE on q and k of self-attention (and of cross-attention if asked for)."""
 
@@ -98,11 +106,46 @@ class RotaryPE(AttentionPE):
         if m.rope.scaling == "ntk" and rot <= 2:
             raise ConfigError(f"model.rope.scaling=ntk needs more than 2 rotated dimensions, got {rot}")
 
+    def model_plots(self) -> list[Plot]:
+        """``position/rope_scaling``: the length extension of ``model.rope`` (factor 4 shown when unscaled)."""
+        r = self.cfg.rope
+        factor = r.factor if r.factor > 1 else 4.0  # as in rope_scaling_curves
+        return [Plot("position/rope_scaling", "rope_scaling_curves",
+                     (r, self.head_dim, int(1.25 * factor * r.original_max_len)))]
+
+    def decay(self) -> dict[str, Any]:
+        return {"rope_dim": self.rot_dim, "rope_base": self.cfg.rope.theta}
+
+    @classmethod
+    def ct2_refusal(cls, cfg: Config, key: str) -> str | None:
+        reason = super().ct2_refusal(cfg, key)
+        if reason is None and cfg.model.rope.scaling == "yarn":
+            return "model.rope.scaling=yarn: CTranslate2 has no YaRN scaling (linear and ntk export)"
+        return reason
+
+    @classmethod
+    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
+        """CTranslate2's rotary arguments: rotate-half layout; linear scaling native, NTK folded into the base."""
+        from ctranslate2.specs import attention_spec
+
+        r = cfg.rope
+        head_dim = cfg.d_model // cfg.n_heads
+        dim = r.dim or head_dim
+        out: dict[str, Any] = {"rotary_dim": 0 if dim == head_dim else dim, "rotary_interleave": False,
+                               "rotary_base": r.theta}
+        if r.scaling == "linear":
+            out.update(rotary_scaling_type=attention_spec.RotaryScalingType.Linear, rotary_scaling_factor=r.factor)
+        elif r.scaling == "ntk":
+            out["rotary_base"] = r.theta * r.factor ** (dim / (dim - 2))
+        return out
+
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``, times the YaRN scale (1 otherwise)."""
-        freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.scale).float(), (emb.sin() * self.scale).float()
+        """positions ``[T]`` -> (cos, sin), each ``[T, rot_dim]``, times the YaRN scale (1 otherwise).
+
+        Computed once per positions tensor and shared through ``self.shared`` by every layer of the model (all
+        its RotaryPE have the same theta_j: one ``model.rope``)."""
+        return self.shared.get(positions, ("rope", self.rot_dim, self.scale),
+                               lambda: rope_angles(positions, self.inv_freq, self.scale))
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor

@@ -16,12 +16,13 @@ which equals the paper's einsums over a_ij without building the [Tq, Tk, Dh] ten
 from __future__ import annotations
 
 import math
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from models.config import ModelConfig
-from models.positional.base import AttentionKind, AttentionPE
+from models.positional.base import AttentionKind, AttentionPE, Plot
 
 
 class ShawPE(AttentionPE):
@@ -62,3 +63,22 @@ class ShawPE(AttentionPE):
         per_distance = attn.new_zeros(*attn.shape[:3], self.value_embed.num_embeddings)
         per_distance = per_distance.scatter_add(-1, index, attn)  # weight summed per clipped distance
         return per_distance @ self.value_embed.weight.to(attn.dtype)
+
+    def plots(self, what: str, length: int) -> list[Plot]:
+        """``position/shaw/<kind>``: the learned tables themselves (distance x dim), their score term depending on q."""
+        tables = {"a^K (keys)": self.key_embed.weight}
+        if self.value_embed is not None:
+            tables["a^V (values)"] = self.value_embed.weight
+        return [Plot(f"position/shaw/{self.kind}", "relative_tables",
+                     (tables, self.max_distance, f"{what}: relative tables (k={self.max_distance})"))]
+
+    @classmethod
+    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
+        return {"relative_position": True}
+
+    def ct2_fill(self, spec: Any, length: int) -> None:
+        """CTranslate2's Shaw keys and values (zeros without a^V), ``[2k+1, Dh]`` each."""
+        keys = self.key_embed.weight.detach().float().cpu()
+        values = torch.zeros_like(keys) if self.value_embed is None else self.value_embed.weight.detach().float().cpu()
+        spec.relative_position_keys = keys.numpy()
+        spec.relative_position_values = values.numpy()

@@ -13,13 +13,14 @@ T5 shares one table across all layers of a stack; here every attention layer has
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
 from models.config import ConfigError, ModelConfig
-from models.positional.base import AttentionKind, AttentionPE
+from models.positional.base import AttentionKind, AttentionPE, Plot
 
 if TYPE_CHECKING:
     from models.config import Experiment as Config
@@ -79,3 +80,15 @@ class T5BiasPE(AttentionPE):
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
         """-> ``[1, H, Tq, Tk]``: b_h(bucket(j - i))."""
         return self.rel_embed(self.buckets(q_pos, k_pos)).permute(2, 0, 1)[None]
+
+    def plots(self, what: str, length: int) -> list[Plot]:
+        return [self.bias_plot(what, length)]
+
+    @classmethod
+    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
+        return {"relative_attention_bias": True}
+
+    def ct2_fill(self, spec: Any, length: int) -> None:
+        """CTranslate2's T5 relative bias: this layer's table ``[num_buckets, H]`` and max_distance."""
+        spec.relative_attention_bias = self.rel_embed.weight.detach().float().cpu().numpy()
+        spec.relative_attention_max_distance = np.int32(self.max_distance)

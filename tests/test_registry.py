@@ -1,0 +1,130 @@
+"""The registry's promise: a new encoding is one module plus one registry line. A throwaway encoding defined
+here, registered by one dict entry, trains, translates, plots and exports (or is refused in one line) with no
+other edit. And per-forward position data (RoPE's angles) is computed once per forward, not once per layer."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_config
+from torch import nn
+
+from models.positional import REGISTRY
+from models.positional.absolute import sinusoid_table
+from models.positional.base import AttentionPE, InputPE
+from models.transformer import Seq2SeqTransformer
+from utils.config import ModelConfig, from_dict
+
+
+class ScaledSinusoidPE(InputPE):
+    """x + a * PE[pos]: Vaswani et al.'s sinusoids ``[T, D]`` times one learned scalar a (init 1)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.alpha = nn.Parameter(torch.ones(()))
+
+    def table(self, length: int) -> torch.Tensor:
+        return (self.alpha * sinusoid_table(length, self.cfg.d_model).to(self.alpha.device)).detach()
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        table = sinusoid_table(int(positions.max()) + 1, self.cfg.d_model).to(x.device)
+        return x + (self.alpha * table[positions]).to(x.dtype)
+
+
+class DistanceBiasPE(AttentionPE):
+    """-s |i - j| added to every head's scores, s one learned scalar (init 0.1): ALiBi with a single slope."""
+
+    def __init__(self, cfg: ModelConfig, kind: str) -> None:
+        super().__init__(cfg, kind)  # type: ignore[arg-type]
+        self.slope = nn.Parameter(torch.tensor(0.1))
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+        """-> ``[1, 1, Tq, Tk]``."""
+        return -self.slope * (q_pos[:, None] - k_pos[None, :]).abs().float()[None, None]
+
+
+def _train_and_use(tmp_path: Path, overrides: list[str]) -> tuple[str, list[str], str | None]:
+    """Train 2 steps, translate one sentence, plot, export: (translation, figure tags + notes, export refusal)."""
+    from utils.export_ct2 import ExportError, export
+    from utils.runs import create_run_dir, load_run
+    from utils.trainer import train
+    from utils.translate import translate
+    from utils.visualization import position_figures
+
+    base = make_tiny_config(tmp_path, max_steps=2, eval_every=2, valid_bleu_sentences=2)
+    cfg = from_dict(base.to_dict(), ["decode.max_len_a=0", "decode.max_len_b=8", *overrides])
+    run_dir = create_run_dir(cfg, tmp_path / "runs")
+    train(cfg, run_dir)
+    run = load_run(run_dir, device="cpu")
+    hyp = translate(run.model, run.tokenizer, ["Le chat dort."], run.cfg.decode)[0][0]
+    figs, notes = position_figures(run.model, run.cfg, length=16, bias_length=8)
+    assert all("\n" not in note for note in notes)
+    refusal = None
+    if importlib.util.find_spec("ctranslate2") is not None:
+        try:
+            out = export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, tmp_path / "ct2")
+        except ExportError as err:
+            refusal = str(err)
+            assert refusal and "\n" not in refusal
+        else:
+            from utils.export_ct2 import CT2Model
+
+            theirs = CT2Model(out).translate(["Le chat dort."], run.cfg.decode)[0][0]
+            assert theirs.text == hyp.text
+    return hyp.text, [*figs, *notes], refusal
+
+
+def test_a_new_input_encoding_is_one_class_and_one_registry_line(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(REGISTRY["input"], "scaled_sinusoid", ScaledSinusoidPE)  # the one line
+    text, shown, refusal = _train_and_use(tmp_path, ["model.input_pe=scaled_sinusoid", "model.attention_pe=none"])
+    assert isinstance(text, str)
+    # learned (alpha): a table per side, as for model.input_pe=learnable
+    assert {f"position/input/{side}/{k}" for side in ("encoder", "decoder") for k in ("heatmap", "cosine", "mds")} \
+        <= set(shown)
+    assert refusal is None  # additive: exported as CTranslate2's position table, and translates the same
+
+
+def test_a_new_attention_encoding_is_one_class_and_one_registry_line(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(REGISTRY["attention"], "distance", DistanceBiasPE)  # the one line
+    text, shown, refusal = _train_and_use(tmp_path, ["model.input_pe=none", "model.attention_pe=distance"])
+    assert isinstance(text, str)
+    assert "distance in encoder self-attention: this encoding has nothing to plot" in shown
+    if importlib.util.find_spec("ctranslate2") is not None:
+        assert refusal == "model.attention_pe=distance: CTranslate2 has no equivalent of this encoding"
+
+
+def test_rope_angles_are_computed_once_per_forward(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """3+3 layers with RoPE in self- and cross-attention: one angle table per positions tensor per forward
+    (source, target), not one per layer; and the logits are those of per-layer computation."""
+    import models.positional.rotary as rotary
+
+    cfg = dataclasses.replace(make_tiny_config(tmp_path).model, encoder_layers=3, decoder_layers=3, input_pe="none",
+                              attention_pe="rope", cross_attention_pe="rope", dropout=0.0)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(cfg, 50, 0).eval()
+    src, tgt = torch.randint(3, 50, (2, 7)), torch.randint(3, 50, (2, 5))
+    calls: list[int] = []
+    real = rotary.rope_angles
+    monkeypatch.setattr(rotary, "rope_angles", lambda pos, *a: calls.append(len(pos)) or real(pos, *a))
+    with torch.no_grad():
+        shared = model(src, tgt)
+    assert sorted(calls) == [5, 7, 7]  # encoder positions; decoder positions; the source's, read by cross-attention
+    calls.clear()
+    with torch.no_grad():  # KV-cached decoding: once per step, at the step's true offset
+        memory, mask = model.encode(src)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, i : i + 1], memory, mask, cache) for i in range(tgt.shape[1])]
+    assert sorted(calls) == [1] * 5 + [7] * 6  # the encoder; then each step: its position, and the source's
+    assert torch.allclose(torch.cat(steps, 1), shared, atol=1e-5)
+    for module in model.modules():  # every layer on its own: what the model computed before sharing
+        if isinstance(module, AttentionPE):
+            module.shared = type(module.shared)()
+    with torch.no_grad():
+        alone = model(src, tgt)
+    assert torch.equal(alone, shared)
