@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 def curves(study: Path, seed: int) -> dict[str, dict[int, float]]:
     """Validation BLEU by optimizer step of each variant's seed-``seed`` run."""
-    from bench.study import find_run, slug, valid_curve
+    from bench.study import find_run, slug
+    from bench.study_runs import valid_curve
 
     spec = json.loads((study / "study.json").read_text())
     out = {}

@@ -27,7 +27,7 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
     length ratio and buckets; the declared family of primary tests and the exploratory ones
     (bench/study_analysis.py); ``corpus`` holds the test splits (data.sources.load_corpus). The hypotheses
     are returned under ``"_hypotheses"`` for ``write_report`` to publish."""
-    from bench.study import eval_file, file_tag, read_attention, valid_curve
+    from bench.study_runs import eval_file, file_tag, read_attention, valid_curve
     from utils.config import load_config
     from utils.rundir import RunDir
 

@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field
 
-from sections import ConfigError, Section
+from utils.schema import ConfigError, Section
 
 __all__ = ["ConfigError", "Experiment", "ModelConfig", "RopeConfig", "Section", "ShawConfig", "T5BiasConfig"]
 

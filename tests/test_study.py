@@ -16,6 +16,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "bench"))
 
 import study  # noqa: E402
+import study_runs  # noqa: E402
 
 from utils.checkpoint import load_checkpoint  # noqa: E402
 from utils.config import ConfigError, load_config  # noqa: E402
@@ -325,21 +326,21 @@ def test_test_variants_name_a_variant_or_all_of_them() -> None:
 
 def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences_and_settings(tmp_path: Path) -> None:
     scores = tmp_path / "test.best.beam5.json"
-    assert not study.eval_current(scores, 1670, [])
+    assert not study_runs.eval_current(scores, 1670, [])
     scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 1670}))  # written before test.py recorded --set
-    assert study.eval_current(scores, 1670, []) and not study.eval_current(scores, 12, [])
-    assert not study.eval_current(scores, 1670, ["model.rope.scaling=linear"])
+    assert study_runs.eval_current(scores, 1670, []) and not study_runs.eval_current(scores, 12, [])
+    assert not study_runs.eval_current(scores, 1670, ["model.rope.scaling=linear"])
     scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 12, "overrides": ["model.rope.factor=2"]}))
-    assert study.eval_current(scores, 12, ["model.rope.factor=2"])
-    assert not study.eval_current(scores, 12, ["model.rope.factor=8"])  # the test variant changed: score again
+    assert study_runs.eval_current(scores, 12, ["model.rope.factor=2"])
+    assert not study_runs.eval_current(scores, 12, ["model.rope.factor=8"])  # the test variant changed: score again
     # A study scoring the first N sentences keeps its files apart (also in runs it shares with another study).
-    assert study.file_tag(None, None) is None and study.file_tag("linear", None) == "linear"
-    assert study.file_tag(None, 12) == "n12" and study.file_tag("linear", 12) == "n12.linear"
-    cached = study.attention_file(tmp_path, "best", 200)
+    assert study_runs.file_tag(None, None) is None and study_runs.file_tag("linear", None) == "linear"
+    assert study_runs.file_tag(None, 12) == "n12" and study_runs.file_tag("linear", 12) == "n12.linear"
+    cached = study_runs.attention_file(tmp_path, "best", 200)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps({"sentences": 200, "stats": {}}))
-    assert study.read_attention(tmp_path, "best", 200) is not None
-    assert study.read_attention(tmp_path, "best", 50) is None
+    assert study_runs.read_attention(tmp_path, "best", 200) is not None
+    assert study_runs.read_attention(tmp_path, "best", 50) is None
 
 
 def test_buckets_keep_every_seed_and_score_the_given_lengths() -> None:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from sections import Section
+from utils.schema import Section
 
 __all__ = ["TokenizerConfig"]
 

@@ -22,8 +22,8 @@ from pydantic import Field, ValidationError
 
 from data.config import DataConfig
 from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig
-from sections import ConfigError, Section, config_error, expand_env
 from tokenizer.config import TokenizerConfig
+from utils.schema import ConfigError, Section, config_error, expand_env
 
 __all__ = [
     "Config", "ConfigError", "DataConfig", "DecodeConfig", "EvalConfig", "ModelConfig", "RopeConfig", "ShawConfig",

@@ -1,4 +1,4 @@
-"""The base of every config section (a leaf: models/, data/, tokenizer/ and utils/ all import it).
+"""The base of every config section, a leaf that imports nothing of ours (models/, data/, tokenizer/, utils/ use it).
 
 A ``Section`` is a pydantic model that forbids unknown keys and reads values as people type them in YAML or
 ``--set``: numeric strings (``7e-4``, ``1_000``) in number fields, a number in a text field, one value where a
