@@ -24,4 +24,4 @@ def test_the_lower_rooms_load_without_anything_above_them() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('utils', 'bench')))")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert set(ast.literal_eval(res.stdout.strip())) <= {"utils", "utils.io", "utils.schema"}, res.stdout  # the leaves at most
+    assert set(ast.literal_eval(res.stdout.strip())) <= {"utils", "utils.io", "utils.schema"}, res.stdout  # leaves only

@@ -4,7 +4,6 @@ other edit. And per-forward position data (RoPE's angles) is computed once per f
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -104,8 +103,9 @@ def test_rope_angles_are_computed_once_per_forward(monkeypatch: pytest.MonkeyPat
     (source, target), not one per layer; and the logits are those of per-layer computation."""
     import models.positional.rotary as rotary
 
-    cfg = dataclasses.replace(make_tiny_config(tmp_path).model, encoder_layers=3, decoder_layers=3, input_pe="none",
-                              attention_pe="rope", cross_attention_pe="rope", dropout=0.0)
+    cfg = make_tiny_config(tmp_path).model.model_copy(update=dict(
+        encoder_layers=3, decoder_layers=3, input_pe="none", attention_pe="rope", cross_attention_pe="rope",
+        dropout=0.0))
     torch.manual_seed(0)
     model = Seq2SeqTransformer(cfg, 50, 0).eval()
     src, tgt = torch.randint(3, 50, (2, 7)), torch.randint(3, 50, (2, 5))
