@@ -20,7 +20,7 @@ config); --model_path on such a directory translates with ctranslate2.Translator
     python inference.py --serve --model_path runs/demo_latest [--host 127.0.0.1] [--port 8000]
 
 --serve answers HTTP requests (pip install '.[serve]'): POST /translate, POST /attention, GET /model, GET /health
-and a demo page at /, with the decoding flags above as defaults (see utils/server.py).
+and a demo page at /, with the decoding flags above as defaults (see utils/serve/app.py).
 """
 
 from __future__ import annotations
@@ -30,10 +30,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from utils.config import DecodeConfig
-    from utils.export_ct2 import CT2Model
-    from utils.runs import LoadedRun
-    from utils.translate import Translation
+    from utils.translation.engines import Engine
 
 from utils.cli import (
     add_alias_args,
@@ -72,7 +69,7 @@ def main() -> int:
                          help="serve the model over HTTP (POST /translate, POST /attention, GET /model, a page at /)")
     serving.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     serving.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
-    from utils.server import Limits
+    from utils.serve.app import Limits
 
     for name, value in vars(Limits()).items():
         flag = name.replace("_", "-")
@@ -84,7 +81,7 @@ def main() -> int:
     from utils.config import ConfigError
 
     overrides = decode_overrides(args)
-    from utils.translate import open_source, translate_stream
+    from utils.translation.translate import open_source, translate_stream
 
     if args.export_ct2:
         return export_ctranslate2(parser, args, overrides)
@@ -131,30 +128,19 @@ def main() -> int:
     return 0
 
 
-class TorchEngine:
-    """A run's PyTorch model: ``translate(texts, decode)`` as utils.translate does."""
-
-    def __init__(self, run: LoadedRun) -> None:
-        self.run, self.cfg = run, run.cfg
-
-    def translate(self, texts: list[str], decode: DecodeConfig) -> list[list[Translation]]:
-        from utils.translate import translate
-
-        return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False)
-
-
 def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                overrides: list[str]) -> TorchEngine | CT2Model:
+                overrides: list[str]) -> Engine:
     """The PyTorch run, or an exported CTranslate2 model when --model_path is one."""
-    from utils.export_ct2 import is_export
-    from utils.runs import load_run
+    from utils.run.load import load_run
+    from utils.translation.engines import TorchEngine
+    from utils.translation.export import is_export
 
     if is_export(args.model_path):
         if args.average or args.config:
             parser.error("--average and --config apply to runs, not to an exported CTranslate2 model")
         from utils.config import ConfigError, load_config
-        from utils.export_ct2 import CT2Model
-        from utils.rundir import RunDir
+        from utils.run.layout import RunDir
+        from utils.translation.engines import CT2Model
 
         try:
             engine = CT2Model(args.model_path, device="cuda" if args.device == "cuda" else "cpu",
@@ -176,7 +162,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
     from dataclasses import fields
 
     from utils.config import ConfigError
-    from utils.server import Limits
+    from utils.serve.app import Limits
 
     if args.src_text is not None or args.input is not None:
         parser.error("--serve takes no --src_text or --input: sentences come in HTTP requests")
@@ -192,8 +178,8 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
         import uvicorn  # noqa: F401
     except ImportError:
         parser.error("--serve needs FastAPI and uvicorn: pip install '.[serve]'")
-    from utils.server import bind
-    from utils.server import serve as serve_http
+    from utils.serve.app import bind
+    from utils.serve.app import serve as serve_http
 
     sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
     engine = load_engine(parser, args, overrides)
@@ -204,10 +190,10 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
 def export_ctranslate2(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:
     from pathlib import Path
 
-    from utils.runs import load_run
+    from utils.run.load import load_run
 
     try:
-        from utils.export_ct2 import export
+        from utils.translation.export import export
     except ImportError:
         parser.error("--export-ctranslate2 needs CTranslate2: pip install '.[export]'")
     average = apply_average_args(parser, args)

@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import json
 import re
-import time
 from typing import Any
 
 from utils.cli import (
@@ -51,9 +50,8 @@ def main() -> int:
 
     from data.sources import DataError, load_corpus
     from utils.io import atomic_write_text, ensure_dir
-    from utils.metrics import corpus_scores, scores_by_length
-    from utils.runs import load_run
-    from utils.translate import encode_sources, translate_ids
+    from utils.run.load import load_run
+    from utils.translation.scoring import decode_and_score, scores_by_length
 
     if args.max_sentences is not None and args.max_sentences < 1:
         parser.error(f"--max_sentences must be >= 1, got {args.max_sentences}")
@@ -72,7 +70,7 @@ def main() -> int:
             raise DataError(f"split {name} has no sentence pairs: nothing to score")
 
     from utils.config import load_config
-    from utils.rundir import RunDir
+    from utils.run.layout import RunDir
 
     rd = RunDir(run.run_dir)
     out_dir = ensure_dir(rd.eval_dir, "the run's eval folder")
@@ -84,13 +82,10 @@ def main() -> int:
         split = corpus[name]
         n = min(len(split), args.max_sentences or len(split))
         sources, refs = list(split["src"][:n]), list(split["tgt"][:n])
-        start = time.perf_counter()
-        ids = encode_sources(run.tokenizer, sources, run.model.max_length, strict=False)
-        hyps = [nbest[0].text for nbest in translate_ids(run.model, run.tokenizer, ids, cfg.decode)]
-        elapsed = time.perf_counter() - start
-        scores = corpus_scores(hyps, refs, lowercase=cfg.tokenizer.lowercase)
-        lengths = [max(len(x) - 1, 0) for x in ids]  # source tokens without eos
-        by_length = scores_by_length(hyps, refs, lengths, cfg.eval.length_buckets, cfg.tokenizer.lowercase)
+        scored = decode_and_score(run.model, run.tokenizer, sources, refs, cfg.decode, cfg.tokenizer.lowercase)
+        hyps, scores, elapsed = scored.texts, scored.scores, scored.seconds
+        by_length = scores_by_length(hyps, refs, scored.source_lengths, cfg.eval.length_buckets,
+                                     cfg.tokenizer.lowercase)
         entry = {
             **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": cfg.decode.beam,
             "lenpen": cfg.decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),

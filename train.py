@@ -60,15 +60,11 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
     import ignite.distributed as idist
 
     from utils.config import ConfigError, load_config
-    from utils.rundir import RunDir
-    from utils.runs import (
-        check_compatible,
-        check_runs_root,
-        create_run_dir,
-        discard_if_untrained,
-        lock_run,
-    )
-    from utils.trainer import prepare, train
+    from utils.run.layout import RunDir
+    from utils.run.load import check_compatible
+    from utils.run.store import check_runs_root, create_run_dir, discard_if_untrained, lock_run
+    from utils.training.loop import train
+    from utils.training.setup import prepare
 
     rank = idist.get_rank()
     if args.resume:

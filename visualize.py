@@ -45,7 +45,7 @@ def main() -> int:
     setup_logging()
 
     from utils.config import ConfigError
-    from utils.runs import load_run
+    from utils.run.load import load_run
 
     if args.input is not None:
         if not args.alignment or args.src_text is not None:
@@ -61,14 +61,14 @@ def main() -> int:
         raise ConfigError(f"--length must be >= 1, got {args.length}")
     run = load_run(args.model_path, args.config, args.overrides, args.device)
     from utils.io import ensure_dir
-    from utils.rundir import RunDir
+    from utils.run.layout import RunDir
 
     rd = RunDir(run.run_dir)
     out_dir = ensure_dir(args.out if args.out else rd.figures, "--out")
 
     from torch.utils.tensorboard import SummaryWriter
 
-    from utils.visualization import (
+    from utils.figures.maps import (
         alignment,
         alignment_figure,
         attention_from_ids,
@@ -118,10 +118,10 @@ def align_file(args: argparse.Namespace) -> int:
     import sys
 
     from utils.config import ConfigError
+    from utils.figures.maps import alignment, attention_from_ids, encode_pair
     from utils.io import atomic_write_text, ensure_dir
-    from utils.runs import load_run
-    from utils.translate import InputError, StreamReport, open_source, source_lines
-    from utils.visualization import alignment, attention_from_ids, encode_pair
+    from utils.run.load import load_run
+    from utils.translation.translate import InputError, StreamReport, open_source, source_lines
 
     run = load_run(args.model_path, args.config, args.overrides, args.device)
     out_dir = ensure_dir(args.out if args.out else run.run_dir / "visualize", "--out")

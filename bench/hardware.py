@@ -149,7 +149,7 @@ def run_flops(run_dir: Path, steps: int) -> dict[str, Any]:
     from models.transformer import Seq2SeqTransformer
     from tokenizer import load_tokenizer
     from utils.config import load_config
-    from utils.rundir import RunDir
+    from utils.run.layout import RunDir
 
     cfg = load_config(RunDir(run_dir).config)
     tok = load_tokenizer(RunDir(run_dir).tokenizer)

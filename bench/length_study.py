@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from utils.rundir import BEST, RunDir, latest_link_path  # noqa: E402
+from utils.run.layout import BEST, RunDir, latest_link_path  # noqa: E402
 
 
 def main() -> int:

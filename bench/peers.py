@@ -43,10 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.measure import CommandFailed, run_measured  # noqa: E402
-from utils.checkpoint import periodic_checkpoints  # noqa: E402
 from utils.host import cpu_has_native_bf16  # noqa: E402
-from utils.rundir import LAST, RunDir  # noqa: E402
-from utils.runs import average_path  # noqa: E402
+from utils.run.checkpoint import periodic_checkpoints  # noqa: E402
+from utils.run.layout import LAST, RunDir  # noqa: E402
 
 TEST_SETS = ["test.tatoeba", "test.multi30k-2016", "test.iwslt-tst2010"]
 CONFIG = "configs/bench_small_rope.yaml"
@@ -100,7 +99,7 @@ def decode_ours(work: Path, run_dir: Path, python: str, average: bool = True) ->
     kept = periodic_checkpoints(RunDir(run_dir).checkpoints)
     if average and len(kept) >= AVERAGE:  # the same run scored with its last checkpoints averaged
         run_measured(cmd + ["--average", str(AVERAGE)], work / "test_average.log")
-        result["tests_average"] = read_scores(run_dir, average_path(run_dir, kept[-AVERAGE:]).stem)
+        result["tests_average"] = read_scores(run_dir, RunDir(run_dir).average(kept[-AVERAGE:]).stem)
         result["averaged"] = [p.stem for p in kept[-AVERAGE:]]
     return result
 
@@ -136,7 +135,7 @@ def decode_ctranslate2(work: Path, run_dir: Path, python: str, data: Path) -> di
 
 def score_hyps(bench: Path, name: str, hyp: Path, speed: float) -> dict[str, float]:
     """sacreBLEU and chrF of a hypotheses file against the test set's references, with its sentences/s."""
-    from utils.metrics import corpus_scores
+    from utils.translation.scoring import corpus_scores
 
     refs = (bench / f"{name}.en").read_text(encoding="utf-8").splitlines()
     scores = corpus_scores(hyp.read_text(encoding="utf-8").splitlines(), refs)

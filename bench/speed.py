@@ -75,7 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from utils.rundir import RunDir, latest_link_path  # noqa: E402
+from utils.run.layout import RunDir, latest_link_path  # noqa: E402
 
 MODELS = ("ours", "marian", "torch")
 LABELS = {"ours": "ours", "marian": "Marian", "torch": "nn.Transformer"}
@@ -288,7 +288,7 @@ def time_training(name: str, model: Any, batches: list[dict], warmup: int, preci
                   device: Any, pad: int) -> dict[str, Any]:
     import torch
 
-    from utils.evaluation import token_loss
+    from utils.training.evaluation import token_loss
 
     t = cfg.train
     params = [p for p in model.parameters() if p.requires_grad]
@@ -397,7 +397,7 @@ def model_worker(spec: dict, cfg: Any) -> dict[str, Any]:
     del inputs
     meter = MemoryMeter(device)
     meter.start()
-    from utils.trainer import set_seed
+    from utils.training.setup import set_seed
 
     set_seed(spec["seed"])
     model = build_model(name, cfg, ids["vocab"], ids["pad"], ids["eos"], spec["max_positions"]).to(device)
@@ -602,7 +602,7 @@ def achieved_flops(run: Path, summary: dict[str, Any], precision: str, device: s
 
 def _ct2_worker(folder: str, sources: list[str], decoders: dict[str, Any], threads: int) -> dict[str, Any]:
     """In a fresh process: time ``CT2Model.translate`` per decoder; label -> (seconds, texts, output tokens)."""
-    from utils.export_ct2 import CT2Model
+    from utils.translation.engines import CT2Model
 
     engine = CT2Model(folder, threads=threads)
     timed = {}
@@ -633,8 +633,8 @@ def time_ctranslate2(run: Any, sources: list[str], refs: list[str], decoders: di
 
     import torch
 
-    from utils.export_ct2 import export
-    from utils.metrics import corpus_scores
+    from utils.translation.export import export
+    from utils.translation.scoring import corpus_scores
 
     out: dict[str, Any] = {}
     n = len(sources)
@@ -671,9 +671,9 @@ def time_trained_decoding(model_path: str, sentences: int, beam: int, device: st
     """
 
     from data.sources import load_corpus
-    from utils.metrics import corpus_scores
-    from utils.runs import load_run
-    from utils.translate import encode_sources, translate_ids
+    from utils.run.load import load_run
+    from utils.translation.scoring import decode_and_score
+    from utils.translation.translate import encode_sources, translate_ids
 
     run = load_run(model_path, device=device)
     split = load_corpus(run.cfg.data)[TEST_SPLIT]
@@ -687,16 +687,13 @@ def time_trained_decoding(model_path: str, sentences: int, beam: int, device: st
                            "batch_size": run.cfg.decode.batch_size, "decoders": {}}
     texts: dict[str, list[str]] = {}
     for label, decode in decoders.items():
-        translate_ids(run.model, run.tokenizer, encode_sources(run.tokenizer, sources[:8], None, strict=False), decode)
-        start = time.perf_counter()
-        ids = encode_sources(run.tokenizer, sources, run.model.max_length, strict=False)
-        hyps = [best[0] for best in translate_ids(run.model, run.tokenizer, ids, decode)]
-        took = time.perf_counter() - start
-        texts[label] = [h.text for h in hyps]
-        out["decoders"][label] = {"sent_per_s": n / took, "seconds": took,
-                                  "out_tokens": sum(len(h.tokens) for h in hyps) / n,
-                                  "bleu": corpus_scores([h.text for h in hyps], refs, run.cfg.tokenizer.lowercase).bleu}
-        print(f"  trained model, {label}: {n / took:.1f} sent/s", flush=True)
+        decode_and_score(run.model, run.tokenizer, sources[:8], refs[:8], decode)  # warm-up
+        scored = decode_and_score(run.model, run.tokenizer, sources, refs, decode, run.cfg.tokenizer.lowercase)
+        texts[label] = scored.texts
+        out["decoders"][label] = {"sent_per_s": n / scored.seconds, "seconds": scored.seconds,
+                                  "out_tokens": sum(len(h.tokens) for h in scored.best) / n,
+                                  "bleu": scored.scores.bleu}
+        print(f"  trained model, {label}: {n / scored.seconds:.1f} sent/s", flush=True)
     out["decoders"].update(time_ctranslate2(run, sources, refs, decoders, texts))
     if profile_to is not None:
         from torch.profiler import ProfilerActivity, profile
@@ -945,7 +942,7 @@ def main() -> int:
     setup_logging()
     cfg = load_config(config, args.overrides)
     max_tokens = max_tokens or cfg.data.max_tokens
-    from utils.trainer import set_seed
+    from utils.training.setup import set_seed
 
     set_seed(cfg.seed)
     corpus_cache: list[Any] = []

@@ -62,7 +62,7 @@ from bench.study_runs import (  # noqa: E402
 )
 from utils.cli import add_set_arg  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
-from utils.rundir import RunDir  # noqa: E402
+from utils.run.layout import RunDir  # noqa: E402
 
 DECODERS = {"beam5": 5, "greedy": 1}
 
@@ -195,7 +195,7 @@ def inference_only(trained: Any, tested: Any, name: str) -> None:
     """A test variant may change how a trained model is run (decoding, RoPE scaling), not what was trained
     or which data it is scored on."""
 
-    from utils.runs import check_compatible
+    from utils.run.load import check_compatible
 
     check_compatible(trained, tested, f"--test-variant {name}")
     if trained.data.to_dict() != tested.data.to_dict():
@@ -229,7 +229,7 @@ def find_run(root: Path, poll: float = 2.0) -> Path | None:
     its step) is waited for, never removed or trained at the same time."""
     import time
 
-    from utils.runs import discard_if_untrained, run_locked_by
+    from utils.run.store import discard_if_untrained, run_locked_by
 
     if not root.is_dir():
         return None
@@ -272,7 +272,7 @@ def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | Non
 
 
 def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
-    from utils.checkpoint import load_checkpoint
+    from utils.run.checkpoint import load_checkpoint
 
     state = load_checkpoint(RunDir(run).last)
     accumulate = run_cfg(run).train.accumulate

@@ -29,7 +29,7 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
     are returned under ``"_hypotheses"`` for ``write_report`` to publish."""
     from bench.study_runs import eval_file, file_tag, read_attention, valid_curve
     from utils.config import load_config
-    from utils.rundir import RunDir
+    from utils.run.layout import RunDir
 
     labels = list(dict.fromkeys(job.variant.label for job in jobs))
     seeds = sorted({job.seed for job in jobs})
@@ -124,8 +124,8 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def _bucket_index(lengths: list[int], edges: list[int]) -> dict[str, list[int]]:
-    """Sentence indices of each source-length bucket (labels as utils.metrics.scores_by_length gives them)."""
-    from utils.metrics import bucket_label
+    """Sentence indices of each source-length bucket (labelled as ``scores_by_length`` labels them)."""
+    from utils.translation.scoring import bucket_label
 
     bounds = [0, *edges]
     out = {}
@@ -140,8 +140,8 @@ def _source_lengths(run: Path, corpus: Any, splits: list[str]) -> dict[str, list
     but without its truncation at the model's length limit: the same buckets for every system of the study,
     whatever tokenizer each was trained with."""
     from tokenizer import load_tokenizer
-    from utils.rundir import RunDir
-    from utils.translate import encode_sources
+    from utils.run.layout import RunDir
+    from utils.translation.translate import encode_sources
 
     tok = load_tokenizer(RunDir(run).tokenizer)
     return {split: [max(len(x) - 1, 0) for x in encode_sources(tok, list(corpus[split]["src"]), None, strict=False)]
@@ -151,7 +151,7 @@ def _source_lengths(run: Path, corpus: Any, splits: list[str]) -> dict[str, list
 def _buckets(hyps: list[list[str]], refs: list[str], lengths: list[int], edges: list[int],
              lowercase: bool) -> list[dict[str, Any]]:
     """BLEU and chrF by source-length bucket: each seed's, and their mean ± std (None for an empty bucket)."""
-    from utils.metrics import scores_by_length
+    from utils.translation.scoring import scores_by_length
 
     per_seed = [scores_by_length(h, refs, lengths[: len(h)], edges, lowercase) for h in hyps]
     out = []

@@ -1,5 +1,5 @@
 """What a study reads from and writes to its runs: test.py's score files, cached attention statistics and the
-validation curve, each through the run's :class:`utils.rundir.RunDir`. Shared by bench/study.py (which scores)
+validation curve, each through the run's :class:`utils.run.layout.RunDir`. Shared by bench/study.py (which scores)
 and bench/study_report.py / bench/pilot_rule.py (which read), so neither imports the other."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from utils.rundir import RunDir
+from utils.run.layout import RunDir
 
 
 def run_cfg(run: Path) -> Any:
@@ -58,10 +58,10 @@ def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, A
     if cached is not None:
         return cached
     from data.sources import load_corpus
-    from utils.attention_stats import attention_statistics
+    from utils.figures.attention_stats import attention_statistics
     from utils.io import atomic_write_text
-    from utils.runs import load_run
-    from utils.translate import encode_sources
+    from utils.run.load import load_run
+    from utils.translation.translate import encode_sources
 
     loaded = load_run(RunDir(run).checkpoint(checkpoint), device="cpu")
     valid = load_corpus(loaded.cfg.data)["validation"]

@@ -17,8 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.config import load_config  # noqa: E402
-from utils.evaluation import token_loss  # noqa: E402
-from utils.trainer import build_setup  # noqa: E402
+from utils.training.evaluation import token_loss  # noqa: E402
+from utils.training.setup import build_setup  # noqa: E402
 
 
 def worker(local_rank: int, out: Path, config: str) -> None:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from models.transformer import Seq2SeqTransformer
-from utils.attention_stats import attention_statistics, head_statistics
 from utils.config import ModelConfig
+from utils.figures.attention_stats import attention_statistics, head_statistics
 
 
 def test_identity_attention_is_at_distance_zero_with_no_entropy_and_fully_diagonal() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from utils.checkpoint import (
+from utils.run.checkpoint import (
     CheckpointError,
     average_checkpoints,
     load_checkpoint,
@@ -59,8 +59,9 @@ def test_averaging_refuses_checkpoints_of_different_models(tmp_path: Path) -> No
 
 
 def test_training_keeps_the_last_k_checkpoints_and_the_cli_averages_them(tmp_path: Path, tiny_config) -> None:
-    from utils.runs import create_run_dir, load_run
-    from utils.trainer import train
+    from utils.run.load import load_run
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
 
     cfg = tiny_config(tmp_path, max_steps=10, eval_every=2, keep_checkpoints=3)
     run = create_run_dir(cfg, tmp_path / "runs")
@@ -93,8 +94,9 @@ def test_training_keeps_the_last_k_checkpoints_and_the_cli_averages_them(tmp_pat
 
 def test_averaging_more_checkpoints_than_a_run_wrote_says_why(tmp_path: Path, tiny_config) -> None:
     """README's example once asked for 5 of a run that kept 5 but wrote 4: the error blamed keep_checkpoints."""
-    from utils.runs import create_run_dir, load_run
-    from utils.trainer import train
+    from utils.run.load import load_run
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
 
     cfg = tiny_config(tmp_path, max_steps=7, eval_every=100, keep_checkpoints=5, checkpoint_every=3)
     run = create_run_dir(cfg, tmp_path / "runs")

@@ -14,9 +14,10 @@ import torch
 from models.decoding import beam_search
 from tests.test_decoding import BOS, EOS, sources, trained_copy_model
 from utils.config import DecodeConfig, load_config
-from utils.runs import create_run_dir, load_run
-from utils.trainer import train
-from utils.translate import translate
+from utils.run.load import load_run
+from utils.run.store import create_run_dir
+from utils.training.loop import train
+from utils.translation.translate import translate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,9 +12,9 @@ import torch
 import yaml
 from conftest import ROOT, make_tiny_config
 
-from utils.checkpoint import load_checkpoint, save_checkpoint
-from utils.runs import create_run_dir
-from utils.trainer import train
+from utils.run.checkpoint import load_checkpoint, save_checkpoint
+from utils.run.store import create_run_dir
+from utils.training.loop import train
 
 
 @pytest.fixture(scope="module")
@@ -214,13 +214,13 @@ def test_inference_streams_large_input_in_order_with_bounded_memory(run_dir: Pat
 def test_translate_stream_numbers_nbest_rows_across_chunks(run_dir: Path) -> None:
     import io
 
-    from utils.runs import load_run
-    from utils.translate import translate_stream
+    from utils.run.load import load_run
+    from utils.translation.translate import translate_stream
 
     run = load_run(run_dir)
     out = io.StringIO()
     decode = run.cfg.decode.model_copy(update=dict(beam=2, nbest=2))
-    from utils.translate import translate
+    from utils.translation.translate import translate
 
     fn = lambda texts, d: translate(run.model, run.tokenizer, texts, d, strict=False)  # noqa: E731
     report = translate_stream(fn, io.BytesIO(b"Bonjour.\nOui.\n\nMerci.\nNon.\n"), out, decode, chunk_lines=2)

@@ -128,8 +128,8 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 
 
 def test_model_fingerprint_ignores_inference_keys_and_tracks_architecture() -> None:
-    from utils.checkpoint import model_fingerprint
     from utils.config import ModelConfig, RopeConfig
+    from utils.run.checkpoint import model_fingerprint
 
     base = model_fingerprint(ModelConfig(attention_pe="rope"), 100)
     assert model_fingerprint(ModelConfig(attention_pe="rope", dropout=0.3), 100) == base

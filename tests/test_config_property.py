@@ -120,9 +120,10 @@ def accepted_seeds(count: int, start: int = 1000) -> list[int]:
 def test_a_random_accepted_config_trains_two_steps_and_translates(seed: int, tmp_path: Path) -> None:
     """The whole path train.py and inference.py take, data, tokenizer and schedule keys included."""
     from data.sources import DataError
-    from utils.runs import create_run_dir, load_run
-    from utils.trainer import train
-    from utils.translate import translate
+    from utils.run.load import load_run
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
+    from utils.translation.translate import translate
 
     raw = random_raw(random.Random(seed))
     raw["data"]["cache_dir"] = str(tmp_path / "cache")

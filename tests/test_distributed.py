@@ -12,7 +12,7 @@ import torch
 import yaml
 from conftest import ROOT, make_tiny_config
 
-from utils.trainer import read_summary
+from utils.run.layout import read_summary
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from utils.cli import StopError
-from utils.runs import create_run_dir, load_run
-from utils.trainer import train
+from utils.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from utils.run.load import load_run
+from utils.run.store import create_run_dir
+from utils.training.loop import train
 
 
 def test_a_diverging_run_stops_with_one_line_naming_the_step(tmp_path: Path, tiny_config) -> None:

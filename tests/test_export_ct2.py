@@ -15,7 +15,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from models.transformer import Seq2SeqTransformer  # noqa: E402
 from utils.config import from_dict  # noqa: E402
-from utils.export_ct2 import ExportError, build_spec, check_exportable  # noqa: E402
+from utils.translation.export import ExportError, build_spec, check_exportable  # noqa: E402
 
 V = 40
 TOKENS = ["<pad>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(4, V)]
@@ -66,8 +66,8 @@ def test_what_ctranslate2_cannot_compute_is_refused_in_one_line(model_cfg: dict,
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from utils.runs import create_run_dir
-    from utils.trainer import train
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
 
     tmp = tmp_path_factory.mktemp("ct2")
     base = make_tiny_config(tmp, max_steps=150, eval_every=150, lr=0.005)
@@ -92,7 +92,7 @@ def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_pa
     refused = cli("--model_path", str(trained), "--export-ctranslate2", str(trained))  # never into a run directory
     assert refused.returncode != 0 and "holds something other than an export" in refused.stderr
     assert "Traceback" not in refused.stderr and (trained / "checkpoints" / "best.pt").is_file()
-    from utils.export_ct2 import CT2Model
+    from utils.translation.engines import CT2Model
 
     assert CT2Model(out).max_length == 2048  # its position table: sources and caps are cut to fit in it
     long = cli("--model_path", str(out), "--src_text", " ".join(["chat"] * 3000), "--beam", "1")
@@ -130,9 +130,10 @@ def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Pa
     """Greedy: one ``translate_batch`` for sentences of every length cap (one per cap made CTranslate2's greedy
     1.6x slower); beam: one per cap. Every n-best list is what the sentence decoded alone, with its cap, gives."""
 
-    from utils.export_ct2 import CT2Model, ctranslate2_penalty, export
-    from utils.runs import load_run
-    from utils.translate import encode_sources
+    from utils.run.load import load_run
+    from utils.translation.engines import CT2Model, ctranslate2_penalty
+    from utils.translation.export import export
+    from utils.translation.translate import encode_sources
 
     run = load_run(str(trained))
     export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, tmp_path / "ct2", None)
@@ -205,8 +206,8 @@ def test_speed_times_the_export_in_a_fresh_process(trained: Path, monkeypatch: p
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     import speed
 
-    from utils.runs import load_run
-    from utils.translate import encode_sources, translate_ids
+    from utils.run.load import load_run
+    from utils.translation.translate import encode_sources, translate_ids
 
     run = load_run(str(trained))
     lines = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()[:12]

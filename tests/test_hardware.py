@@ -61,7 +61,7 @@ def test_run_flops_counts_the_batches_the_trainer_drew(tmp_path) -> None:
     from conftest import ROOT
 
     from bench.hardware import run_flops
-    from utils.trainer import read_summary
+    from utils.run.layout import read_summary
 
     res = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml", "--runs", str(tmp_path),
                           "--set", "train.max_steps=10", "--set", "train.eval_every=100", "--set", "model.d_model=32",

@@ -37,7 +37,7 @@ def test_malloc_keeps_freed_memory_on_linux() -> None:
 
 
 def test_torchrun_processes_share_the_cores_instead_of_each_taking_them_all() -> None:
-    from utils.trainer import threads_per_process
+    from utils.training.setup import threads_per_process
 
     assert threads_per_process(2, 1, 2) == 2 and threads_per_process(None, 1, 2) is None  # one process: as before
     assert threads_per_process(2, 2, 2) == 1 and threads_per_process(None, 2, 16) == 8

@@ -56,7 +56,7 @@ def test_averages_its_periodic_checkpoints_as_then(run: Path, tmp_path: Path) ->
 def test_resumes_with_a_raised_budget(run: Path, tmp_path: Path) -> None:
     cli("train.py", "--resume", str(run), "--set", "train.max_steps=64", "--set", "train.eval_every=2",
         cache=tmp_path / "cache")
-    from utils.checkpoint import load_checkpoint
+    from utils.run.checkpoint import load_checkpoint
 
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     assert state["trainer"]["iteration"] == 64

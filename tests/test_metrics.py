@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sacrebleu
 
-from utils.metrics import corpus_scores, scores_by_length, word_tokens
+from utils.translation.scoring import corpus_scores, scores_by_length, word_tokens
 
 HYP = ["The cat is sleeping on the sofa.", "I would like a coffee, please.", "He eats an apple."]
 REF = ["The cat sleeps on the sofa.", "I would like a coffee, please.", "He is eating an apple."]

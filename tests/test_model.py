@@ -218,7 +218,7 @@ def test_pre_and_post_layer_norm(norm: str) -> None:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_output_layer_on_kept_positions_only_matches_full_logits_and_loss(tie: bool) -> None:
-    from utils.evaluation import token_loss
+    from utils.training.evaluation import token_loss
 
     torch.manual_seed(0)
     model = Seq2SeqTransformer(small_cfg(input_pe="sinusoidal", attention_pe="rope", tie_embeddings=tie), 40, PAD)

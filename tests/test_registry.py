@@ -48,11 +48,12 @@ class DistanceBiasPE(AttentionPE):
 
 def _train_and_use(tmp_path: Path, overrides: list[str]) -> tuple[str, list[str], str | None]:
     """Train 2 steps, translate one sentence, plot, export: (translation, figure tags + notes, export refusal)."""
-    from utils.export_ct2 import ExportError, export
-    from utils.runs import create_run_dir, load_run
-    from utils.trainer import train
-    from utils.translate import translate
-    from utils.visualization import position_figures
+    from utils.figures.maps import position_figures
+    from utils.run.load import load_run
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
+    from utils.translation.export import ExportError, export
+    from utils.translation.translate import translate
 
     base = make_tiny_config(tmp_path, max_steps=2, eval_every=2, valid_bleu_sentences=2)
     cfg = from_dict(base.to_dict(), ["decode.max_len_a=0", "decode.max_len_b=8", *overrides])
@@ -70,7 +71,7 @@ def _train_and_use(tmp_path: Path, overrides: list[str]) -> tuple[str, list[str]
             refusal = str(err)
             assert refusal and "\n" not in refusal
         else:
-            from utils.export_ct2 import CT2Model
+            from utils.translation.engines import CT2Model
 
             theirs = CT2Model(out).translate(["Le chat dort."], run.cfg.decode)[0][0]
             assert theirs.text == hyp.text

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from utils.checkpoint import load_checkpoint
 from utils.cli import StopError
 from utils.config import ConfigError, load_config
-from utils.runs import RunLockedError, create_run_dir, lock_run, run_locked_by, unlock_run
-from utils.trainer import train
+from utils.run.checkpoint import load_checkpoint
+from utils.run.store import RunLockedError, create_run_dir, lock_run, run_locked_by, unlock_run
+from utils.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_a_bad_resume_value_writes_nothing_and_a_run_trains_in_one_process_at_a_
 def test_a_locked_run_cannot_be_locked_again_or_discarded(tmp_path: Path, tiny_config) -> None:
     run = create_run_dir(tiny_config(tmp_path), tmp_path / "runs", lock=True)  # as train.py makes it
     holder = subprocess.Popen([sys.executable, "-c", "import sys,time; sys.path.insert(0, sys.argv[1]); "
-                               "from utils.runs import lock_run; lock_run(sys.argv[2]); print('ok', flush=True); "
+                               "from utils.run.store import lock_run; lock_run(sys.argv[2]); print('ok', flush=True); "
                                "time.sleep(60)", str(ROOT), str(run)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == ""  # refused: it exits with RunLockedError
@@ -84,14 +84,14 @@ def test_a_locked_run_cannot_be_locked_again_or_discarded(tmp_path: Path, tiny_c
         holder.wait()
     unlock_run(run)
     holder = subprocess.Popen([sys.executable, "-c", "import sys,time; sys.path.insert(0, sys.argv[1]); "
-                               "from utils.runs import lock_run; lock_run(sys.argv[2]); print('ok', flush=True); "
+                               "from utils.run.store import lock_run; lock_run(sys.argv[2]); print('ok', flush=True); "
                                "time.sleep(60)", str(ROOT), str(run)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "ok\n"
         assert run_locked_by(run) == holder.pid
         with pytest.raises(RunLockedError, match=rf"pid {holder.pid}"):
             lock_run(run)
-        from utils.runs import discard_if_untrained
+        from utils.run.store import discard_if_untrained
 
         assert not discard_if_untrained(run) and run.is_dir()  # untrained, but another process writes it
     finally:

@@ -10,7 +10,7 @@ import torch
 from models.positional.rotary import RotaryPE, rope_inv_freq, scaled_inv_freq
 from models.transformer import Seq2SeqTransformer
 from utils.config import ModelConfig, RopeConfig
-from utils.runs import check_compatible
+from utils.run.load import check_compatible
 
 DIM = 64
 

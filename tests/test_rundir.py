@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.rundir import SUMMARY_MARK, RunDir, latest_link_path, read_summary
+from utils.run.layout import SUMMARY_MARK, RunDir, latest_link_path, read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = {"steps": 6, "target_tokens": 1234, "train_seconds": 2.5, "eval_seconds": 1.0,
@@ -51,13 +51,7 @@ def test_summary_prefers_summary_json_and_falls_back_to_the_log(tmp_path: Path) 
     assert rd.summary() == SUMMARY
 
 
-def test_the_trainer_still_exports_read_summary() -> None:
-    from utils import trainer
-
-    assert trainer.read_summary is read_summary and trainer.SUMMARY_MARK == SUMMARY_MARK
-
-
-# File names of a run directory: spelled in utils/rundir.py only (tests and docs may spell them).
+# File names of a run directory: spelled in utils/run/layout.py only (tests and docs may spell them).
 LAYOUT_LITERALS = ['"checkpoints"', '"last.pt"', '"best.pt"', '"config.yaml"', '"train.log"', '"train.lock"',
                    '"summary.json"', '/ "eval"', '/ "tb"', '_latest"']
 # Not run directories: bench/peers.py's own work folder holds the captured output of train.py and of Eole's
@@ -69,7 +63,7 @@ def test_the_layout_is_spelled_only_in_the_rundir_module() -> None:
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith((".venv/", "tests/", "runs/")) or rel == "utils/rundir.py" or "/." in f"/{rel}":
+        if rel.startswith((".venv/", "tests/", "runs/")) or rel == "utils/run/layout.py" or "/." in f"/{rel}":
             continue
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             code = re.sub(r"#.*$", "", line)
@@ -81,4 +75,4 @@ def test_the_layout_is_spelled_only_in_the_rundir_module() -> None:
 def test_lower_layers_do_not_import_the_run_directory(package: str) -> None:
     for path in (ROOT / package).rglob("*.py"):
         text = path.read_text(encoding="utf-8")
-        assert "utils.rundir" not in text and "utils.runs" not in text, path
+        assert "utils.run" not in text, path

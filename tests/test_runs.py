@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from utils.config import Config, ConfigError
-from utils.runs import check_runs_root, create_run_dir, discard_if_untrained, latest_link, point_latest
+from utils.run.store import check_runs_root, create_run_dir, discard_if_untrained, latest_link, point_latest
 
 
 def test_runs_started_at_the_same_moment_get_their_own_directories(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("utils.runs.time.strftime", lambda fmt: "20260101_000000")  # one shared timestamp
+    monkeypatch.setattr("utils.run.store.time.strftime", lambda fmt: "20260101_000000")  # one shared timestamp
     start = threading.Barrier(8)
 
     def make(_: int) -> Path:
@@ -33,7 +33,7 @@ def test_runs_started_at_the_same_moment_get_their_own_directories(tmp_path: Pat
 def test_a_directory_made_between_the_check_and_mkdir_is_not_reused(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The race of two processes, made deterministic: the name looks free but another run takes it first."""
-    monkeypatch.setattr("utils.runs.time.strftime", lambda fmt: "20260101_000000")
+    monkeypatch.setattr("utils.run.store.time.strftime", lambda fmt: "20260101_000000")
     taken = tmp_path / "runs" / "demo_20260101_000000"
     taken.mkdir(parents=True)
     (taken / "mine").write_text("another run's file")

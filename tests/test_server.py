@@ -40,8 +40,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (about 10 s; 32 different outputs for the 40 test lines), hypotheses capped at 12 tokens."""
     import torch
 
-    from utils.runs import create_run_dir
-    from utils.trainer import train
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
 
     tmp = tmp_path_factory.mktemp("serve")
     base = make_tiny_config(tmp, epochs=10, eval_every=1000, lr=0.005, num_threads=1)
@@ -200,7 +200,7 @@ def test_a_slow_client_and_a_vanished_one_do_not_stall_the_others(server: Server
 
 
 def test_model_describes_the_run(server: Server, run_dir: Path) -> None:
-    from utils.runs import load_run
+    from utils.run.load import load_run
 
     run = load_run(run_dir, device="cpu")
     status, info = get(server.url, "/model")
@@ -216,8 +216,8 @@ def test_model_describes_the_run(server: Server, run_dir: Path) -> None:
 
 
 def test_attention_is_what_visualize_computes(server: Server, run_dir: Path) -> None:
-    from utils.runs import load_run
-    from utils.visualization import attention_maps, predicted_labels
+    from utils.figures.maps import attention_maps, predicted_labels
+    from utils.run.load import load_run
 
     run = load_run(run_dir, device="cpu")
     for target, kind in ((None, "cross"), ("The cat sleeps on the sofa.", "cross"), (None, "encoder"),
@@ -312,7 +312,7 @@ class BlockingEngine:
         self.release = threading.Event()
 
     def translate(self, texts: list[str], decode: object) -> list[list[object]]:
-        from utils.translate import Translation
+        from utils.translation.translate import Translation
 
         self.calls.append((list(texts), decode.beam))  # type: ignore[attr-defined]
         self.entered.set()
@@ -325,7 +325,7 @@ def serving(engine: BlockingEngine, **limits: float) -> Iterator[Server]:
     """The app on a free port in a thread of this process (uvicorn, as --serve runs it)."""
     import uvicorn
 
-    from utils.server import Limits, create_app
+    from utils.serve.app import Limits, create_app
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

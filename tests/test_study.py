@@ -18,8 +18,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import study  # noqa: E402
 import study_runs  # noqa: E402
 
-from utils.checkpoint import load_checkpoint  # noqa: E402
 from utils.config import ConfigError, load_config  # noqa: E402
+from utils.run.checkpoint import load_checkpoint  # noqa: E402
 
 
 def test_grid_is_the_cross_product_of_its_axes() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from conftest import ROOT
 
-from utils.checkpoint import load_checkpoint
+from utils.run.checkpoint import load_checkpoint
 
 
 def study_cmd(runs: Path, cache: Path) -> list[str]:

@@ -18,10 +18,11 @@ from data.batching import TokenBatchSampler
 from data.cache import load_or_build
 from data.sources import load_corpus
 from tokenizer import load_tokenizer
-from utils.checkpoint import CheckpointError, load_checkpoint
-from utils.rundir import RunDir
-from utils.runs import create_run_dir, load_run, resolve_checkpoint
-from utils.trainer import train
+from utils.run.checkpoint import CheckpointError, load_checkpoint
+from utils.run.layout import RunDir
+from utils.run.load import load_run, resolve_checkpoint
+from utils.run.store import create_run_dir
+from utils.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,7 +214,7 @@ def test_early_stopping_ends_training_after_patience_evaluations(tmp_path: Path,
 
 
 def test_schedule_in_tokens_is_the_same_at_any_batch_size(tmp_path: Path, tiny_config) -> None:
-    from utils.trainer import build_setup
+    from utils.training.setup import build_setup
 
     def setup(max_tokens: int, **kw):
         cfg = tiny_config(tmp_path, lr=1e-3, warmup_steps=7, **kw)
@@ -265,7 +266,7 @@ class StopSignalAt:
 
 
 def epoch_length(cfg, tmp_path: Path) -> int:
-    from utils.trainer import build_setup
+    from utils.training.setup import build_setup
 
     return len(build_setup(cfg, tmp_path / "probe").train_data)
 
@@ -277,7 +278,7 @@ def test_a_signal_on_an_epochs_last_step_keeps_that_epochs_validation(tmp_path: 
     as done)."""
     cfg = tiny_config(tmp_path, epochs=2, eval_every=0, log_attention_every=1)
     per_epoch = epoch_length(cfg, tmp_path)
-    monkeypatch.setattr("utils.trainer.StopRequest", StopSignalAt(per_epoch))
+    monkeypatch.setattr("utils.training.loop.StopRequest", StopSignalAt(per_epoch))
     run = create_run_dir(cfg, tmp_path / "runs")
     train(cfg, run)
     last = load_checkpoint(run / "checkpoints" / "last.pt")
@@ -301,7 +302,7 @@ def test_a_checkpoint_inside_an_accumulation_window_resumes_exactly(tmp_path: Pa
     straight = create_run_dir(cfg, tmp_path / "a")
     train(cfg, straight)
     assert load_checkpoint(straight / "checkpoints" / "last.pt")["trainer"]["iteration"] == 8
-    monkeypatch.setattr("utils.trainer.StopRequest", StopSignalAt(5))  # stops after batch 5: mid-window
+    monkeypatch.setattr("utils.training.loop.StopRequest", StopSignalAt(5))  # stops after batch 5: mid-window
     resumed = create_run_dir(cfg, tmp_path / "b")
     train(cfg, resumed)
     state = load_checkpoint(resumed / "checkpoints" / "last.pt")
@@ -346,9 +347,9 @@ def test_a_failed_start_leaves_no_run_directory_and_keeps_latest(tmp_path: Path,
 KILL_CHILD = """
 import sys, time
 from pathlib import Path
-import utils.checkpoint as ck
+import utils.run.checkpoint as ck
 from utils.config import load_config
-from utils.trainer import train
+from utils.training.loop import train
 
 run, marker, pause_at = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 saves = {"n": 0}
@@ -372,9 +373,9 @@ train(cfg, run)
 PAUSE_CHILD = """
 import sys, time
 from pathlib import Path
-import utils.checkpoint as ck
+import utils.run.checkpoint as ck
 from utils.config import load_config
-from utils.trainer import train
+from utils.training.loop import train
 
 run, marker, pause_after = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 saves = {"n": 0}

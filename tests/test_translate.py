@@ -8,7 +8,7 @@ import torch
 from models.transformer import Seq2SeqTransformer
 from tokenizer import train_tokenizer
 from utils.config import DecodeConfig, ModelConfig, TokenizerConfig
-from utils.translate import InputError, translate
+from utils.translation.translate import InputError, translate
 
 SENTENCES = ["le chat dort", "le chien mange une pomme", "je vois un oiseau", "bonjour", "merci beaucoup"] * 20
 

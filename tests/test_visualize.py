@@ -1,4 +1,4 @@
-"""visualize.py and utils/visualization.py: attention maps and positional-encoding figures for every encoding."""
+"""visualize.py and utils/figures/maps.py: attention maps and positional-encoding figures for every encoding."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from matplotlib.image import imread
 
 from models.positional import names
 from models.transformer import Seq2SeqTransformer
-from utils import plots
 from utils.config import from_dict
-from utils.runs import create_run_dir, load_run
-from utils.trainer import train
-from utils.visualization import attention_maps, position_figures, tag_filename, write_figures
+from utils.figures import plots
+from utils.figures.maps import attention_maps, position_figures, tag_filename, write_figures
+from utils.run.load import load_run
+from utils.run.store import create_run_dir
+from utils.training.loop import train
 
 SRC = "Le chat dort sur le canapé."
 ATTENTION_TAGS = {"attention/encoder/layer_0", "attention/decoder/layer_0", "attention/cross/layer_0"}
@@ -187,7 +188,7 @@ def test_user_errors_are_one_line(runs: dict[str, Path], tmp_path: Path) -> None
 
 def test_cross_attention_rows_are_the_predicted_tokens_and_alignment_follows_the_argmax(runs: dict[str, Path],
                                                                                          tmp_path: Path) -> None:
-    from utils.visualization import alignment, attention_from_ids, encode_pair, figures_from_attention
+    from utils.figures.maps import alignment, attention_from_ids, encode_pair, figures_from_attention
 
     run = load_run(runs["rope"])
     src_ids, tgt_ids, _ = encode_pair(run.model, run.tokenizer, SRC, "The cat sleeps on the sofa.")

@@ -73,7 +73,7 @@ def decode_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def add_average_args(parser: argparse.ArgumentParser) -> None:
-    """--average N and --save_average (checkpoint averaging, see utils.checkpoint.average_checkpoints)."""
+    """--average N and --save_average (checkpoint averaging, see utils.run.checkpoint.average_checkpoints)."""
     parser.add_argument("--average", type=int, metavar="N",
                         help="use the parameters averaged over the run's last N periodic checkpoints")
     add_alias_args(parser, "save_average", action="store_true",
@@ -87,7 +87,7 @@ def apply_average_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     if args.save_average and not args.average:
         parser.error("--save_average needs --average N")
     if args.save_average:
-        from utils.runs import save_average
+        from utils.run.load import save_average
 
         path = save_average(args.model_path, args.average)
         print(f"saved the average of the last {args.average} checkpoints as {path}", file=sys.stderr)
@@ -99,10 +99,10 @@ def run_main(main: Callable[[], int | None]) -> None:
     from data.sources import DataError
     from models.positional import PositionLimitError
     from tokenizer import TokenizerError
-    from utils.checkpoint import CheckpointError
     from utils.config import ConfigError
     from utils.io import PathError
-    from utils.translate import InputError
+    from utils.run.checkpoint import CheckpointError
+    from utils.translation.translate import InputError
 
     if sys.stderr is None:  # closed (2>&-): messages must not land in standard output, print()'s fallback
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process

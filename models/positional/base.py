@@ -10,7 +10,7 @@ Positions are explicit ``LongTensor [T]`` (shared by the batch: padding is on th
 KV-cached decoding step passes its true offset and the same code serves training and inference.
 
 Beyond the forward hooks, an encoding describes itself to the layers above (which never switch on names):
-``plots`` returns ``Plot`` specs that ``utils.visualization`` draws, and ``ct2_refusal`` / ``ct2_token_weight``
+``plots`` returns ``Plot`` specs that ``utils.figures.maps`` draws, and ``ct2_refusal`` / ``ct2_token_weight``
 / ``ct2_stack`` / ``ct2_fill`` map it onto a CTranslate2 spec (ctranslate2 is imported lazily, inside).
 """
 
@@ -33,13 +33,13 @@ AttentionKind = Literal["encoder", "decoder", "cross"]
 
 @dataclass
 class Plot:
-    """One figure an encoding asks for: ``utils.plots.<draw>(*args, **kwargs)`` saved under ``tag``.
+    """One figure an encoding asks for: ``utils.figures.plots.<draw>(*args, **kwargs)`` saved under ``tag``.
 
-    Encodings describe their figures this way (models/ does not draw); ``utils.visualization`` draws them.
+    Encodings describe their figures this way (models/ does not draw); ``utils.figures.maps`` draws them.
     """
 
     tag: str
-    draw: str  # the name of a function in utils.plots, e.g. "pe_heatmap", "bias_grid"
+    draw: str  # the name of a function in utils.figures.plots, e.g. "pe_heatmap", "bias_grid"
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -102,7 +102,7 @@ class InputPE(nn.Module):
         """The ``[length, D]`` table added to embeddings, for plots; None if it has none."""
         return None
 
-    # ------------------------------------------------------------------ plots (drawn by utils.visualization)
+    # ------------------------------------------------------------------ plots (drawn by utils.figures.maps)
 
     def plots(self, name: str, length: int, sides: dict[str, InputPE]) -> tuple[list[Plot], list[str]]:
         """(figures, one-line notes) for this encoding at ``length`` positions; ``name`` is its registry name,
@@ -130,10 +130,10 @@ class InputPE(nn.Module):
         return out, []
 
     def decay(self) -> dict[str, Any]:
-        """Arguments of ``utils.plots.decay_curves`` this encoding contributes (sinusoids: ``d_model``); {} for none."""
+        """Arguments of ``utils.figures.plots.decay_curves`` it gives (sinusoids: ``d_model``); {} for none."""
         return {}
 
-    # ------------------------------------------------------------------ CTranslate2 export (utils.export_ct2)
+    # ------------------------------------------------------------------ CTranslate2 export (utils.translation.export)
 
     @classmethod
     def ct2_refusal(cls, cfg: Config) -> str | None:
@@ -185,7 +185,7 @@ class AttentionPE(nn.Module):
         """Extra output term from weights ``[B, H, Tq, Tk]`` -> ``[B, H, Tq, Dh]``, or None."""
         return None
 
-    # ------------------------------------------------------------------ plots (drawn by utils.visualization)
+    # ------------------------------------------------------------------ plots (drawn by utils.figures.maps)
 
     def model_plots(self) -> list[Plot]:
         """Figures drawn once per model (the first layer that gives a tag wins); none by default."""
@@ -197,7 +197,7 @@ class AttentionPE(nn.Module):
         return []
 
     def decay(self) -> dict[str, Any]:
-        """Arguments of ``utils.plots.decay_curves`` this encoding contributes (RoPE: ``rope_dim``); {} for none."""
+        """Arguments of ``utils.figures.plots.decay_curves`` it gives (RoPE: ``rope_dim``); {} for none."""
         return {}
 
     def bias_plot(self, what: str, length: int) -> Plot:
@@ -210,7 +210,7 @@ class AttentionPE(nn.Module):
         return Plot(f"position/bias/{self.kind}", "bias_grid", (bias[0], f"{what}: bias added to the scores"),
                     {"causal": self.kind == "decoder"})
 
-    # ------------------------------------------------------------------ CTranslate2 export (utils.export_ct2)
+    # ------------------------------------------------------------------ CTranslate2 export (utils.translation.export)
 
     @classmethod
     def ct2_refusal(cls, cfg: Config, key: str) -> str | None:

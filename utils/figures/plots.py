@@ -1,7 +1,7 @@
 """Matplotlib figure builders for attention maps and positional encodings (Agg backend, no display needed).
 
 Every builder returns a ``matplotlib.figure.Figure`` made without pyplot's figure registry, so nothing
-accumulates in long runs; ``utils.visualization.write_figures`` saves and closes them. Inputs may be
+accumulates in long runs; ``utils.figures.maps.write_figures`` saves and closes them. Inputs may be
 torch tensors or NumPy arrays.
 """
 

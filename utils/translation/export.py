@@ -1,4 +1,4 @@
-"""Export a trained run to CTranslate2 (Klein et al. 2020, https://opennmt.net/CTranslate2), and translate with it.
+"""Export a trained run to CTranslate2 (Klein et al. 2020, https://opennmt.net/CTranslate2); ``engines`` runs it.
 
 The model is described with ``ctranslate2.specs`` (a ``TransformerSpec`` whose weights are ours), saved
 with the run's tokenizer and resolved config, so text is tokenized and detokenized exactly as the run
@@ -131,7 +131,7 @@ def export(run_dir: Path, checkpoint: Path, model: Seq2SeqTransformer, cfg: Conf
            out_dir: Path, quantization: str | None = None) -> Path:
     """Write a CTranslate2 model directory: model.bin + vocabularies, the run's tokenizer/ and config.yaml."""
     from utils.io import PathError, ensure_dir
-    from utils.rundir import RunDir
+    from utils.run.layout import RunDir
 
     tokens = tokenizer.id_to_token(list(range(tokenizer.vocab_size)))
     specials = {"bos_token": tokens[tokenizer.bos_id], "eos_token": tokens[tokenizer.eos_id],
@@ -173,102 +173,3 @@ def export(run_dir: Path, checkpoint: Path, model: Seq2SeqTransformer, cfg: Conf
 def is_export(path: Path | str) -> bool:
     """True for a directory written by ``export``."""
     return (Path(path) / MARKER).is_file()
-
-
-class CT2Model:
-    """An exported model run by ``ctranslate2.Translator``, decoding as ``utils.translate`` does: the same
-    tokenizer, the source EOS, a cap of ``a * src_len + b`` tokens per sentence (see ``translate``),
-    no minimum length, and the K hypotheses of a beam re-ranked with our GNMT length penalty (CTranslate2's
-    divides by |Y|^beta). Beam search stops as ``decode.beam_stop=k_finished`` does: after K finished
-    hypotheses. CTranslate2 applies that rule only with a non-zero length penalty beta (with 0 it also waits
-    for the top beam to finish); the log-probability is recovered as score * |Y|^beta. Two differences stay:
-    in the step where the K-th hypothesis ends, CTranslate2 keeps every ending candidate and returns the K
-    best by logprob / |Y|^beta (ours keep the first K and rank by GNMT); beta = 0.7 alpha orders lengths of
-    5-40 tokens about as GNMT does, so our best is almost always among those K. And hypotheses that reach
-    the cap: ours force EOS there, CTranslate2 stops."""
-
-    def __init__(self, export_dir: Path | str, device: str = "cpu", compute_type: str = "default",
-                 threads: int = 0) -> None:
-        import ctranslate2
-
-        from tokenizer import load_tokenizer
-        from utils.config import load_config
-        from utils.rundir import RunDir
-
-        export_dir = Path(export_dir)
-        self.cfg = load_config(RunDir(export_dir).config)
-        self.tokenizer = load_tokenizer(RunDir(export_dir).tokenizer)
-        self.translator = ctranslate2.Translator(str(export_dir), device=device, compute_type=compute_type,
-                                                 intra_threads=threads)
-        self.vocab = {t: i for i, t in enumerate(self.tokenizer.id_to_token(list(range(self.tokenizer.vocab_size))))}
-        # Every export holds a position table (zeros where the model has none): CTranslate2 cannot go past it.
-        marker = json.loads((export_dir / MARKER).read_text())
-        self.max_length = int(marker.get("positions") or _max_length(self.cfg) or TABLE_LENGTH)
-
-    def translate(self, texts: list[str], decode: Any) -> list[list[Any]]:
-        """Best-first hypotheses (``decode.nbest``) for each text, as ``utils.translate.translate_ids`` gives.
-
-        Each sentence gets exactly its own cap. Greedy: one ``translate_batch`` call for all the texts
-        (CTranslate2 sorts them into batches of ``decode.batch_size``) up to the longest cap, a step callback
-        stopping each sentence at its own (one call per distinct cap made greedy decoding 1.6x slower). Beam
-        (no callback there): one call per distinct cap; one call for all with the longest cap wastes steps
-        on every beam still open past its own cap and then has to decode those again (1.7x slower on TED
-        for a model whose beams often run to the cap)."""
-        from utils.translate import Translation, encode_sources
-
-        ids = encode_sources(self.tokenizer, texts, self.max_length, strict=False)
-        results: list[list[Any]] = [[Translation("", 0.0, 0.0, [])] for _ in ids]
-        caps = {i: min(max(1, int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b)), self.max_length - 1)
-                for i, seq in enumerate(ids) if seq}
-        groups: dict[int, list[int]] = {}
-        for i, cap in caps.items():
-            groups.setdefault(cap if decode.beam > 1 else 0, []).append(i)
-        for cap, rows in groups.items():
-            top = cap or max(caps[i] for i in rows)
-            for i, res in zip(rows, self._decode(ids, rows, top, decode, caps), strict=True):
-                results[i] = self._hypotheses(res, decode)
-        return results
-
-    def _decode(self, ids: list[list[int]], rows: list[int], cap: int, decode: Any, caps: dict[int, int]) -> list[Any]:
-        """``translate_batch`` on the sources ``ids[rows]`` up to ``cap`` tokens (greedy: each to its own cap)."""
-
-        def stop_at_cap(step: Any) -> bool:  # greedy only: CTranslate2 calls it for each token of beam size 1
-            return step.step + 1 >= caps[rows[step.batch_id]]
-
-        return self.translator.translate_batch(
-            [self.tokenizer.id_to_token(ids[i]) for i in rows], beam_size=decode.beam, num_hypotheses=decode.beam,
-            length_penalty=ctranslate2_penalty(decode.lenpen), max_decoding_length=cap, min_decoding_length=0,
-            return_scores=True, return_end_token=True,
-            max_input_length=0,  # sources are already cut to the position table, as ours are to max_length
-            max_batch_size=decode.batch_size, callback=stop_at_cap if decode.beam == 1 else None)
-
-    def _hypotheses(self, res: Any, decode: Any) -> list[Any]:
-        """CTranslate2's K hypotheses re-ranked with our GNMT penalty, the ``decode.nbest`` best."""
-        from models.decoding import length_penalty
-        from utils.translate import Translation
-
-        beta = ctranslate2_penalty(decode.lenpen)
-        hyps = []
-        for tokens, normalized in zip(res.hypotheses, res.scores, strict=True):
-            logprob = normalized * max(len(tokens), 1) ** beta  # |Y| counts the returned EOS
-            hyp_ids = [self.vocab[t] for t in tokens]
-            if hyp_ids and hyp_ids[-1] == self.tokenizer.eos_id:
-                hyp_ids = hyp_ids[:-1]
-            score = logprob / length_penalty(len(hyp_ids) + 1, decode.lenpen) if decode.beam > 1 else logprob
-            hyps.append(Translation(self.tokenizer.decode(hyp_ids), score, logprob, hyp_ids))
-        hyps.sort(key=lambda h: h.score, reverse=True)
-        return hyps[: decode.nbest]
-
-
-def ctranslate2_penalty(alpha: float) -> float:
-    """CTranslate2's length penalty beta (score = logprob / |Y|^beta) for our GNMT alpha: never 0, so that
-    beam search stops after K finished hypotheses; 0.7 alpha ranks 5-40-token hypotheses about as GNMT does."""
-    beta = 0.7 * alpha
-    return beta if abs(beta) >= 1e-3 else 1e-3
-
-
-def _max_length(cfg: Config) -> int | None:
-    """The model's position limit, as ``Seq2SeqTransformer.max_length`` gives it, without building the model."""
-    from models.positional import build_input_pe
-
-    return build_input_pe(cfg.model).max_length

@@ -27,9 +27,9 @@ from models.positional import AttentionPE
 from models.positional.base import Plot
 from models.transformer import Attention, Seq2SeqTransformer
 from tokenizer import Tokenizer
-from utils import plots
 from utils.config import Config, DecodeConfig, ModelConfig
-from utils.translate import InputError, encode_sources, translate_ids
+from utils.figures import plots
+from utils.translation.translate import InputError, encode_sources, translate_ids
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -162,7 +162,7 @@ def attention_figures(
 
 
 def draw(plot: Plot) -> Figure:
-    """The figure an encoding described: ``utils.plots.<plot.draw>(*plot.args, **plot.kwargs)``."""
+    """The figure an encoding described: ``utils.figures.plots.<plot.draw>(*plot.args, **plot.kwargs)``."""
     return getattr(plots, plot.draw)(*plot.args, **plot.kwargs)
 
 

@@ -30,26 +30,20 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from utils.translation.engines import Engine
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from utils.config import Config, DecodeConfig
-    from utils.translate import Translation
+    from utils.translation.translate import Translation
 
 log = logging.getLogger("server")
 
 PAGE = Path(__file__).resolve().parent / "static" / "index.html"
 KINDS = ("cross", "encoder", "decoder")
-
-
-class Engine(Protocol):
-    """What inference.py's engines give: a config and ``translate(texts, decode)`` (n-best lists)."""
-
-    cfg: "Config"
-
-    def translate(self, texts: list[str], decode: "DecodeConfig") -> list[list["Translation"]]: ...
 
 
 @dataclass
@@ -349,7 +343,7 @@ def attention_request(body: dict[str, Any], cfg: "Config", limits: Limits) -> tu
 def attention_map(run: Any, text: str, target: str | None, kind: str, layer: int) -> dict[str, Any]:
     """One layer's attention for a sentence, as visualize.py computes it: head mean and every head, rounded to
     1e-5; cross-attention rows are the target tokens being predicted, as in visualize.py's figures."""
-    from utils.visualization import attention_from_ids, encode_pair, predicted_labels
+    from utils.figures.maps import attention_from_ids, encode_pair, predicted_labels
 
     src_ids, tgt_ids, target_text = encode_pair(run.model, run.tokenizer, text, target, run.cfg.decode)
     src_tokens, tgt_tokens, attention = attention_from_ids(run.model, run.tokenizer, src_ids, tgt_ids)
@@ -383,11 +377,11 @@ def training_summary(run_dir: Path | None, checkpoint: Path | str | None, step: 
                            "checkpoint": str(checkpoint) if checkpoint else None, "step": step}
     if run_dir is None:
         return out
-    from utils.rundir import RunDir
+    from utils.run.layout import RunDir
 
     rd = RunDir(run_dir)
     if step is not None and rd.last.is_file():
-        from utils.checkpoint import CheckpointError, load_checkpoint
+        from utils.run.checkpoint import CheckpointError, load_checkpoint
 
         try:
             saved = load_checkpoint(rd.last).get("best_checkpoint", {})
@@ -416,7 +410,7 @@ def model_info(engine: Engine, model_path: str, limits: Limits) -> dict[str, Any
         training = training_summary(run.run_dir, run.checkpoint, run.step)
         vocab = run.tokenizer.vocab_size
     else:  # a CTranslate2 export: its marker says which run and checkpoint it came from
-        from utils.export_ct2 import MARKER
+        from utils.translation.export import MARKER
 
         marker_file = Path(model_path) / MARKER
         marker = json.loads(marker_file.read_text()) if marker_file.is_file() else {}
@@ -451,7 +445,7 @@ def create_app(engine: Engine, limits: Limits | None = None, model_path: str = "
     from starlette.exceptions import HTTPException
 
     from models.positional import PositionLimitError
-    from utils.translate import InputError
+    from utils.translation.translate import InputError
 
     limits = limits or Limits()
     limits.check()

@@ -1,12 +1,19 @@
-"""Corpus-level translation metrics: sacreBLEU (with its signature), chrF, and nltk BLEU-4 on words."""
+"""Scoring translations: corpus sacreBLEU (with its signature), chrF and nltk BLEU-4 on words, by source length,
+and ``decode_and_score``, the one decode-then-score path of test.py, validation and the benchmarks."""
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from nltk.tokenize import TreebankWordTokenizer
 from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
 from sacrebleu.metrics import BLEU, CHRF
+
+from utils.config import DecodeConfig
+from utils.translation.translate import Translation, encode_sources, translate_ids
 
 _WORDS = TreebankWordTokenizer()
 
@@ -83,3 +90,37 @@ def scores_by_length(
             row["chrf"] = CHRF(lowercase=lowercase).corpus_score(hyps, [refs]).score
         rows.append(row)
     return rows
+
+
+@dataclass
+class Scored:
+    """What ``decode_and_score`` gives: each sentence's best hypothesis, the corpus scores, and the time taken."""
+
+    best: list[Translation]
+    scores: Scores
+    seconds: float  # tokenising, decoding and detokenising (not scoring)
+    source_lengths: list[int]  # source subword tokens, eos excluded (0 for an empty sentence)
+
+    @property
+    def texts(self) -> list[str]:
+        return [h.text for h in self.best]
+
+
+def decode_and_score(model: Any, tokenizer: Any, sources: list[str], refs: list[str], decode: DecodeConfig,
+                     lowercase: bool = False, shard: bool = False) -> Scored:
+    """Translate ``sources`` (each one's best under ``decode``; over-long ones truncated, empty ones empty) and
+    score them against ``refs``. ``shard``: under data-parallel training (``ignite.distributed``) every rank
+    decodes every world-th sentence and the hypotheses are gathered, so every rank gets the same scores."""
+    import ignite.distributed as idist
+
+    rank, world = (idist.get_rank(), idist.get_world_size()) if shard else (0, 1)
+    start = time.perf_counter()
+    ids = encode_sources(tokenizer, sources, model.max_length, strict=False)
+    best = [nbest[0] for nbest in translate_ids(model, tokenizer, ids[rank::world], decode)]
+    if world > 1:
+        shards = [[Translation(**h) for h in json.loads(x)]
+                  for x in idist.all_gather(json.dumps([asdict(h) for h in best]))]
+        best = [shards[i % world][i // world] for i in range(len(ids))]
+    seconds = time.perf_counter() - start
+    scores = corpus_scores([h.text for h in best], refs, lowercase=lowercase)
+    return Scored(best, scores, seconds, [max(len(x) - 1, 0) for x in ids])

@@ -17,7 +17,7 @@ import torch
 
 from utils.config import ModelConfig
 from utils.io import atomic_path
-from utils.rundir import CHECKPOINT_EXT, PERIODIC_PREFIX
+from utils.run.layout import CHECKPOINT_EXT, PERIODIC_PREFIX
 
 #: Model keys (dotted) that shape no parameter and may differ between training and inference.
 INFERENCE_ONLY_KEYS = (

@@ -1,0 +1,388 @@
+"""The training recipe: a run set up (``utils.training.setup``), then Ignite's trainer with its handlers, as
+named phases of one object (torchtune's recipes are the model): attach statistics, validation, checkpoints,
+TensorBoard, attention maps and stop rules; resume; train; summarise.
+
+Handlers (all from ``ignite.handlers``): progress bar (on a terminal; plain log lines every
+``train.log_every`` steps otherwise), TensorBoard logging (train loss, learning rate,
+gradient norm, target tokens/s; validation loss, perplexity, token accuracy, BLEU, chrF), early stopping
+on validation BLEU, ``checkpoints/best.pt`` (best BLEU) and ``checkpoints/last.pt`` (everything needed
+to resume: model, optimizer, LR scheduler, grad scaler, trainer iteration/epoch, RNG state, early
+stopping and best-checkpoint bookkeeping, gradients pending inside an accumulation window). Ctrl-C or
+SIGTERM finishes the current step (and, on an epoch's last step, that epoch's validation), saves
+``last.pt`` and exits; ``--resume RUN_DIR`` continues from it and, on CPU, repeats exactly the run that
+would have happened without the interruption. Checkpoints are written atomically (temporary file,
+fsync, rename), so a process killed at any moment leaves loadable ones; the temporary files of a
+killed write are removed at the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar, global_step_from_engine
+from ignite.handlers.tensorboard_logger import OptimizerParamsHandler, OutputHandler, TensorboardLogger
+
+from data.batching import Batch
+from utils.config import Config
+from utils.host import keep_freed_memory
+from utils.run.checkpoint import CheckpointError, load_checkpoint, model_fingerprint
+from utils.run.layout import BEST, LAST, PERIODIC_PREFIX, SUMMARY_MARK, RunDir
+from utils.run.store import lock_run, point_latest, unlock_run
+from utils.training.evaluation import create_evaluator, token_loss
+from utils.training.guards import NonFiniteGuard, StopRequest, finished_reason
+from utils.training.setup import build_setup
+from utils.training.state import (
+    AtomicSaver,
+    PendingGradients,
+    RNGState,
+    RunMeta,
+    TokenCount,
+    remove_stale_temporaries,
+)
+from utils.translation.scoring import decode_and_score
+
+log = logging.getLogger("train")
+
+#: Why training stopped before its epochs ran out (``Recipe.stop_code``).
+MAX_STEPS, MAX_MINUTES, SIGNAL, MAX_TOKENS = 1, 2, 3, 4
+
+
+def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None,
+          before_training: Callable[[], None] | None = None) -> dict[str, float]:
+    """Train in ``run_dir`` (resuming from its last.pt if ``resume``); returns the last validation metrics.
+
+    The run directory is locked (``utils.run.store.lock_run``) while this trains. ``before_training`` runs once
+    everything is checked (the checkpoint resumed, the run not finished), just before the first step: e.g.
+    write a changed config. A run directory that already holds a tokenizer (train.py saves it there first)
+    keeps it."""
+    if idist.get_rank() == 0:
+        lock_run(run_dir)
+    try:
+        keep_freed_memory()  # no page-fault churn from large per-step allocations (see utils/host.py)
+        return Recipe(cfg, run_dir, resume, corpus).run(before_training)
+    finally:
+        if idist.get_rank() == 0:
+            unlock_run(run_dir)
+
+
+@dataclass
+class Totals:
+    """Whole-run counts for the closing summary, and the running window of the logged throughput."""
+
+    tokens: int = 0  # target tokens trained on by this rank
+    steps: int = 0  # iterations (optimizer steps x train.accumulate)
+    eval_s: float = 0.0  # seconds outside training steps: validation, attention maps
+    window_tokens: int = 0  # since the last log line
+    window_since: float = 0.0
+
+
+class Recipe:
+    """One training run: ``__init__`` sets it up and builds the engines; ``run`` attaches the handlers in order,
+    resumes, trains and writes the summary."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resume: bool, corpus: Any = None) -> None:
+        self.cfg, self.t, self.run_dir, self.resume = cfg, cfg.train, Path(run_dir), resume
+        self.s = build_setup(cfg, run_dir, resume, corpus)
+        self.rd = RunDir(run_dir)
+        self.rank, self.world = idist.get_rank(), idist.get_world_size()
+        self.guard = NonFiniteGuard(self.t.nonfinite, check_grads=not self.s.scaler.is_enabled())
+        self.trainer = Engine(self.train_step)
+        self.evaluator = create_evaluator(self.s.core, self.s.tokenizer.pad_id, self.s.device, self.s.autocast)
+        self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1))
+        self.totals = Totals(window_since=time.perf_counter())
+        self.seen = TokenCount()
+        self.last_eval_iteration = -1
+        self.stop_code = 0
+        self.tb: TensorboardLogger | None = None
+        self.periodic: Checkpoint | None = None
+
+    # -- one step ------------------------------------------------------------------------------------------
+
+    def train_step(self, engine: Engine, batch: Batch) -> dict[str, float]:
+        """Forward, loss, backward; every ``train.accumulate`` iterations clip, check and step the optimizer."""
+        s, t = self.s, self.t
+        pad_id = s.tokenizer.pad_id
+        s.model.train()
+        batch = batch.to(s.device)
+        real = batch.tgt_out != pad_id
+        with s.autocast():
+            logits = s.model(batch.src, batch.tgt_in, real)  # [N, V]: no output layer or loss over padding
+        loss = token_loss(logits, batch.tgt_out[real], pad_id, t.label_smoothing) / batch.n_tgt_tokens
+        s.scaler.scale(loss / t.accumulate).backward()
+        loss_value = float(loss.detach())
+        self.guard.saw_loss(loss_value)
+        grad_norm = float("nan")
+        if engine.state.iteration % t.accumulate == 0:
+            s.scaler.unscale_(s.optimizer)
+            max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
+            if self.guard.step_is_finite(grad_norm, engine.state.iteration // t.accumulate):
+                s.scaler.step(s.optimizer)
+                s.scaler.update()
+                s.scheduler.step()
+            s.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_value, "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
+
+    # -- phases --------------------------------------------------------------------------------------------
+
+    def attach_data_order(self) -> None:
+        """Each epoch's batch order from the seed and epoch; a resumed epoch skips the batches it trained."""
+
+        @self.trainer.on(Events.EPOCH_STARTED)
+        def _set_epoch(engine: Engine) -> None:
+            length = len(self.s.train_data)
+            self.s.train_data.set_epoch(engine.state.epoch, skip=engine.state.iteration % length)
+
+    def attach_statistics(self) -> None:
+        """Running loss (exponential average), grad norm and target tokens/s, logged every ``train.log_every``."""
+        t, totals = self.t, self.totals
+
+        @self.trainer.on(Events.ITERATION_COMPLETED)
+        def _running_stats(engine: Engine) -> None:
+            out, m = engine.state.output, engine.state.metrics
+            if math.isfinite(out["loss"]):  # a skipped non-finite step does not poison the running average
+                m["loss"] = out["loss"] if "loss" not in m else 0.98 * m["loss"] + 0.02 * out["loss"]
+            if math.isfinite(out["grad_norm"]):
+                m["grad_norm"] = out["grad_norm"]
+            totals.window_tokens += out["tokens"]
+            totals.tokens += out["tokens"]
+            self.seen.tokens += out["tokens"]
+            totals.steps += 1
+            if engine.state.iteration % t.log_every == 0:
+                now = time.perf_counter()
+                tokens = idist.all_reduce(totals.window_tokens) if self.world > 1 else totals.window_tokens
+                m["tokens_per_s"] = tokens / max(now - totals.window_since, 1e-9)
+                totals.window_tokens, totals.window_since = 0, now
+                log.info("epoch %d step %d | loss %.3f | lr %.3g | %.0f target tokens/s", engine.state.epoch,
+                         engine.state.iteration, m["loss"], self.s.optimizer.param_groups[0]["lr"], m["tokens_per_s"])
+
+    def attach_validation_scores(self) -> None:
+        """BLEU and chrF of the validation sentences, decoded after each teacher-forced validation pass (every
+        rank decodes its share; all get the same scores)."""
+
+        @self.evaluator.on(Events.COMPLETED)
+        def _bleu(engine: Engine) -> None:
+            scored = decode_and_score(self.s.core, self.s.tokenizer, self.s.valid_texts, self.s.valid_refs,
+                                      self.valid_decode, self.cfg.tokenizer.lowercase, shard=True)
+            engine.state.metrics["bleu"] = scored.scores.bleu
+            engine.state.metrics["chrf"] = scored.scores.chrf
+            engine.state.metrics["example"] = scored.texts[0] if scored.texts else ""
+
+    def attach_checkpoints(self) -> None:
+        """``best.pt`` (validation BLEU), early stopping, the periodic ``step_<n>.pt`` files kept for averaging,
+        and ``last.pt``, which holds everything a resumed run needs."""
+        s, t, trainer = self.s, self.t, self.trainer
+        meta = RunMeta(model_fingerprint(self.cfg.model, s.tokenizer.vocab_size), s.tokenizer.fingerprint,
+                       s.tokenizer.vocab_size)
+        remove_stale_temporaries(self.rd.checkpoints)
+        saver = AtomicSaver(self.rd.checkpoints,
+                            on_first_save=None if self.resume else lambda: point_latest(self.run_dir))
+        step = global_step_from_engine(trainer, Events.ITERATION_COMPLETED)
+        self.best = Checkpoint({"model": s.core, "meta": meta, "trainer": trainer},  # the trainer state: the step
+                               saver, filename_pattern=f"{BEST}.{{ext}}", n_saved=1,
+                               score_function=lambda e: e.state.metrics["bleu"], score_name="bleu",
+                               global_step_transform=step)
+        self.stopper = EarlyStopping(t.patience, lambda e: e.state.metrics["bleu"], trainer)
+        self.to_save = {
+            "model": s.core, "optimizer": s.optimizer, "lr_scheduler": s.scheduler, "scaler": s.scaler,
+            "trainer": trainer, "rng": RNGState(), "meta": meta, "early_stopping": self.stopper,
+            "best_checkpoint": self.best, "grads": PendingGradients(s.core), "tokens_seen": self.seen,
+        }
+        if t.keep_checkpoints > 0:  # weights every checkpoint_every steps (or validation), the last K kept
+            self.periodic = Checkpoint({"model": s.core, "meta": meta, "trainer": trainer}, saver,
+                                       filename_pattern=f"{PERIODIC_PREFIX}{{global_step}}.{{ext}}",
+                                       n_saved=t.keep_checkpoints, global_step_transform=step)
+            self.to_save["periodic_checkpoints"] = self.periodic
+        self.last = Checkpoint(self.to_save, saver, filename_pattern=f"{LAST}.{{ext}}", n_saved=1)
+
+    def attach_tensorboard(self) -> None:
+        """TensorBoard (rank 0 only): training loss, grad norm, tokens/s and lr; validation metrics; and a
+        progress bar on a terminal. Then the best checkpoint and early stopping, after the validation scores."""
+        if self.rank == 0:
+            self.tb = tb = TensorboardLogger(log_dir=str(self.rd.tb))
+            every = Events.ITERATION_COMPLETED(every=self.t.log_every)
+            tb.attach(self.trainer, OutputHandler("train", metric_names=["loss", "grad_norm", "tokens_per_s"]), every)
+            tb.attach(self.trainer, OptimizerParamsHandler(self.s.optimizer, "lr", "train"), every)
+            tb.attach(self.evaluator, OutputHandler(
+                "valid", metric_names=["loss", "ppl", "accuracy", "bleu", "chrf"],
+                global_step_transform=global_step_from_engine(self.trainer, Events.ITERATION_COMPLETED)),
+                Events.COMPLETED)
+            if sys.stderr.isatty():  # without a terminal (nohup, a cluster job) the log_every lines are the progress
+                ProgressBar(persist=False).attach(self.trainer, metric_names=["loss"])
+        self.evaluator.add_event_handler(Events.COMPLETED, self.best)
+        self.evaluator.add_event_handler(Events.COMPLETED, self.stopper)
+
+    def attach_attention_maps(self) -> None:
+        """Attention maps of one validation sentence in TensorBoard every ``train.log_attention_every`` epochs."""
+        if not (self.t.log_attention_every > 0 and self.s.attention_sentence and self.tb is not None):
+            return
+        tb = self.tb
+
+        @self.trainer.on(Events.EPOCH_COMPLETED(every=self.t.log_attention_every))
+        def _log_attention(engine: Engine) -> None:
+            from utils.figures.maps import attention_figures, write_figures
+
+            began = time.perf_counter()
+            figures = attention_figures(self.s.core, self.s.tokenizer, self.s.attention_sentence)
+            write_figures(figures, None, tb.writer, engine.state.iteration)
+            self.totals.eval_s += time.perf_counter() - began
+
+    def validate(self, engine: Engine) -> None:
+        """Validation (once per iteration at most), the periodic checkpoint when it follows validation, a log
+        line, and ``last.pt``."""
+        if self.last_eval_iteration == engine.state.iteration:
+            return
+        self.last_eval_iteration = engine.state.iteration
+        began = time.perf_counter()
+        self.evaluator.run(self.s.valid_data)
+        self.totals.eval_s += time.perf_counter() - began
+        if self.periodic is not None and not self.t.checkpoint_every:
+            self.periodic(engine)
+        m = self.evaluator.state.metrics
+        log.info("epoch %d step %d | valid loss %.3f ppl %.2f acc %.3f BLEU %.2f chrF %.2f | %r", engine.state.epoch,
+                 engine.state.iteration, m["loss"], m["ppl"], m["accuracy"], m["bleu"], m["chrf"], m["example"][:80])
+        self.last(engine)
+
+    def attach_validation(self) -> None:
+        """Validation every ``train.eval_every`` iterations (else every epoch); periodic checkpoints every
+        ``train.checkpoint_every`` iterations, with ``last.pt`` so a killed run loses fewer than N steps."""
+        t = self.t
+        if self.periodic is not None and t.checkpoint_every:
+            periodic = self.periodic
+
+            def save_periodic(engine: Engine) -> None:
+                periodic(engine)
+                if not (t.eval_every > 0 and engine.state.iteration % t.eval_every == 0):  # validation writes it
+                    self.last(engine)
+
+            self.trainer.add_event_handler(Events.ITERATION_COMPLETED(every=t.checkpoint_every), save_periodic)
+        event = Events.ITERATION_COMPLETED(every=t.eval_every) if t.eval_every > 0 else Events.EPOCH_COMPLETED
+        self.trainer.add_event_handler(event, self.validate)
+
+    def stop(self, engine: Engine) -> None:
+        """End training now for ``stop_code``: validate (not after a signal), save ``last.pt``, terminate."""
+        reasons = {MAX_STEPS: f"train.max_steps={self.t.max_steps} reached",
+                   MAX_MINUTES: f"train.max_minutes={self.t.max_minutes} reached",
+                   SIGNAL: "stop requested by a signal",
+                   MAX_TOKENS: f"train.max_target_tokens={self.t.max_target_tokens} reached"}
+        log.info("stopping at step %d: %s", engine.state.iteration, reasons[self.stop_code])
+        if self.stop_code != SIGNAL:
+            self.validate(engine)
+        self.last(engine)
+        engine.terminate()
+
+    def attach_stop_rules(self, request: StopRequest) -> None:
+        """Stop at ``train.max_steps``, ``max_minutes``, ``max_target_tokens`` or a signal: validate (not after a
+        signal), save ``last.pt``, end. Every rank stops at the same step."""
+        t, world, start = self.t, self.world, time.monotonic()
+
+        @self.trainer.on(Events.ITERATION_COMPLETED)
+        def _maybe_stop(engine: Engine) -> None:
+            code = 0
+            tokens = self.seen.tokens
+            if t.max_target_tokens is not None and world > 1:  # every rank joins this all-reduce, every step
+                tokens = idist.all_reduce(tokens)
+            if request.reason is not None:
+                code = SIGNAL
+            elif t.max_steps is not None and engine.state.iteration >= t.max_steps * t.accumulate:
+                code = MAX_STEPS
+            elif t.max_minutes is not None and time.monotonic() - start >= 60 * t.max_minutes:
+                code = MAX_MINUTES
+            elif t.max_target_tokens is not None and engine.state.iteration % t.accumulate == 0 \
+                    and tokens >= t.max_target_tokens:
+                code = MAX_TOKENS
+            if world > 1:
+                code = int(idist.all_reduce(code, op="MAX"))
+            if code == 0:
+                return
+            self.stop_code = code
+            # On an epoch's last step, its end-of-epoch work (validation when eval_every is 0, the best
+            # checkpoint, early stopping, attention maps) runs first: a resumed run counts that epoch as done.
+            if engine.state.iteration % engine.state.epoch_length != 0:
+                self.stop(engine)
+
+        @self.trainer.on(Events.EPOCH_COMPLETED)  # registered after every other end-of-epoch handler
+        def _stop_after_epoch_end(engine: Engine) -> None:
+            if self.stop_code and not engine.should_terminate:
+                self.stop(engine)
+
+    def resume_from_last(self) -> None:
+        """Load ``last.pt`` into every stateful object; StopError, one line, if the run's budget is spent."""
+        state = load_checkpoint(self.rd.last)
+        try:
+            optional = ("grads", "tokens_seen", "periodic_checkpoints")  # absent from checkpoints of older runs
+            Checkpoint.load_objects(to_load={k: v for k, v in self.to_save.items() if k in state or k not in optional},
+                                    checkpoint=state)
+        except (KeyError, ValueError, RuntimeError, TypeError) as e:
+            raise CheckpointError(f"{self.rd.last} cannot resume this run: "
+                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        trainer, t = self.trainer, self.t
+        log.info("resumed from %s at epoch %d, step %d", self.rd.last, trainer.state.epoch, trainer.state.iteration)
+        tokens = self.seen.tokens
+        if t.max_target_tokens is not None and self.world > 1:
+            tokens = idist.all_reduce(tokens)
+        why = finished_reason(t, trainer.state.iteration, len(self.s.train_data), tokens, self.stopper.counter)
+        if why is not None:
+            from utils.cli import StopError
+
+            raise StopError(f"{self.run_dir} has finished: {why} at step {trainer.state.iteration // t.accumulate}; "
+                            "nothing to train (raise that budget with --set to continue)")
+
+    def summary(self, wall: float) -> dict[str, Any]:
+        """The closing summary (every rank's tokens), logged and written to ``summary.json`` by rank 0."""
+        totals = self.totals
+        train_s = max(wall - totals.eval_s, 1e-9)
+        tokens = int(idist.all_reduce(totals.tokens)) if self.world > 1 else totals.tokens
+        metrics = self.evaluator.state.metrics if self.evaluator.state else {}
+        summary = {
+            "steps": totals.steps // self.t.accumulate,
+            "target_tokens": tokens,
+            "train_seconds": round(train_s, 3),
+            "eval_seconds": round(totals.eval_s, 3),
+            "target_tokens_per_s": round(tokens / train_s, 1),
+            "valid_ppl": metrics.get("ppl"),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this process
+        }
+        log.info("trained %d optimizer steps, %d target tokens in %.0f s (%.0f target tokens/s; %.0f s validating; "
+                 "peak memory %.0f MB)" + SUMMARY_MARK + "%s", summary["steps"], summary["target_tokens"], train_s,
+                 summary["target_tokens_per_s"], totals.eval_s, summary["peak_rss_mb"], json.dumps(summary))
+        if self.rank == 0:  # the same summary for the benchmarks, without parsing the log
+            self.rd.write_summary(summary)
+        return summary
+
+    def run(self, before_training: Callable[[], None] | None = None) -> dict[str, float]:
+        """Attach, resume, train, summarise; returns the last validation metrics."""
+        self.attach_data_order()
+        self.attach_statistics()
+        self.attach_validation_scores()
+        self.attach_checkpoints()
+        self.attach_tensorboard()
+        self.attach_attention_maps()
+        self.attach_validation()
+        wall_start = time.perf_counter()
+        with StopRequest() as request:
+            self.attach_stop_rules(request)
+            if self.resume:
+                self.resume_from_last()
+            if before_training is not None:
+                before_training()
+            self.trainer.run(self.s.train_data, max_epochs=self.t.epochs)
+            if self.trainer.state.iteration > self.last_eval_iteration and self.stop_code != SIGNAL:
+                self.validate(self.trainer)  # the epochs ran out between evaluations
+        self.summary(time.perf_counter() - wall_start)
+        if self.tb is not None:
+            self.tb.close()
+        metrics = self.evaluator.state.metrics if self.evaluator.state else {}
+        return {k: v for k, v in metrics.items() if isinstance(v, float)}

@@ -1,0 +1,213 @@
+"""Setting a training run up: seeds and threads, tokenizer, cached data, model, optimizer and schedule."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ignite.distributed as idist
+import numpy as np
+import torch
+
+from data.batching import BatchIterable, TokenBatchSampler
+from data.cache import load_or_build
+from data.sources import DataError, load_corpus
+from models.transformer import Seq2SeqTransformer
+from tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+from tokenizer.base import META_FILE as TOKENIZER_META
+from utils.config import Config, TrainConfig
+from utils.host import cpu_has_native_bf16
+from utils.run.layout import RunDir
+from utils.run.store import select_device
+from utils.translation.translate import encode_sources
+
+log = logging.getLogger("train")
+
+
+def threads_per_process(num_threads: int | None, local_processes: int, cores: int) -> int | None:
+    """CPU threads for one training process: ``train.num_threads`` (None: torch's default) for one process; the
+    processes of one machine (torchrun) share ``num_threads`` (or its cores) instead of each taking them all."""
+    if local_processes <= 1:
+        return num_threads
+    return max(1, (num_threads or cores) // local_processes)
+
+
+def set_seed(seed: int) -> None:
+    """Seed every generator training uses (Python, NumPy, torch CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def inverse_sqrt(warmup: int) -> Callable[[int], float]:
+    """Vaswani et al. 2017, eq. 3, relative to the peak: min(step / warmup, sqrt(warmup / step))."""
+
+    def factor(step: int) -> float:
+        step = max(step, 1)
+        return min(step / max(warmup, 1), math.sqrt(max(warmup, 1) / step))
+
+    return factor
+
+
+def tokens_per_step(split: Any, sampler: TokenBatchSampler, accumulate: int, world: int) -> float:
+    """Mean target tokens (eos included) per optimizer step over an epoch: all ranks, all accumulated batches."""
+    total = float(split.tgt_lengths.sum() + len(split.tgt_lengths))
+    return total / max(len(sampler.batches), 1) * accumulate * world
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate schedule a run uses, resolved for its batch size."""
+
+    batch_tokens: float
+    peak_lr: float
+    warmup_steps: int
+
+
+def schedule_for_batch(t: TrainConfig, batch_tokens: float) -> Schedule:
+    """Peak lr and warmup steps for batches of ``batch_tokens`` target tokens (see TrainConfig.warmup_tokens)."""
+    lr = t.lr if not t.lr_batch_tokens else t.lr * math.sqrt(batch_tokens / t.lr_batch_tokens)
+    warmup = t.warmup_steps if t.warmup_tokens is None else max(1, round(t.warmup_tokens / batch_tokens))
+    return Schedule(batch_tokens, lr, warmup)
+
+
+@dataclass
+class Setup:
+    """Everything a training run needs, built from a config and a run directory."""
+
+    cfg: Config
+    run_dir: Path
+    device: torch.device
+    tokenizer: Tokenizer
+    model: torch.nn.Module  # the Seq2SeqTransformer, wrapped in DistributedDataParallel when world size > 1
+    core: Seq2SeqTransformer  # the unwrapped model (decoding, checkpoints)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_data: BatchIterable
+    valid_data: BatchIterable
+    valid_texts: list[str]  # the validation sources decoded for BLEU (train.valid_bleu_sentences)
+    valid_refs: list[str]
+    attention_sentence: str  # the validation sentence whose attention maps are logged
+    autocast: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+
+
+def prepare(cfg: Config) -> tuple[Any, Tokenizer]:
+    """The corpus and the tokenizer trained on it: what a new run needs before its directory exists."""
+    corpus = load_corpus(cfg.data)
+    tokenizer = build_tokenizer(cfg.tokenizer, lambda: (corpus["train"]["src"], corpus["train"]["tgt"]), seed=cfg.seed)
+    return corpus, tokenizer
+
+
+def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> Setup:
+    """Tokenizer (trained, or reloaded when the run directory has one), cached data, model, optimizer and
+    schedule. ``corpus``: the corpus if the caller has loaded it already.
+
+    Data-parallel (``idist`` world size > 1): rank 0 trains the tokenizer and builds the cache first;
+    every rank gets a disjoint shard of the batches; the model is wrapped in DistributedDataParallel.
+    """
+    rank, world = idist.get_rank(), idist.get_world_size()
+    set_seed(cfg.seed + rank)  # different dropout masks per rank; DDP broadcasts rank 0's initial weights
+    local = idist.get_nproc_per_node() if world > 1 else 1
+    threads = threads_per_process(cfg.train.num_threads, local, len(os.sched_getaffinity(0)))
+    if threads:
+        torch.set_num_threads(threads)
+        if local > 1:
+            log.info("CPU threads: %d per process (%d processes share %s)", threads, local,
+                     f"train.num_threads={cfg.train.num_threads}" if cfg.train.num_threads else "this machine's cores")
+    device = idist.device() if world > 1 else select_device(cfg.train.device)
+
+    def get_corpus():
+        nonlocal corpus
+        if corpus is None:
+            corpus = load_corpus(cfg.data)
+        return corpus
+
+    tok_dir = RunDir(run_dir).tokenizer
+    tokenizer: Tokenizer | None = None
+    if not resume and rank == 0 and not (tok_dir / TOKENIZER_META).is_file():
+        tokenizer = build_tokenizer(
+            cfg.tokenizer, lambda: (get_corpus()["train"]["src"], get_corpus()["train"]["tgt"]), seed=cfg.seed
+        )
+        tokenizer.save(tok_dir)
+    idist.barrier()
+    if tokenizer is None:
+        tokenizer = load_tokenizer(tok_dir)
+    log.info("tokenizer: %s, vocabulary %d", cfg.tokenizer.type, tokenizer.vocab_size)
+
+    with idist.one_rank_first():  # rank 0 builds the cache, the others then find it
+        splits = load_or_build(cfg, tokenizer, get_corpus, ["train", "validation"])
+    train, valid = splits["train"], splits["validation"]
+    log.info("data: %d training pairs, %d validation pairs", len(train), len(valid))
+    if len(train) == 0:
+        raise DataError("no training pairs left after length filtering (see data.min_len / data.max_len)")
+    if len(valid) == 0:
+        raise DataError("no validation pairs left after length filtering (see data.min_len / data.max_len)")
+
+    ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
+    train_sampler = TokenBatchSampler(
+        train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed, rank, world
+    )
+    valid_tokens = cfg.data.valid_max_tokens or cfg.data.max_tokens
+    # Every rank evaluates the whole (small) validation set: sharding would drop the uneven tail, or leave a
+    # rank with no batch at all; the metric's all-reduce scales loss and token sums alike, so ratios hold.
+    valid_sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, valid_tokens, False, cfg.seed)
+    train_data = BatchIterable(train, train_sampler, *ids)
+    valid_data = BatchIterable(valid, valid_sampler, *ids)
+
+    raw_valid = get_corpus()["validation"]
+    n_bleu = cfg.train.valid_bleu_sentences or len(raw_valid)
+    src_texts = list(raw_valid["src"][:n_bleu])
+    refs = list(raw_valid["tgt"][:n_bleu])
+
+    core = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
+    model = idist.auto_model(core) if world > 1 else core
+    valid_sources = encode_sources(tokenizer, src_texts, core.max_length, strict=False)
+    # A readable sentence for attention maps: the first of 6 to 20 tokens (else the first non-empty one).
+    candidates = [i for i, ids in enumerate(valid_sources) if ids] or [0]
+    pick = next((i for i in candidates if 6 <= len(valid_sources[i]) <= 20), candidates[0])
+    attention_sentence = src_texts[pick] if src_texts else ""
+    log.info("model: %.2fM parameters on %s (world size %d)", core.num_parameters() / 1e6, device, world)
+    t = cfg.train
+    sched = schedule_for_batch(t, tokens_per_step(train, train_sampler, t.accumulate, world))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=sched.peak_lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay
+    )
+    factor = inverse_sqrt(sched.warmup_steps) if t.scheduler == "inverse_sqrt" else (lambda step: 1.0)
+    log.info("schedule: %.0f target tokens per optimizer step, peak lr %.3g, warmup %d steps",
+             sched.batch_tokens, sched.peak_lr, sched.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    scaler = torch.amp.GradScaler(device.type, enabled=t.amp == "fp16" and device.type == "cuda")
+    use_amp = t.amp != "none" and (device.type == "cuda" or (t.amp_cpu and t.amp == "bf16"))
+    if use_amp and device.type == "cpu" and not cpu_has_native_bf16():
+        log.warning("train.amp_cpu: this CPU has no bf16 instructions (avx512_bf16/amx_bf16): bf16 autocast "
+                    "will be several times slower than fp32 here; set train.amp_cpu=false")
+    dtype = torch.bfloat16 if t.amp == "bf16" else torch.float16
+
+    def autocast() -> contextlib.AbstractContextManager:
+        return torch.autocast(device.type, dtype=dtype) if use_amp else contextlib.nullcontext()
+
+    return Setup(
+        cfg,
+        run_dir,
+        device,
+        tokenizer,
+        model,
+        core,
+        optimizer,
+        scheduler,
+        scaler,
+        train_data,
+        valid_data,
+        src_texts,
+        refs,
+        attention_sentence,
+        autocast,
+    )
