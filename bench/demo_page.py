@@ -17,8 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/demo_page.py: the repository root first
 
 from bench.serve_load import start_server  # noqa: E402
 

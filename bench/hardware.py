@@ -28,11 +28,12 @@ mask's skipped half is counted, as PaLM's MFU does.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.common import usable_cores
 
 # Dense (no sparsity) peak TFLOP/s: (bf16 tensor core, fp32 non-tensor), from the vendors' data sheets.
 CUDA_PEAKS = {"H200": (989.0, 67.0), "H100 SXM": (989.0, 67.0), "H100 PCIe": (756.0, 51.0), "H100": (989.0, 67.0),
@@ -87,7 +88,7 @@ def cpu_peak(dtype: str, cores: int | None = None, cpuinfo: str | None = None, m
         else:
             isa += ", no bf16 instructions (bf16 computed in fp32)"
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cores()
     mhz, clock = max_mhz, "given"
     if mhz is None:
         try:

@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/length_study.py: the repository root first
 
+from bench.common import ROOT, project_command  # noqa: E402
 from utils.run.layout import BEST, RunDir, latest_link_path  # noqa: E402
 
 
@@ -36,12 +36,12 @@ def main() -> int:
     results = {}
     for enc in args.encodings:
         config = ROOT / "configs" / f"bench_short_{enc}.yaml"
-        sets = [f"train.max_minutes={args.minutes}", *args.overrides]
-        cmd = [sys.executable, "train.py", "--config", str(config), *(x for s in sets for x in ("--set", s))]
+        cmd = project_command("train.py", "--config", config, overrides=[f"train.max_minutes={args.minutes}",
+                                                                          *args.overrides])
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         run = latest_link_path(ROOT / "runs", f"bench_short_{enc}").resolve()
-        cmd = [sys.executable, "test.py", "--model_path", str(run), "--split", args.split, "--beam", str(args.beam)]
+        cmd = project_command("test.py", "--model_path", run, "--split", args.split, "--beam", str(args.beam))
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
         results[enc] = json.loads(RunDir(run).eval_file(args.split, BEST, args.beam).read_text())

@@ -39,9 +39,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/peers.py: the repository root first
 
+from bench.common import ROOT, project_command, ratio  # noqa: E402
 from bench.measure import CommandFailed, run_measured  # noqa: E402
 from utils.host import cpu_has_native_bf16  # noqa: E402
 from utils.run.checkpoint import periodic_checkpoints  # noqa: E402
@@ -79,9 +79,8 @@ def shared_data() -> Path:
 
 def run_ours(work: Path, minutes: float, overrides: list[str], python: str) -> dict:
     runs = work / "runs"
-    cmd = [python, "train.py", "--config", CONFIG, "--runs", str(runs), "--set", f"train.max_minutes={minutes}"]
-    for o in overrides:
-        cmd += ["--set", o]
+    cmd = project_command("train.py", "--config", CONFIG, "--runs", runs,
+                          overrides=[f"train.max_minutes={minutes}", *overrides], python=python)
     rss = run_measured(cmd, work / "train.log").peak_rss_mib
     log_text = (work / "train.log").read_text()
     run_dir = Path(next(ln.split("run directory: ", 1)[1] for ln in log_text.splitlines() if "run directory: " in ln))
@@ -93,7 +92,7 @@ def run_ours(work: Path, minutes: float, overrides: list[str], python: str) -> d
 
 def decode_ours(work: Path, run_dir: Path, python: str, average: bool = True) -> dict:
     """``test.py --beam 5`` on the run (and, with ``average``, on its last checkpoints averaged where it kept them)."""
-    cmd = [python, "test.py", "--model_path", str(run_dir), "--beam", "5"]
+    cmd = project_command("test.py", "--model_path", run_dir, "--beam", "5", python=python)
     run_measured(cmd, work / "test.log")
     result: dict = {"tests": read_scores(run_dir, scored_checkpoint(run_dir))}
     kept = periodic_checkpoints(RunDir(run_dir).checkpoints)
@@ -115,15 +114,16 @@ def decode_ctranslate2(work: Path, run_dir: Path, python: str, data: Path) -> di
     on each test set: sentences/s as inference.py reports it (reading, tokenizing, decoding, writing; model
     loading excluded), sacreBLEU and chrF of its output."""
     export = work / "export"
-    run_measured([python, "inference.py", "--model_path", str(run_dir), "--export-ctranslate2", str(export)],
-                 work / "export.log")
+    run_measured(project_command("inference.py", "--model_path", run_dir, "--export-ctranslate2", export,
+                                 python=python), work / "export.log")
     bench = data / "bench" / "fr-en"
     result: dict = {"run_dir": str(run_dir), "hyp_dir": str(work), "tests": {}}
     for name in TEST_SETS:
         hyp, log = work / f"{name}.hyp", work / f"{name}.log"
         with open(hyp, "w", encoding="utf-8") as out, open(log, "w") as err:
-            code = subprocess.call([python, "inference.py", "--model_path", str(export), "--beam", "5", "--input",
-                                    str(bench / f"{name}.fr")], stdout=out, stderr=err, cwd=ROOT)
+            cmd = project_command("inference.py", "--model_path", export, "--beam", "5", "--input",
+                                  bench / f"{name}.fr", python=python)
+            code = subprocess.call(cmd, stdout=out, stderr=err, cwd=ROOT)
         lines = log.read_text(errors="replace").strip().splitlines()
         if code != 0 or not lines or not lines[-1].startswith("translated "):
             raise CommandFailed(f"inference.py on the CTranslate2 export failed (exit {code}), see {log}: "
@@ -332,8 +332,7 @@ def table(results: dict[str, dict], minutes: float) -> str:
         cells = ["-" if v is None else fmt.format(v) for v in vals]
         if ratio_names:
             e = get(results["eole"])
-            cells += [f"{get(results[n]) / e:.2f}x" if e and get(results[n]) is not None else "-"
-                      for n in ratio_names]
+            cells += [ratio(get(results[n]), e) for n in ratio_names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     for label, key, fmt in rows:

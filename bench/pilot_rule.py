@@ -16,8 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/pilot_rule.py: the repository root first
 
 
 def curves(study: Path, seed: int) -> dict[str, dict[int, float]]:

@@ -36,8 +36,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/serve_load.py: the repository root first
+
+from bench.common import ROOT, cpu_model, project_command  # noqa: E402
 
 
 class ServerFailed(RuntimeError):
@@ -75,8 +76,7 @@ def start_server(model_path: str | Path, log: Path, *flags: str, timeout: float 
     http://HOST:PORT`` line; its standard error goes to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     err = open(log, "w")  # noqa: SIM115 - the process owns it until it exits
-    cmd = [sys.executable, str(ROOT / "inference.py"), "--serve", "--model_path", str(model_path), "--port", "0",
-           *flags]
+    cmd = project_command("inference.py", "--serve", "--model_path", model_path, "--port", "0", *flags)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     err.close()
     deadline = time.monotonic() + timeout
@@ -187,9 +187,8 @@ def read_sentences(path: Path, n: int) -> list[str]:
 def cli_speed(model_path: str | Path, source: Path, beam: int, env: dict[str, str] | None = None) -> tuple[list[str],
                                                                                                          float]:
     """``inference.py --input``: its output lines and its own sentences/s (decoding, without model loading)."""
-    res = subprocess.run([sys.executable, str(ROOT / "inference.py"), "--model_path", str(model_path), "--input",
-                          str(source), "--beam", str(beam)], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env=env)
+    res = subprocess.run(project_command("inference.py", "--model_path", model_path, "--input", source, "--beam",
+                                         str(beam)), cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     speed = re.search(r"\(([\d.]+) sentences/s\)", res.stderr)
     if speed is None:
         raise RuntimeError(f"no speed line from inference.py: {res.stderr.strip()[-300:]}")
@@ -236,13 +235,8 @@ def table(results: list[dict], sentences: int, beam: int) -> str:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    name = cpu_model()
+    return "unknown CPU" if name is None else name
 
 
 def main() -> int:
@@ -264,8 +258,8 @@ def main() -> int:
     sentences = read_sentences(Path(args.input), args.sentences)
     engines: list[tuple[str, str | Path]] = [("pytorch", args.model_path)]
     if args.ct2 == "auto":
-        subprocess.run([sys.executable, str(ROOT / "inference.py"), "--model_path", args.model_path,
-                        "--export-ctranslate2", str(out / "ct2")], cwd=ROOT, check=True)
+        subprocess.run(project_command("inference.py", "--model_path", args.model_path, "--export-ctranslate2",
+                                       out / "ct2"), cwd=ROOT, check=True)
         engines.append(("ctranslate2", out / "ct2"))
     elif args.ct2:
         engines.append(("ctranslate2", args.ct2))

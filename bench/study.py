@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/study.py: the repository root first
 
+from bench.common import ROOT, project_command  # noqa: E402
 from bench.study_runs import (  # noqa: E402
     compute_attention,
     eval_current,
@@ -295,13 +295,11 @@ class Job:
 def train_command(job: Job, config: str, overrides: list[str], budget: list[str]) -> list[str]:
     """train.py for a job: the study's ``--set`` first, the variant's keys over them, then the seed and budget."""
     run = find_run(job.root)
-    sets = [*overrides, *job.variant.overrides, f"seed={job.seed}", *budget]
     if run is None:
-        cmd = [sys.executable, "train.py", "--config", config, "--runs", str(job.root)]
-    else:  # a killed run continues from its last checkpoint; only the budget keys are set again
-        cmd = [sys.executable, "train.py", "--resume", str(run)]
-        sets = budget
-    return cmd + [x for s in sets for x in ("--set", s)]
+        return project_command("train.py", "--config", config, "--runs", job.root,
+                               overrides=[*overrides, *job.variant.overrides, f"seed={job.seed}", *budget])
+    # a killed run continues from its last checkpoint; only the budget keys are set again
+    return project_command("train.py", "--resume", run, overrides=budget)
 
 
 def die_with_parent(parent: int) -> Any:
@@ -523,10 +521,10 @@ def main() -> int:
                 if all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra)
                        for split, n in sizes.items()):
                     continue
-                cmd = [sys.executable, "test.py", "--model_path", str(RunDir(run).checkpoint(args.checkpoint)),
-                       "--beam", str(beam)] + (["--tag", files] if files else [])
-                cmd += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
-                cmd += [x for s in extra for x in ("--set", s)]
+                flags = ["--tag", files] if files else []
+                flags += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
+                cmd = project_command("test.py", "--model_path", RunDir(run).checkpoint(args.checkpoint),
+                                      "--beam", str(beam), *flags, overrides=extra)
                 todo.append((f"test {job.key} beam {beam}{' ' + tag if tag else ''}", cmd, job.root / "study.log"))
     run_commands(todo, devices, jobs=args.jobs)
 

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/study_report.py: the repository root first
+
+from bench.common import ROOT, fmt_mean_std  # noqa: E402
 
 DECODERS = {"beam5": 5, "greedy": 1}
 ALPHA = 0.05
@@ -168,15 +173,11 @@ def _buckets(hyps: list[list[str]], refs: list[str], lengths: list[int], edges: 
 # ---------------------------------------------------------------------------------------------- report
 
 
-def _fmt(ms: tuple[float, float] | list[float] | None) -> str:
-    return "-" if ms is None else f"{ms[0]:.2f} ± {ms[1]:.2f}"
-
-
 def _cell(row: dict[str, Any], metric: str) -> str:
     """``51.23 ± 0.40 (50.9, 51.7, 51.1) · len 0.98``: mean ± std over seeds, each seed, and the mean
     hypothesis/reference length ratio (longer output can buy chrF: it must be visible)."""
     values = row[metric]
-    out = f"{_fmt(row[f'{metric}_mean_std'])} ({', '.join(f'{v:.1f}' for v in values)})"
+    out = f"{fmt_mean_std(row[f'{metric}_mean_std'])} ({', '.join(f'{v:.1f}' for v in values)})"
     if row.get("length_ratio"):
         out += f" · len {sum(row['length_ratio']) / len(row['length_ratio']):.2f}"
     return out
@@ -262,7 +263,7 @@ def _bucket_lines(results: dict[str, Any], metric: str = "chrf") -> list[str]:
         out += [f"### {split}", "", "| system | " + " | ".join(f"{r['bucket']} (n={r['n']})" for r in rows) + " |",
                 "|---|" + "---|" * len(rows)]
         for name, entry in results["systems"].items():
-            cells = [_fmt(r[f"{metric}_mean_std"]) if r["n"] else "-"
+            cells = [fmt_mean_std(r[f"{metric}_mean_std"]) if r["n"] else "-"
                      for r in entry["splits"][split]["beam5"]["by_source_length"]]
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
@@ -312,7 +313,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
                 continue
             cells = []
             for kind, stat in ATTENTION_STATS:
-                cell = _fmt(mean_std(_attention_runs(entry["attention"], kind, stat)))
+                cell = fmt_mean_std(mean_std(_attention_runs(entry["attention"], kind, stat)))
                 test = att.get(f"{name}|{kind}.{stat}")
                 if test and test["p_value"] is not None:
                     cell += f" (p {test['p_value']:.3f}{', Holm ' + format(test['p_holm'], '.3f')}"
@@ -546,14 +547,9 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
     return results
 
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
 def main() -> int:
     import argparse
-    import sys
 
-    sys.path.insert(0, str(ROOT))
     parser = argparse.ArgumentParser(description="Recompute a published study's report from its folder alone "
                                                  "(results.json, and hypotheses/ when published).")
     parser.add_argument("folder", type=Path, help="e.g. bench/studies/all-encodings or runs/study_<name>")
@@ -569,9 +565,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(ROOT))
     from utils.cli import run_main
 
     run_main(main)

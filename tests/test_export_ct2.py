@@ -199,13 +199,10 @@ def test_peers_decodes_an_export_of_our_run_next_to_the_others(trained: Path, tm
     assert "| beam-5 sentences/s test.tatoeba |" in report and "| 2.00x |" in report
 
 
-def test_speed_times_the_export_in_a_fresh_process(trained: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/speed.py's CTranslate2 rows: timed in a spawned process (PyTorch's thread pool, once used, slows
-    CTranslate2 in the same process); greedy outputs are ours, float32 and int8 both timed."""
-
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    import speed
-
+def test_speed_times_the_export_in_a_fresh_process(trained: Path) -> None:
+    """bench/speed.py's CTranslate2 rows (bench/speed_runs.py): timed in a spawned process (PyTorch's thread pool,
+    once used, slows CTranslate2 in the same process); greedy outputs are ours, float32 and int8 both timed."""
+    from bench.speed_runs import time_ctranslate2
     from utils.run.load import load_run
     from utils.translation.translate import encode_sources, translate_ids
 
@@ -218,7 +215,7 @@ def test_speed_times_the_export_in_a_fresh_process(trained: Path, monkeypatch: p
     ids = encode_sources(run.tokenizer, lines, run.model.max_length, strict=False)
     ours = {label: [best[0].text for best in translate_ids(run.model, run.tokenizer, ids, d)]
             for label, d in decoders.items()}
-    rows = speed.time_ctranslate2(run, lines, refs, decoders, ours)
+    rows = time_ctranslate2(run, lines, refs, decoders, ours)
     assert set(rows) == {f"CTranslate2 {q}, {d}" for q in ("float32", "int8") for d in ("greedy", "beam 5")}
     assert all(r["sent_per_s"] > 0 and r["seconds"] > 0 for r in rows.values())
     assert rows["CTranslate2 float32, greedy"]["same_as_ours"] >= 11  # of 12: greedy is ours but where a cap is hit
