@@ -32,38 +32,24 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from utils.translation.engines import Engine
 
-from utils.cli import (
-    add_alias_args,
-    add_average_args,
-    add_set_arg,
-    apply_average_args,
-    decode_overrides,
-    run_main,
-    setup_logging,
-)
+from utils.cli import add_alias_args, add_run_args, apply_average_args, decode_overrides, run_main, setup_logging
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
-    add_alias_args(parser, "model_path", required=True, help="checkpoint .pt or run directory")
+    add_run_args(parser)
     add_alias_args(parser, "src_text", help="one sentence to translate")
     parser.add_argument("--input", help="file with one sentence per line ('-' = standard input)")
     parser.add_argument("--beam", type=int, help="beam size (default: decode.beam of the config)")
     parser.add_argument(
         "--nbest", type=int, help="hypotheses per sentence (default: decode.nbest; with --src_text the whole beam)"
     )
-    parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
-    add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
-    add_average_args(parser)
     parser.add_argument("--export-ctranslate2", "--export_ctranslate2", dest="export_ct2", metavar="OUT_DIR",
                         help="write the model as a CTranslate2 model directory and exit (pip install '.[export]')")
     parser.add_argument("--quantization", choices=["int8", "int8_float32", "float16"],
                         help="with --export-ctranslate2: store the weights quantized (default: float32)")
     parser.add_argument("--compute_type", "--compute-type", default="default",
                         help="CTranslate2 model: compute type, e.g. int8, float32 (default: as stored)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    add_set_arg(parser)
     serving = parser.add_argument_group("serving (--serve; pip install '.[serve]')")
     serving.add_argument("--serve", action="store_true",
                          help="serve the model over HTTP (POST /translate, POST /attention, GET /model, a page at /)")

@@ -19,32 +19,18 @@ import json
 import re
 from typing import Any
 
-from utils.cli import (
-    add_alias_args,
-    add_average_args,
-    add_set_arg,
-    apply_average_args,
-    decode_overrides,
-    run_main,
-    setup_logging,
-)
+from utils.cli import add_alias_args, add_run_args, apply_average_args, decode_overrides, run_main, setup_logging
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
-    add_alias_args(parser, "model_path", required=True, help="checkpoint .pt or run directory")
+    add_run_args(parser)
     parser.add_argument("--split", action="append", help="split to score, repeatable (default: every split in "
                         "data.test)")
     parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
-    parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
-    add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
     add_alias_args(parser, "max_sentences", type=int, help="score only the first N sentences of each split")
     parser.add_argument("--buckets", help="source-length bucket edges in tokens, e.g. 10,20,40 (eval.length_buckets)")
-    add_average_args(parser)
     parser.add_argument("--tag", help="added to the eval file names (e.g. yarn): keeps variants of a checkpoint apart")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    add_set_arg(parser)
     args = parser.parse_args()
     setup_logging()
 

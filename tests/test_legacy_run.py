@@ -79,3 +79,22 @@ def test_translates_and_exports(run: Path, tmp_path: Path) -> None:
         return out.split("\t")[0]  # length cap, where the two count the forced end's probability differently
 
     assert text(ct2_out) == text(torch_out)
+
+
+def test_trains_the_same_weights_as_then(tmp_path: Path) -> None:
+    """The legacy run's config trained again from scratch today: the same weights, bit for bit (CPU, one thread)."""
+    import torch
+    import yaml
+
+    from utils.run.checkpoint import load_checkpoint
+
+    cfg = yaml.safe_load((LEGACY / "config.yaml").read_text())
+    cfg["data"]["cache_dir"] = str(tmp_path / "cache")
+    (tmp_path / "legacy.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "train.py", "--config", str(tmp_path / "legacy.yaml"), "--runs",
+                           str(tmp_path / "runs")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    today = load_checkpoint(tmp_path / "runs" / "legacy_latest" / "checkpoints" / "last.pt")["model"]
+    then = load_checkpoint(LEGACY / "checkpoints" / "last.pt")["model"]
+    assert today.keys() == then.keys()
+    assert all(torch.equal(today[k], then[k]) for k in then)

@@ -94,6 +94,18 @@ def apply_average_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     return args.average
 
 
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """What every script decoding a trained run takes: --config, --model_path, --lenpen, --batch_size, --average
+    and --save_average, --device, --set."""
+    parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
+    add_alias_args(parser, "model_path", required=True, help="checkpoint .pt or run directory")
+    parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
+    add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
+    add_average_args(parser)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_set_arg(parser)
+
+
 def run_main(main: Callable[[], int | None]) -> None:
     """Run ``main``; expected user errors print one line 'error: ...' and exit 2, never a traceback."""
     from data.sources import DataError

@@ -106,13 +106,8 @@ def prepare(cfg: Config) -> tuple[Any, Tokenizer]:
     return corpus, tokenizer
 
 
-def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> Setup:
-    """Tokenizer (trained, or reloaded when the run directory has one), cached data, model, optimizer and
-    schedule. ``corpus``: the corpus if the caller has loaded it already.
-
-    Data-parallel (``idist`` world size > 1): rank 0 trains the tokenizer and builds the cache first;
-    every rank gets a disjoint shard of the batches; the model is wrapped in DistributedDataParallel.
-    """
+def start_process(cfg: Config) -> torch.device:
+    """Seed this rank, share the CPU threads among the processes of one machine, pick the device."""
     rank, world = idist.get_rank(), idist.get_world_size()
     set_seed(cfg.seed + rank)  # different dropout masks per rank; DDP broadcasts rank 0's initial weights
     local = idist.get_nproc_per_node() if world > 1 else 1
@@ -122,17 +117,14 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
         if local > 1:
             log.info("CPU threads: %d per process (%d processes share %s)", threads, local,
                      f"train.num_threads={cfg.train.num_threads}" if cfg.train.num_threads else "this machine's cores")
-    device = idist.device() if world > 1 else select_device(cfg.train.device)
+    return idist.device() if world > 1 else select_device(cfg.train.device)
 
-    def get_corpus():
-        nonlocal corpus
-        if corpus is None:
-            corpus = load_corpus(cfg.data)
-        return corpus
 
+def run_tokenizer(cfg: Config, run_dir: Path, resume: bool, get_corpus: Callable[[], Any]) -> Tokenizer:
+    """The run's tokenizer: trained by rank 0 and saved in the run directory, or reloaded from it."""
     tok_dir = RunDir(run_dir).tokenizer
     tokenizer: Tokenizer | None = None
-    if not resume and rank == 0 and not (tok_dir / TOKENIZER_META).is_file():
+    if not resume and idist.get_rank() == 0 and not (tok_dir / TOKENIZER_META).is_file():
         tokenizer = build_tokenizer(
             cfg.tokenizer, lambda: (get_corpus()["train"]["src"], get_corpus()["train"]["tgt"]), seed=cfg.seed
         )
@@ -141,7 +133,12 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     if tokenizer is None:
         tokenizer = load_tokenizer(tok_dir)
     log.info("tokenizer: %s, vocabulary %d", cfg.tokenizer.type, tokenizer.vocab_size)
+    return tokenizer
 
+
+def batches(cfg: Config, tokenizer: Tokenizer, get_corpus: Callable[[], Any]) -> tuple[BatchIterable, BatchIterable]:
+    """Training batches (this rank's shard, shuffled by seed and epoch) and validation batches, from the cache."""
+    rank, world = idist.get_rank(), idist.get_world_size()
     with idist.one_rank_first():  # rank 0 builds the cache, the others then find it
         splits = load_or_build(cfg, tokenizer, get_corpus, ["train", "validation"])
     train, valid = splits["train"], splits["validation"]
@@ -150,7 +147,6 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
         raise DataError("no training pairs left after length filtering (see data.min_len / data.max_len)")
     if len(valid) == 0:
         raise DataError("no validation pairs left after length filtering (see data.min_len / data.max_len)")
-
     ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
     train_sampler = TokenBatchSampler(
         train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed, rank, world
@@ -159,24 +155,22 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     # Every rank evaluates the whole (small) validation set: sharding would drop the uneven tail, or leave a
     # rank with no batch at all; the metric's all-reduce scales loss and token sums alike, so ratios hold.
     valid_sampler = TokenBatchSampler(valid.src_lengths, valid.tgt_lengths, valid_tokens, False, cfg.seed)
-    train_data = BatchIterable(train, train_sampler, *ids)
-    valid_data = BatchIterable(valid, valid_sampler, *ids)
+    return BatchIterable(train, train_sampler, *ids), BatchIterable(valid, valid_sampler, *ids)
 
-    raw_valid = get_corpus()["validation"]
-    n_bleu = cfg.train.valid_bleu_sentences or len(raw_valid)
-    src_texts = list(raw_valid["src"][:n_bleu])
-    refs = list(raw_valid["tgt"][:n_bleu])
 
-    core = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
-    model = idist.auto_model(core) if world > 1 else core
-    valid_sources = encode_sources(tokenizer, src_texts, core.max_length, strict=False)
-    # A readable sentence for attention maps: the first of 6 to 20 tokens (else the first non-empty one).
-    candidates = [i for i, ids in enumerate(valid_sources) if ids] or [0]
-    pick = next((i for i in candidates if 6 <= len(valid_sources[i]) <= 20), candidates[0])
-    attention_sentence = src_texts[pick] if src_texts else ""
-    log.info("model: %.2fM parameters on %s (world size %d)", core.num_parameters() / 1e6, device, world)
-    t = cfg.train
-    sched = schedule_for_batch(t, tokens_per_step(train, train_sampler, t.accumulate, world))
+def attention_sentence(tokenizer: Tokenizer, texts: list[str], max_length: int | None) -> str:
+    """A readable sentence for attention maps: the first of 6 to 20 tokens (else the first non-empty one)."""
+    sources = encode_sources(tokenizer, texts, max_length, strict=False)
+    candidates = [i for i, ids in enumerate(sources) if ids] or [0]
+    pick = next((i for i in candidates if 6 <= len(sources[i]) <= 20), candidates[0])
+    return texts[pick] if texts else ""
+
+
+def optimization(t: TrainConfig, model: torch.nn.Module, device: torch.device, batch_tokens: float) -> tuple[
+        torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, torch.amp.GradScaler,
+        Callable[[], contextlib.AbstractContextManager]]:
+    """AdamW, the learning-rate schedule for batches of ``batch_tokens``, the grad scaler and the autocast."""
+    sched = schedule_for_batch(t, batch_tokens)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=sched.peak_lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay
     )
@@ -194,20 +188,36 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     def autocast() -> contextlib.AbstractContextManager:
         return torch.autocast(device.type, dtype=dtype) if use_amp else contextlib.nullcontext()
 
-    return Setup(
-        cfg,
-        run_dir,
-        device,
-        tokenizer,
-        model,
-        core,
-        optimizer,
-        scheduler,
-        scaler,
-        train_data,
-        valid_data,
-        src_texts,
-        refs,
-        attention_sentence,
-        autocast,
-    )
+    return optimizer, scheduler, scaler, autocast
+
+
+def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> Setup:
+    """Tokenizer (trained, or reloaded when the run directory has one), cached data, model, optimizer and
+    schedule, in that order (each draws on the seeded generators). ``corpus``: the corpus if the caller has
+    loaded it already.
+
+    Data-parallel (``idist`` world size > 1): rank 0 trains the tokenizer and builds the cache first;
+    every rank gets a disjoint shard of the batches; the model is wrapped in DistributedDataParallel.
+    """
+    world = idist.get_world_size()
+    device = start_process(cfg)
+
+    def get_corpus() -> Any:
+        nonlocal corpus
+        if corpus is None:
+            corpus = load_corpus(cfg.data)
+        return corpus
+
+    tokenizer = run_tokenizer(cfg, run_dir, resume, get_corpus)
+    train_data, valid_data = batches(cfg, tokenizer, get_corpus)
+    raw_valid = get_corpus()["validation"]
+    n_bleu = cfg.train.valid_bleu_sentences or len(raw_valid)
+    src_texts, refs = list(raw_valid["src"][:n_bleu]), list(raw_valid["tgt"][:n_bleu])
+    core = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
+    model = idist.auto_model(core) if world > 1 else core
+    log.info("model: %.2fM parameters on %s (world size %d)", core.num_parameters() / 1e6, device, world)
+    t = cfg.train
+    batch_tokens = tokens_per_step(train_data.split, train_data.sampler, t.accumulate, world)
+    optimizer, scheduler, scaler, autocast = optimization(t, model, device, batch_tokens)
+    return Setup(cfg, run_dir, device, tokenizer, model, core, optimizer, scheduler, scaler, train_data, valid_data,
+                 src_texts, refs, attention_sentence(tokenizer, src_texts, core.max_length), autocast)

@@ -59,6 +59,15 @@ def _norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
     spec.beta = _np(norm.bias)
 
 
+def _self_attention(theirs: Any, ours: Any, length: int) -> None:
+    """One layer's self-attention: its relative encoding (if any), pre-norm, fused QKV and output projections."""
+    if ours.self_attn.pe is not None:
+        ours.self_attn.pe.ct2_fill(theirs.self_attention, length)
+    _norm(theirs.self_attention.layer_norm, ours.res1.norm)
+    _linear(theirs.self_attention.linear[0], ours.self_attn.qkv_proj)
+    _linear(theirs.self_attention.linear[1], ours.self_attn.out_proj)
+
+
 def input_table(model: Seq2SeqTransformer, side: str, length: int) -> np.ndarray:
     """The additive position table ``[length, D]`` of one side's input encoding (zeros for ``none``)."""
     pe = model.src_pe if side == "src" else model.tgt_pe
@@ -95,20 +104,12 @@ def build_spec(model: Seq2SeqTransformer, cfg: Config, tokens: list[str], specia
         _norm(enc.layer_norm, model.encoder_norm)
         _norm(dec.layer_norm, model.decoder_norm)
     for ours, theirs in zip(model.encoder, enc.layer, strict=True):
-        if ours.self_attn.pe is not None:
-            ours.self_attn.pe.ct2_fill(theirs.self_attention, length)
-        _norm(theirs.self_attention.layer_norm, ours.res1.norm)
-        _linear(theirs.self_attention.linear[0], ours.self_attn.qkv_proj)
-        _linear(theirs.self_attention.linear[1], ours.self_attn.out_proj)
+        _self_attention(theirs, ours, length)
         _norm(theirs.ffn.layer_norm, ours.res2.norm)
         _linear(theirs.ffn.linear_0, ours.ff.fc1)
         _linear(theirs.ffn.linear_1, ours.ff.fc2)
     for ours, theirs in zip(model.decoder, dec.layer, strict=True):
-        if ours.self_attn.pe is not None:
-            ours.self_attn.pe.ct2_fill(theirs.self_attention, length)
-        _norm(theirs.self_attention.layer_norm, ours.res1.norm)
-        _linear(theirs.self_attention.linear[0], ours.self_attn.qkv_proj)
-        _linear(theirs.self_attention.linear[1], ours.self_attn.out_proj)
+        _self_attention(theirs, ours, length)
         _norm(theirs.attention.layer_norm, ours.res2.norm)
         _linear(theirs.attention.linear[0], ours.cross_attn.q_proj)
         _linear(theirs.attention.linear[1], ours.cross_attn.kv_proj)
