@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -67,6 +68,9 @@ def test_torchrun_train_writes_one_run_from_rank_zero(tmp_path: Path) -> None:
     summary = read_summary((run_dir / "train.log").read_text())
     rank0 = state["tokens_seen"]["tokens"]
     assert 0 < rank0 and 1.5 * rank0 < summary["target_tokens"] < 2.5 * rank0, (rank0, summary)
+    # summary.json is rank 0's, the one its log line shows (rank 1's would differ in its own memory and seconds).
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    assert not list(run_dir.glob(".*.tmp"))
     shutil.rmtree(tmp_path / "runs")
 
 
