@@ -32,12 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from utils.translation.engines import Engine
-
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from utils.config import Config, DecodeConfig
+    from utils.translation.engines import Engine
     from utils.translation.translate import Translation
 
 log = logging.getLogger("server")
@@ -112,7 +111,7 @@ class Batcher:
     ``translate`` call (grouped by beam, n-best and length penalty); other work (attention maps) runs alone.
     The blocking calls run in one thread of their own, so the model is only ever used by that thread."""
 
-    def __init__(self, engine: Engine, limits: Limits) -> None:
+    def __init__(self, engine: "Engine", limits: Limits) -> None:
         self.engine, self.limits = engine, limits
         self.counters = Counters()
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(limits.max_queue)
@@ -400,7 +399,7 @@ def training_summary(run_dir: Path | None, checkpoint: Path | str | None, step: 
     return out
 
 
-def model_info(engine: Engine, model_path: str, limits: Limits) -> dict[str, Any]:
+def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, Any]:
     """What ``GET /model`` answers: the run's encoding, size, tokenizer, training summary, defaults and limits."""
     cfg = engine.cfg
     m = cfg.model
@@ -438,7 +437,7 @@ def model_info(engine: Engine, model_path: str, limits: Limits) -> dict[str, Any
 # ---------------------------------------------------------------------------------------------- the app
 
 
-def create_app(engine: Engine, limits: Limits | None = None, model_path: str = "") -> "FastAPI":
+def create_app(engine: "Engine", limits: Limits | None = None, model_path: str = "") -> "FastAPI":
     """The FastAPI application serving ``engine`` (one decoding worker, started with the app)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
@@ -553,7 +552,7 @@ def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
     return sock
 
 
-def serve(engine: Engine, model_path: str, sock: socket.socket, limits: Limits | None = None) -> None:
+def serve(engine: "Engine", model_path: str, sock: socket.socket, limits: Limits | None = None) -> None:
     """Serve ``engine`` on the bound ``sock`` until Ctrl-C or SIGTERM; once the server accepts connections it
     prints ``serving ... on http://HOST:PORT`` (the real port when 0 was asked for)."""
     import uvicorn

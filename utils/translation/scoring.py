@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nltk.tokenize import TreebankWordTokenizer
 from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
 from sacrebleu.metrics import BLEU, CHRF
 
-from utils.config import DecodeConfig
-from utils.translation.translate import Translation, encode_sources, translate_ids
+if TYPE_CHECKING:
+    from utils.config import DecodeConfig
+    from utils.translation.translate import Translation
 
 _WORDS = TreebankWordTokenizer()
 
@@ -112,6 +113,8 @@ def decode_and_score(model: Any, tokenizer: Any, sources: list[str], refs: list[
     score them against ``refs``. ``shard``: under data-parallel training (``ignite.distributed``) every rank
     decodes every world-th sentence and the hypotheses are gathered, so every rank gets the same scores."""
     import ignite.distributed as idist
+
+    from utils.translation.translate import Translation, encode_sources, translate_ids  # torch: only when decoding
 
     rank, world = (idist.get_rank(), idist.get_world_size()) if shard else (0, 1)
     start = time.perf_counter()
