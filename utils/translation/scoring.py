@@ -112,11 +112,13 @@ def decode_and_score(model: Any, tokenizer: Any, sources: list[str], refs: list[
     """Translate ``sources`` (each one's best under ``decode``; over-long ones truncated, empty ones empty) and
     score them against ``refs``. ``shard``: under data-parallel training (``ignite.distributed``) every rank
     decodes every world-th sentence and the hypotheses are gathered, so every rank gets the same scores."""
-    import ignite.distributed as idist
-
     from utils.translation.translate import Translation, encode_sources, translate_ids  # torch: only when decoding
 
-    rank, world = (idist.get_rank(), idist.get_world_size()) if shard else (0, 1)
+    rank, world = 0, 1
+    if shard:  # ignite.distributed costs most of a second to import: only training's validation pays it
+        import ignite.distributed as idist
+
+        rank, world = idist.get_rank(), idist.get_world_size()
     start = time.perf_counter()
     ids = encode_sources(tokenizer, sources, model.max_length, strict=False)
     best = [nbest[0] for nbest in translate_ids(model, tokenizer, ids[rank::world], decode)]
