@@ -1,53 +1,31 @@
 """The ``model`` section of the config: the Transformer and the settings of its positional encodings.
 
-Which encodings exist (``input_pe``, ``attention_pe``, ``cross_attention_pe``) is checked against
-``models.positional.REGISTRY`` by ``utils.config`` when a whole config is validated, so that adding an
-encoding needs no edit here.
+Each encoding declares its own settings next to it (``settings = ("rope", RopeConfig)`` in
+models/positional/rotary.py, as fairseq registers a dataclass with each component); ``ModelConfig`` is the
+Transformer's fields plus one such section per key found in ``models.positional.REGISTRY``. Which encodings
+exist (``input_pe``, ``attention_pe``, ``cross_attention_pe``) is checked against the registry by
+``utils.config`` when a whole config is validated. Adding an encoding, with or without settings, needs no
+edit here.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, create_model
 
+from models.positional import REGISTRY
+from models.positional.rotary import RopeConfig
+from models.positional.shaw import ShawConfig
+from models.positional.t5 import T5BiasConfig
 from utils.schema import ConfigError, Section
 
-__all__ = ["ConfigError", "Experiment", "ModelConfig", "RopeConfig", "Section", "ShawConfig", "T5BiasConfig"]
+__all__ = ["ConfigError", "Experiment", "ModelConfig", "RopeConfig", "Section", "ShawConfig", "T5BiasConfig",
+           "TransformerConfig"]
 
 
-class RopeConfig(Section):
-    """Rotary position embedding (Su et al. 2021) and its length-extension scalings.
-
-    ``scaling``/``factor``/``original_max_len``/``beta_*`` change no parameter: set them at inference
-    (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
-    """
-
-    theta: float = Field(10000.0, gt=1)  # the base: every frequency base^(-2j/d) is then below 1
-    dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
-    scaling: Literal["none", "linear", "ntk", "yarn"] = "none"
-    factor: float = Field(1.0, ge=1)  # s: how many times longer than the training length
-    original_max_len: int = Field(128, ge=1)  # L: the training length (tokens) the scaling starts from
-    beta_fast: float = Field(32.0, gt=0)  # YaRN: dims with more than beta_fast rotations over L are left unchanged
-    beta_slow: float = Field(1.0, gt=0)  # YaRN: dims with fewer than beta_slow rotations over L are fully interpolated
-
-
-class ShawConfig(Section):
-    """Relative position representations (Shaw et al. 2018)."""
-
-    max_distance: int = Field(16, ge=1)  # k: relative distances are clipped to [-k, k]
-    values: bool = False  # also add a_V to the values (needs the explicit attention path)
-
-
-class T5BiasConfig(Section):
-    """T5's bucketed relative attention bias (Raffel et al. 2020)."""
-
-    num_buckets: int = Field(32, ge=2)
-    max_distance: int = Field(128, ge=1)
-
-
-class ModelConfig(Section):
-    """Encoder-decoder Transformer (Vaswani et al. 2017) with pluggable positional encodings."""
+class TransformerConfig(Section):
+    """The Transformer's own fields (``ModelConfig`` adds the encodings' sections)."""
 
     d_model: int = Field(512, ge=1)
     n_heads: int = Field(8, ge=1)
@@ -66,9 +44,32 @@ class ModelConfig(Section):
     cross_attention_pe: str = "none"
     max_positions: int = Field(1024, ge=1)  # size of learned position tables; longer inputs are an error
     gaussian_sigma: float = Field(2.0, gt=0)  # input_pe=gaussian: width of the window around each position
-    rope: RopeConfig = Field(default_factory=RopeConfig)
-    shaw: ShawConfig = Field(default_factory=ShawConfig)
-    t5: T5BiasConfig = Field(default_factory=T5BiasConfig)
+
+
+def encoding_sections(registry: dict[str, dict[str, type | None]]) -> dict[str, type[Section]]:
+    """Every settings section the encodings of ``registry`` declare, by key (``{"rope": RopeConfig, ...}``); two
+    encodings may share one section, two different sections may not share a key."""
+    sections: dict[str, type[Section]] = {}
+    for level in registry.values():
+        for cls in level.values():
+            if cls is None or cls.settings is None:
+                continue
+            key, section = cls.settings
+            if key in TransformerConfig.model_fields or sections.setdefault(key, section) is not section:
+                raise TypeError(f"{cls.__name__}.settings: model.{key} is already another setting")
+    return sections
+
+
+def model_config_class(registry: dict[str, dict[str, type | None]]) -> type[TransformerConfig]:
+    """``TransformerConfig`` plus a ``model.<key>`` section (defaults filled in) per section of ``registry``."""
+    return create_model(
+        "ModelConfig", __base__=TransformerConfig, __module__=__name__,
+        __doc__="Encoder-decoder Transformer (Vaswani et al. 2017) with pluggable positional encodings.",
+        **{key: (section, Field(default_factory=section)) for key, section in encoding_sections(registry).items()},
+    )
+
+
+ModelConfig = model_config_class(REGISTRY)
 
 
 class Experiment(Protocol):

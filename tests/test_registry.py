@@ -129,3 +129,40 @@ def test_rope_angles_are_computed_once_per_forward(monkeypatch: pytest.MonkeyPat
     with torch.no_grad():
         alone = model(src, tgt)
     assert torch.equal(alone, shared)
+
+
+def test_an_encodings_own_settings_live_beside_it_and_become_one_model_section() -> None:
+    """fairseq's pattern: the settings Section is declared on the encoding class (``settings``), in its module, and
+    ``ModelConfig`` is the Transformer's fields plus one ``model.<key>`` section per key of the registry."""
+    from pydantic import Field, ValidationError
+
+    from models.config import TransformerConfig, model_config_class
+    from utils.schema import Section
+
+    for level in REGISTRY.values():
+        for enc in (c for c in level.values() if c is not None and c.settings is not None):
+            key, section = enc.settings
+            assert section.__module__ == enc.__module__  # beside the encoding, not in a config file
+            assert ModelConfig.model_fields[key].annotation is section and getattr(ModelConfig(), key) == section()
+    assert {"rope", "shaw", "t5"} <= set(ModelConfig.model_fields) - set(TransformerConfig.model_fields)
+
+    class DistanceSettings(Section):
+        init: float = Field(0.1, gt=0)  # the slope's initial value
+
+    class SetDistanceBiasPE(DistanceBiasPE):
+        settings = ("distance", DistanceSettings)
+
+    registry = {**REGISTRY, "attention": {**REGISTRY["attention"], "distance": SetDistanceBiasPE}}
+    built = model_config_class(registry)  # what models/config.py does with the registry at import
+    assert built().distance.init == 0.1 and built(distance={"init": "2e-1"}).distance.init == 0.2
+    assert built(attention_pe="rope").rope == ModelConfig().rope
+    with pytest.raises(ValidationError, match="must be > 0, got 0.0"):  # the schema's one-line wording
+        built(distance={"init": 0})
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        built(distance={"slope": 1})
+
+    class Clash(DistanceBiasPE):
+        settings = ("rope", DistanceSettings)  # another encoding's key
+
+    with pytest.raises(TypeError, match=r"Clash.settings: model.rope is already another setting"):
+        model_config_class({**REGISTRY, "attention": {**REGISTRY["attention"], "clash": Clash}})

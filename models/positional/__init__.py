@@ -1,8 +1,10 @@
 """The one registry of positional encodings, looked up by name from the config.
 
 A new encoding is one module with a class deriving from ``InputPE`` or ``AttentionPE`` plus one
-line in ``REGISTRY`` below. ``model.input_pe`` names an input-level entry; ``model.attention_pe``
-(self-attention) and ``model.cross_attention_pe`` (cross-attention) name attention-level entries.
+line in ``REGISTRY`` below; its own settings, if any, are a Section declared on the class (``settings``)
+and become ``model.<key>`` without an edit elsewhere. ``model.input_pe`` names an input-level entry;
+``model.attention_pe`` (self-attention) and ``model.cross_attention_pe`` (cross-attention) name
+attention-level entries.
 The class carries everything else about the encoding: what to plot (``plots``) and how to export to
 CTranslate2 or why it cannot (``ct2_*``), with defaults in ``models/positional/base.py``; nothing outside
 the registry switches on encoding names or classes.
@@ -10,7 +12,8 @@ the registry switches on encoding names or classes.
 
 from __future__ import annotations
 
-from models.config import ModelConfig
+from typing import TYPE_CHECKING
+
 from models.positional.absolute import LearnableLNPE, LearnablePE, PositionLimitError, SinusoidalPE
 from models.positional.alibi import ALiBiPE
 from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
@@ -18,6 +21,9 @@ from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.rotary import RotaryPE
 from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE
+
+if TYPE_CHECKING:  # models.config builds ModelConfig from this registry
+    from models.config import ModelConfig
 
 REGISTRY: dict[str, dict[str, type | None]] = {
     "input": {

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from models.config import ModelConfig
 from models.positional.base import InputPE, Plot
+
+if TYPE_CHECKING:
+    from models.config import ModelConfig
 
 
 class PositionLimitError(ValueError):

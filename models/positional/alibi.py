@@ -10,13 +10,15 @@ decoder uses the paper's causal -m_h (i - j) (keys after the query are masked an
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
-from models.config import ModelConfig
 from models.positional.base import AttentionKind, AttentionPE, Plot
+
+if TYPE_CHECKING:
+    from models.config import ModelConfig
 
 
 def alibi_slopes(n_heads: int) -> list[float]:

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from models.config import ConfigError, ModelConfig
+from utils.schema import ConfigError, Section
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # models.config composes its sections from this registry: annotations only
     from models.config import Experiment as Config
+    from models.config import ModelConfig
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 
@@ -70,6 +71,9 @@ class InputPE(nn.Module):
     """Input-level encoding: ``embed(x [B, T, D], positions [T]) -> [B, T, D]``."""
 
     level: ClassVar[str] = "input"
+    #: The encoding's own settings: (key under ``model``, its Section), e.g. ("rope", RopeConfig) for
+    #: ``model.rope.*``; ``models.config.ModelConfig`` gains one such section per key in the registry.
+    settings: ClassVar[tuple[str, type[Section]] | None] = None
     #: Longest sequence the encoding can represent (None: unbounded).
     max_length: int | None = None
 
@@ -155,6 +159,9 @@ class AttentionPE(nn.Module):
     """
 
     level: ClassVar[str] = "attention"
+    #: The encoding's own settings: (key under ``model``, its Section), e.g. ("rope", RopeConfig) for
+    #: ``model.rope.*``; ``models.config.ModelConfig`` gains one such section per key in the registry.
+    settings: ClassVar[tuple[str, type[Section]] | None] = None
     #: Whether ``values`` is implemented (forces the explicit attention path).
     needs_explicit: ClassVar[bool] = False
 

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from models.config import ConfigError, ModelConfig
 from models.positional.absolute import PositionLimitError
 from models.positional.base import InputPE, Plot
+from utils.schema import ConfigError
 
 if TYPE_CHECKING:
     from models.config import Experiment as Config
+    from models.config import ModelConfig
 
 
 def check_length(length: int, limit: int, what: str) -> None:

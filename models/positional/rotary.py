@@ -26,12 +26,30 @@ import math
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from pydantic import Field
 
-from models.config import ConfigError, ModelConfig, RopeConfig
 from models.positional.base import AttentionKind, AttentionPE, Plot
+from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
     from models.config import Experiment as Config
+    from models.config import ModelConfig
+
+
+class RopeConfig(Section):
+    """Rotary position embedding (Su et al. 2021) and its length-extension scalings.
+
+    ``scaling``/``factor``/``original_max_len``/``beta_*`` change no parameter: set them at inference
+    (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
+    """
+
+    theta: float = Field(10000.0, gt=1)  # the base: every frequency base^(-2j/d) is then below 1
+    dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
+    scaling: Literal["none", "linear", "ntk", "yarn"] = "none"
+    factor: float = Field(1.0, ge=1)  # s: how many times longer than the training length
+    original_max_len: int = Field(128, ge=1)  # L: the training length (tokens) the scaling starts from
+    beta_fast: float = Field(32.0, gt=0)  # YaRN: dims with more than beta_fast rotations over L are left unchanged
+    beta_slow: float = Field(1.0, gt=0)  # YaRN: dims with fewer than beta_slow rotations over L are fully interpolated
 
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -89,6 +107,8 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float) -
 
 class RotaryPE(AttentionPE):
     """RoPE on q and k of self-attention (and of cross-attention if asked for)."""
+
+    settings = ("rope", RopeConfig)
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

@@ -16,13 +16,24 @@ which equals the paper's einsums over a_ij without building the [Tq, Tk, Dh] ten
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from models.config import ModelConfig
 from models.positional.base import AttentionKind, AttentionPE, Plot
+from utils.schema import Section
+
+if TYPE_CHECKING:
+    from models.config import ModelConfig
+
+
+class ShawConfig(Section):
+    """Relative position representations (Shaw et al. 2018)."""
+
+    max_distance: int = Field(16, ge=1)  # k: relative distances are clipped to [-k, k]
+    values: bool = False  # also add a_V to the values (needs the explicit attention path)
 
 
 class ShawPE(AttentionPE):
@@ -30,6 +41,8 @@ class ShawPE(AttentionPE):
 
     Initialised N(0, d_model^-0.5) (the model's ``_init_weights`` applies that to any ``*embed*`` parameter).
     """
+
+    settings = ("shaw", ShawConfig)
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

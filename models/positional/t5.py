@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
-from models.config import ConfigError, ModelConfig
 from models.positional.base import AttentionKind, AttentionPE, Plot
+from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
     from models.config import Experiment as Config
+    from models.config import ModelConfig
 
 
 def relative_position_bucket(
@@ -47,12 +49,21 @@ def relative_position_bucket(
     return buckets + torch.where(is_small, n, if_large)
 
 
+class T5BiasConfig(Section):
+    """T5's bucketed relative attention bias (Raffel et al. 2020)."""
+
+    num_buckets: int = Field(32, ge=2)
+    max_distance: int = Field(128, ge=1)
+
+
 class T5BiasPE(AttentionPE):
     """Learned per-head scalar bias indexed by a bucketed relative position (``model.t5``).
 
     The table is ``rel_embed`` [num_buckets, H], initialised N(0, d_model^-0.5) as in T5 (the model's
     ``_init_weights`` re-applies that init to any parameter named ``*embed*``).
     """
+
+    settings = ("t5", T5BiasConfig)
 
     @classmethod
     def check(cls, cfg: Config, key: str) -> None:
