@@ -15,8 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from utils.cli import add_set_arg, attach_log_file, run_main, setup_logging
+
+if TYPE_CHECKING:
+    from utils.config import Config
 
 
 def distributed_backend() -> str | None:
@@ -30,6 +34,27 @@ def distributed_backend() -> str | None:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def resolve_config(args: argparse.Namespace, warn: bool = True) -> Config:
+    """The config this process trains: ``--config`` with ``--set``, or the resumed run's own with ``--set`` (which
+    must not change the model, nor may ``--config``). ConfigError, one line, for anything wrong with them;
+    ``warn=False``: no warning about ``--set`` values without effect (the check before the real load)."""
+    from utils.config import ConfigError, load_config
+    from utils.run.layout import RunDir
+    from utils.run.load import check_compatible
+
+    if not args.resume:
+        return load_config(args.config, args.overrides, warn)
+    run = RunDir(Path(args.resume))
+    if not run.last.is_file():
+        raise ConfigError(f"--resume {run.root}: no {run.last.relative_to(run.root)} to resume from")
+    run_cfg = load_config(run.config)
+    cfg = load_config(run.config, args.overrides, warn)
+    check_compatible(run_cfg, cfg, "--set")
+    if args.config:
+        check_compatible(run_cfg, load_config(args.config), args.config)
+    return cfg
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config (not needed with --resume)")
@@ -39,6 +64,7 @@ def main() -> int:
     args = parser.parse_args()
     if not args.config and not args.resume:
         parser.error("give --config (a new run) or --resume RUN_DIR")
+    resolve_config(args, warn=False)  # bad input: one line here, before the training stack (ignite) is imported
 
     import logging
 
@@ -59,27 +85,18 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
 
     import ignite.distributed as idist
 
-    from utils.config import ConfigError, load_config
     from utils.run.layout import RunDir
-    from utils.run.load import check_compatible
     from utils.run.store import check_runs_root, create_run_dir, discard_if_untrained, lock_run
     from utils.training.loop import train
     from utils.training.setup import prepare
 
     rank = idist.get_rank()
+    cfg = resolve_config(args)
     if args.resume:
         run_dir = Path(args.resume)
-        if not RunDir(run_dir).last.is_file():
-            raise ConfigError(f"--resume {run_dir}: no {RunDir(run_dir).last.relative_to(run_dir)} to resume from")
-        run_cfg = load_config(RunDir(run_dir).config)
-        cfg = load_config(RunDir(run_dir).config, args.overrides)
-        check_compatible(run_cfg, cfg, "--set")
-        if args.config:
-            check_compatible(run_cfg, load_config(args.config), args.config)
         if rank == 0:
             lock_run(run_dir)  # before anything is written: a second --resume of this run stops here
     else:
-        cfg = load_config(args.config, args.overrides)
         corpus = None
         if rank == 0:  # everything that can fail on bad input happens before the run directory exists
             setup_logging(buffer=True)

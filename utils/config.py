@@ -227,10 +227,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def from_dict(raw: dict[str, Any], overrides: list[str] | None = None) -> Config:
+def from_dict(raw: dict[str, Any], overrides: list[str] | None = None, warn: bool = True) -> Config:
+    """The validated config of ``raw`` with ``overrides``; ``warn=False`` keeps ``check_effective``'s warnings
+    (not its refusals) for a later load, e.g. a script checking its input before the work starts."""
     raw = apply_overrides(_deepcopy(raw), overrides or [])
     cfg = validate(_build(raw))
-    check_effective(cfg, overrides or [])
+    check_effective(cfg, overrides or [], warn)
     return cfg
 
 
@@ -267,7 +269,7 @@ EFFECT_RULES: list[tuple[str, bool, Callable[[Config], str | None]]] = [
 ]
 
 
-def check_effective(cfg: Config, overrides: list[str]) -> None:
+def check_effective(cfg: Config, overrides: list[str], warn: bool = True) -> None:
     """A ``--set`` that would be silently ignored: refused in one line when it conflicts with another key
     (``train.warmup_steps`` under ``train.warmup_tokens``), else reported as a warning."""
     import logging
@@ -285,10 +287,11 @@ def check_effective(cfg: Config, overrides: list[str]) -> None:
                 continue
             if conflict:
                 raise ConfigError(f"--set {item} would be ignored: {reason}")
-            logging.getLogger("config").warning("--set %s has no effect: %s", item, reason)
+            if warn:
+                logging.getLogger("config").warning("--set %s has no effect: %s", item, reason)
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+def load_config(path: str | Path, overrides: list[str] | None = None, warn: bool = True) -> Config:
     """Load a YAML config; ``name`` defaults to the file's stem.
 
     A config may name a ``base`` (a path relative to its own folder): the base is loaded first (itself
@@ -298,7 +301,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     path = Path(path)
     raw = _read_with_bases(path, [])
     raw.setdefault("name", path.stem)
-    return from_dict(raw, overrides)
+    return from_dict(raw, overrides, warn)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
