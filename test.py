@@ -1,11 +1,12 @@
 """Score a trained model on test sets: sacreBLEU (with signature), chrF and nltk BLEU-4 on word tokens.
 
     python test.py --config configs/bench_small_rope.yaml --model_path runs/bench_small_rope_latest \
-        [--split test] [--beam 5]
+        [--split test] [--beam 5 [1 ...]]
 
 Without --split every split listed in data.test is scored; --split NAME (repeatable) names splits of the
 corpus (e.g. validation, test.tatoeba, tst2010; "test" where the corpus has no split of that name means
-data.test). Beam 5 by default; --beam 1 is greedy. Hypotheses and a JSON of the scores go to
+data.test). Beam 5 by default; --beam 1 is greedy; --beam 5 1 scores both with the model loaded once.
+Hypotheses and a JSON of the scores go to
 RUN_DIR/eval/<split>.<checkpoint>.beam<N>[.<tag>].{hyp,json}; without --tag, <tag> names the settings that
 differ from the run's own (e.g. model.rope.scaling-ntk, n100 for --max_sentences 100), so scores under
 other settings never overwrite each other.
@@ -27,28 +28,34 @@ def main() -> int:
     add_run_args(parser)
     parser.add_argument("--split", action="append", help="split to score, repeatable (default: every split in "
                         "data.test)")
-    parser.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
+    parser.add_argument("--beam", type=int, nargs="+", default=[5], metavar="N",
+                        help="beam size; 1 = greedy (default 5); several (--beam 5 1) score each in turn")
     add_alias_args(parser, "max_sentences", type=int, help="score only the first N sentences of each split")
     parser.add_argument("--buckets", help="source-length bucket edges in tokens, e.g. 10,20,40 (eval.length_buckets)")
     parser.add_argument("--tag", help="added to the eval file names (e.g. yarn): keeps variants of a checkpoint apart")
     args = parser.parse_args()
     setup_logging()
 
-    from data.sources import DataError, load_corpus
-    from utils.io import atomic_write_text, ensure_dir
     from utils.run.load import load_run
-    from utils.translation.scoring import decode_and_score, scores_by_length
 
     if args.max_sentences is not None and args.max_sentences < 1:
         parser.error(f"--max_sentences must be >= 1, got {args.max_sentences}")
-    overrides = decode_overrides(args) + ["decode.nbest=1"]
+    beams = list(dict.fromkeys(args.beam))
+    if min(beams) < 1:
+        parser.error(f"--beam must be >= 1, got {min(beams)}")
+    args.beam = None  # each beam is set below, on the loaded config
+    overrides = decode_overrides(args) + [f"decode.beam={beams[0]}", "decode.nbest=1"]
     if args.buckets:
         overrides.append(f"eval.length_buckets=[{args.buckets}]")
     average = apply_average_args(parser, args)
-    run = load_run(args.model_path, args.config, overrides, args.device, average=average)
-    cfg = run.cfg
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.+-]+", args.tag):
         parser.error(f"--tag {args.tag!r}: use letters, digits and _ . + - only")
+    run = load_run(args.model_path, args.config, overrides, args.device, average=average)
+    cfg = run.cfg
+
+    from data.sources import DataError, load_corpus  # datasets and nltk: only once the run has loaded
+    from utils.io import ensure_dir
+
     corpus = load_corpus(cfg.data)
     names = splits_to_score(args.split, cfg.data.test, corpus)
     for name in names:  # every split asked for is scored, or none is
@@ -62,25 +69,39 @@ def main() -> int:
     out_dir = ensure_dir(rd.eval_dir, "the run's eval folder")
     tag = args.tag if args.tag is not None else settings_tag(load_config(rd.config).to_dict(),
                                                              cfg.to_dict(), args.max_sentences)
-    ckpt, beam = run.checkpoint.stem, cfg.decode.beam
+    for beam in beams:
+        score_splits(run, corpus, names, cfg.decode.model_copy(update={"beam": beam}), tag, args)
+    print(f"hypotheses and scores written to {out_dir}")
+    return 0
+
+
+def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str, args: argparse.Namespace) -> None:
+    """Decode and score each split of ``names`` under ``decode``; write its hypotheses and scores (and, for
+    several splits, all of them in one file) to the run's eval folder; print a summary of each."""
+    from utils.io import atomic_write_text
+    from utils.run.layout import RunDir
+    from utils.translation.scoring import decode_and_score, scores_by_length
+
+    cfg, rd = run.cfg, RunDir(run.run_dir)
+    ckpt, beam = run.checkpoint.stem, decode.beam
     report = {}
     for name in names:
         split = corpus[name]
         n = min(len(split), args.max_sentences or len(split))
         sources, refs = list(split["src"][:n]), list(split["tgt"][:n])
-        scored = decode_and_score(run.model, run.tokenizer, sources, refs, cfg.decode, cfg.tokenizer.lowercase)
+        scored = decode_and_score(run.model, run.tokenizer, sources, refs, decode, cfg.tokenizer.lowercase)
         hyps, scores, elapsed = scored.texts, scored.scores, scored.seconds
         by_length = scores_by_length(hyps, refs, scored.source_lengths, cfg.eval.length_buckets,
                                      cfg.tokenizer.lowercase)
         entry = {
-            **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": cfg.decode.beam,
-            "lenpen": cfg.decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),
+            **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": beam,
+            "lenpen": decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),
             "max_sentences": args.max_sentences, "overrides": list(args.overrides), "by_source_length": by_length,
         }
         report[name] = entry
         atomic_write_text(rd.eval_file(name, ckpt, beam, tag, "hyp"), "\n".join(hyps) + "\n")
         atomic_write_text(rd.eval_file(name, ckpt, beam, tag), json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
-        decoder = "greedy" if cfg.decode.beam == 1 else f"beam {cfg.decode.beam}, lenpen {cfg.decode.lenpen}"
+        decoder = "greedy" if beam == 1 else f"beam {beam}, lenpen {decode.lenpen}"
         print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s")
         print(f"  sacreBLEU {scores.bleu:.2f}   chrF {scores.chrf:.2f}   nltk BLEU-4 {scores.nltk_bleu4:.2f}")
         print(f"  {scores.bleu_detail}")
@@ -90,8 +111,6 @@ def main() -> int:
         ))
     if len(report) > 1:
         atomic_write_text(rd.eval_file("all", ckpt, beam, tag), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    print(f"hypotheses and scores written to {out_dir}")
-    return 0
 
 
 def splits_to_score(asked: list[str] | None, listed: list[str], corpus: Any) -> list[str]:

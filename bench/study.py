@@ -118,16 +118,20 @@ def presets() -> dict[str, Preset]:
     short = [_pe(e, e, "none") for e in ("sinusoidal", "learnable")] + [_pe(e, "none", e) for e in ("alibi", "t5")]
     rope = _pe("rope", "none", "rope")
     rope.tests = short_scalings
+    # RoPE in the encoder, no position at all in the decoder: its causal mask carries order (NoPE, Kazemnejad et
+    # al. 2023). Joined the presets after the extrapolation study was pre-registered: exploratory there.
+    decoder_nope = Variant("decoder-nope", ["model.input_pe=none", "model.attention_pe=rope",
+                                            "model.decoder_pe.attention=none"])
     return {
         "seed-table": Preset("configs/bench_small.yaml", [_pe("sinusoidal", "sinusoidal", "none"),
                                                           _pe("learnable", "learnable", "none"),
                                                           _pe("rope", "none", "rope")], "sinusoidal"),
         "all-encodings": Preset("configs/bench_small.yaml", [_pe("none", "none", "none")]
-                                + [_pe(e, e, "none") for e in inputs] + [_pe(e, "none", e) for e in attentions],
-                                "sinusoidal"),
+                                + [_pe(e, e, "none") for e in inputs] + [_pe(e, "none", e) for e in attentions]
+                                + [decoder_nope], "sinusoidal"),
         # Precision and CPU threads are part of the design (fp32 and one thread per run on every machine: a
         # thread count can change floating-point results); periodic checkpoints are resume points only.
-        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope], "sinusoidal",
+        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope, decoder_nope], "sinusoidal",
                                         [f"data.test=[{','.join(LENGTH_SHIFTED)}]", "train.amp=none",
                                          "train.amp_cpu=false", "train.keep_checkpoints=0", "train.num_threads=1"],
                                         family=EXTRAPOLATION_FAMILY),
@@ -402,6 +406,9 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, help="validation every N iterations (default: a fifth of --steps)")
     parser.add_argument("--name", help="study name: runs/study_<name>/ (default: the preset's name)")
     parser.add_argument("--baseline", help="variant label the others are compared with (default: the first)")
+    parser.add_argument("--variants", metavar="LABEL,...",
+                        help="with --preset: only these of its variants (and its baseline), e.g. the ones a study was "
+                             "pre-registered with after others joined the preset")
     parser.add_argument("--checkpoint", choices=["best", "last"], default="best",
                         help="checkpoint scored (default best: the best validation BLEU within the budget)")
     parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap samples (default 10000)")
@@ -423,6 +430,17 @@ def main() -> int:
         family = preset.family
         if args.grid:
             parser.error("--grid and --preset exclude each other")
+        if args.variants:
+            asked = [label.strip() for label in args.variants.split(",") if label.strip()]
+            known = [v.label for v in variants]
+            unknown = [label for label in asked if label not in known]
+            if unknown:
+                parser.error(f"--variants {', '.join(unknown)}: not in preset {args.preset} ({', '.join(known)})")
+            variants = [v for v in variants if v.label in asked or v.label == baseline]
+            family = {**family, "systems": [s for s in family.get("systems", []) if s.split("+")[0] in asked]} \
+                if family else family
+    elif args.variants:
+        parser.error("--variants selects among a --preset's variants")
     elif args.config and args.grid:
         config, variants, baseline = args.config, grid_variants(args.grid), None
     else:
@@ -517,15 +535,17 @@ def main() -> int:
         assert run is not None
         for tag, extra in [(None, []), *job.variant.tests.items()]:
             files = file_tag(tag, args.max_sentences)
-            for beam in DECODERS.values():
-                if all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra)
-                       for split, n in sizes.items()):
-                    continue
-                flags = ["--tag", files] if files else []
-                flags += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
-                cmd = project_command("test.py", "--model_path", RunDir(run).checkpoint(args.checkpoint),
-                                      "--beam", str(beam), *flags, overrides=extra)
-                todo.append((f"test {job.key} beam {beam}{' ' + tag if tag else ''}", cmd, job.root / "study.log"))
+            beams = [str(beam) for beam in DECODERS.values()  # the decoders not yet scored, in one test.py
+                     if not all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra)
+                                for split, n in sizes.items())]
+            if not beams:
+                continue
+            flags = ["--tag", files] if files else []
+            flags += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
+            cmd = project_command("test.py", "--model_path", RunDir(run).checkpoint(args.checkpoint),
+                                  "--beam", *beams, *flags, overrides=extra)
+            todo.append((f"test {job.key} beam {' '.join(beams)}{' ' + tag if tag else ''}", cmd,
+                         job.root / "study.log"))
     run_commands(todo, devices, jobs=args.jobs)
 
     # 3. Attention statistics, aggregation, report.

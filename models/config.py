@@ -20,8 +20,21 @@ from models.positional.shaw import ShawConfig
 from models.positional.t5 import T5BiasConfig
 from utils.schema import ConfigError, Section
 
-__all__ = ["ConfigError", "Experiment", "ModelConfig", "RopeConfig", "Section", "ShawConfig", "T5BiasConfig",
-           "TransformerConfig"]
+__all__ = ["ConfigError", "Experiment", "ModelConfig", "RopeConfig", "Section", "ShawConfig", "Stack", "StackPE",
+           "T5BiasConfig", "TransformerConfig"]
+
+Stack = Literal["encoder", "decoder"]
+Level = Literal["input", "attention"]
+
+
+class StackPE(Section):
+    """One stack's own positional encodings (``model.encoder_pe`` / ``model.decoder_pe``); unset (null) keeps the
+    shorthand for both stacks, ``model.input_pe`` / ``model.attention_pe``. E.g. RoPE in the encoder and no
+    position at all in the decoder, whose causal mask carries order (NoPE, Kazemnejad et al. 2023):
+    ``model.encoder_pe.attention=rope``, ``model.decoder_pe.attention=none``, ``model.input_pe=none``."""
+
+    input: str | None = None
+    attention: str | None = None
 
 
 class TransformerConfig(Section):
@@ -44,6 +57,43 @@ class TransformerConfig(Section):
     cross_attention_pe: str = "none"
     max_positions: int = Field(1024, ge=1)  # size of learned position tables; longer inputs are an error
     gaussian_sigma: float = Field(2.0, gt=0)  # input_pe=gaussian: width of the window around each position
+    encoder_pe: StackPE = Field(default_factory=StackPE)  # the encoder's own, where it differs from the shorthand
+    decoder_pe: StackPE = Field(default_factory=StackPE)  # the decoder's own (cross-attention: cross_attention_pe)
+
+    def pe(self, stack: Stack, level: Level) -> str:
+        """The registry name of ``stack``'s ``level`` encoding: its own if set, else the shorthand."""
+        own = getattr(getattr(self, f"{stack}_pe"), level)
+        return own if own is not None else getattr(self, f"{level}_pe")
+
+    def pe_key(self, stack: Stack, level: Level) -> str:
+        """The key that chose it: ``model.<stack>_pe.<level>`` if set, else ``model.<level>_pe``."""
+        own = getattr(getattr(self, f"{stack}_pe"), level)
+        return f"model.{stack}_pe.{level}" if own is not None else f"model.{level}_pe"
+
+    def describe_encodings(self) -> str:
+        """``sinusoidal``, ``rope (ntk x4)``, ``sinusoidal + alibi``, ``encoder rope, decoder none``, ``... + t5 in
+        cross-attention``, ``none (no positional information)``: the encodings in a few words, for people."""
+
+        def stack(name: Stack) -> str:
+            parts = [p for p in (self.pe(name, "input"), self.pe(name, "attention")) if p != "none"]
+            if self.pe(name, "attention") == "rope" and self.rope.scaling != "none":
+                parts[-1] += f" ({self.rope.scaling} x{self.rope.factor:g})"
+            return " + ".join(parts) or "none"
+
+        enc, dec = stack("encoder"), stack("decoder")
+        parts = ([] if enc == "none" else [enc]) if enc == dec else [f"encoder {enc}, decoder {dec}"]
+        if self.cross_attention_pe != "none":
+            parts.append(f"{self.cross_attention_pe} in cross-attention")
+        return " + ".join(parts) if parts else "none (no positional information)"
+
+    def encodings(self) -> dict[str, str]:
+        """Every place an encoding acts and its name: ``{"encoder input": "sinusoidal", "encoder self-attention":
+        "rope", "decoder input": ..., "decoder self-attention": ..., "cross-attention": ...}`` (logs, summaries)."""
+        out = {}
+        for stack in ("encoder", "decoder"):
+            out[f"{stack} input"] = self.pe(stack, "input")
+            out[f"{stack} self-attention"] = self.pe(stack, "attention")
+        return {**out, "cross-attention": self.cross_attention_pe}
 
 
 def encoding_sections(registry: dict[str, dict[str, type | None]]) -> dict[str, type[Section]]:

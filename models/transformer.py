@@ -17,7 +17,7 @@ from torch import nn
 
 from models.attention import LayerCache, MultiHeadAttention
 from models.config import ModelConfig
-from models.positional import AttentionPE, build_input_pe
+from models.positional import AttentionPE, build_input_pe, position_limit
 from models.positional.base import SharedPositions
 
 
@@ -150,8 +150,8 @@ class Seq2SeqTransformer(nn.Module):
         self.src_embed = nn.Embedding(vocab_size, cfg.d_model)
         self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(vocab_size, cfg.d_model)
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
-        self.src_pe = build_input_pe(cfg)
-        self.tgt_pe = build_input_pe(cfg)
+        self.src_pe = build_input_pe(cfg, "encoder")
+        self.tgt_pe = build_input_pe(cfg, "decoder")
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
@@ -179,8 +179,8 @@ class Seq2SeqTransformer(nn.Module):
 
     @property
     def max_length(self) -> int | None:
-        """Longest sequence the input encoding supports (None: unbounded)."""
-        return self.src_pe.max_length
+        """Longest sequence both input encodings support (None: unbounded)."""
+        return position_limit(self.src_pe, self.tgt_pe)
 
     @property
     def device(self) -> torch.device:

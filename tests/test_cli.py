@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,26 @@ def test_test_py_scores_and_writes_hypotheses_and_json(run_dir: Path) -> None:
     assert [row["bucket"] for row in by_length] == ["0-4", "5-7", "8+"]
 
 
+def test_test_py_scores_several_beams_in_one_process_as_one_at_a_time(run_dir: Path, tmp_path: Path) -> None:
+    """--beam 2 1 (what a study asks for each run): the files and scores of --beam 2 and --beam 1 run apart."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("eval"))
+    both = cli("test.py", "--model_path", str(copy), "--beam", "2", "1", "--split", "validation", "--tag", "t")
+    assert both.returncode == 0, both.stderr
+    assert both.stdout.index("validation: 40 sentences, beam 2") < both.stdout.index("validation: 40 sentences, greedy")
+    together = {b: (copy / "eval" / f"validation.best.beam{b}.t.hyp").read_text() for b in (2, 1)}
+    scores = {b: json.loads((copy / "eval" / f"validation.best.beam{b}.t.json").read_text()) for b in (2, 1)}
+    for beam in (2, 1):
+        alone = cli("test.py", "--model_path", str(copy), "--beam", str(beam), "--split", "validation", "--tag", "a")
+        assert alone.returncode == 0, alone.stderr
+        assert (copy / "eval" / f"validation.best.beam{beam}.a.hyp").read_text() == together[beam]
+        one = json.loads((copy / "eval" / f"validation.best.beam{beam}.a.json").read_text())
+        assert scores[beam]["beam"] == one["beam"] == beam
+        assert {k: scores[beam][k] for k in ("bleu", "chrf", "nltk_bleu4", "lenpen", "by_source_length")} == \
+            {k: one[k] for k in ("bleu", "chrf", "nltk_bleu4", "lenpen", "by_source_length")}
+    assert "--beam must be >= 1, got 0" in error_line(cli("test.py", "--model_path", str(copy), "--beam", "2", "0"))
+
+
 def test_user_errors_are_one_line(run_dir: Path, tmp_path: Path) -> None:
     assert "checkpoint not found" in error_line(cli("inference.py", "--model_path", str(tmp_path / "x.pt"),
                                                     "--src_text", "Bonjour."))
@@ -110,7 +131,6 @@ def test_user_errors_are_one_line(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_mismatched_checkpoint_weights_are_caught(run_dir: Path, tmp_path: Path) -> None:
-    import shutil
 
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
@@ -130,7 +150,6 @@ def test_mismatched_checkpoint_weights_are_caught(run_dir: Path, tmp_path: Path)
 
 def test_test_py_scores_a_lowercased_model_case_insensitively(run_dir: Path, tmp_path: Path) -> None:
     """A run trained with tokenizer.lowercase outputs lowercase text: it is scored as it was trained."""
-    import shutil
 
     from sacrebleu.metrics import BLEU
 
@@ -236,7 +255,6 @@ def test_output_paths_that_cannot_be_used_are_one_line(run_dir: Path, tmp_path: 
     assert f"--out {afile} exists and is not a folder" in line
     line = error_line(cli("train.py", "--config", "configs/demo.yaml", "--runs", str(afile / "runs")))
     assert "exists and is not a folder" in line
-    import shutil
 
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("eval"))
@@ -247,7 +265,6 @@ def test_output_paths_that_cannot_be_used_are_one_line(run_dir: Path, tmp_path: 
 
 def test_checkpoints_that_are_not_checkpoints_inside_a_run_directory_are_one_line(run_dir: Path,
                                                                                   tmp_path: Path) -> None:
-    import shutil
 
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
@@ -328,7 +345,6 @@ def test_closed_standard_streams_and_endless_input_are_one_line(run_dir: Path) -
 
 def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_keeps_the_run_loadable(run_dir: Path,
                                                                                        tmp_path: Path) -> None:
-    import shutil
 
     run = tmp_path / run_dir.name
     shutil.copytree(run_dir, run)

@@ -181,8 +181,9 @@ def test_a_set_that_would_be_silently_ignored_is_refused_or_reported(caplog) -> 
         cfg = load_config(bench, ["model.rope.scaling=yarn", "train.keep_checkpoints=0", "train.checkpoint_every=7"])
     assert cfg.model.rope.scaling == "yarn"  # inert, kept, and said
     assert [r.getMessage() for r in caplog.records] == [
-        "--set model.rope.scaling=yarn has no effect: neither model.attention_pe (none) nor "
-        "model.cross_attention_pe (none) is rope",
+        "--set model.rope.scaling=yarn has no effect: model.rope is read by rope, which is in none of encoder input "
+        "(sinusoidal), encoder self-attention (none), decoder input (sinusoidal), decoder self-attention (none), "
+        "cross-attention (none)",
         "--set train.checkpoint_every=7 has no effect: train.keep_checkpoints=0 keeps no periodic checkpoints"]
 
 

@@ -21,7 +21,8 @@ import yaml
 from pydantic import Field, ValidationError
 
 from data.config import DataConfig
-from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig
+from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig, encoding_sections
+from models.positional import REGISTRY
 from tokenizer.config import TokenizerConfig
 from utils.schema import ConfigError, Section, config_error, expand_env
 
@@ -135,34 +136,56 @@ def _check_vocabulary(t: TokenizerConfig) -> None:
         raise ConfigError(f"tokenizer.vocab_size: must be > {reserved}{why}, got {t.vocab_size}")
 
 
+def _at(cfg: Config, key: str) -> Any:
+    """The value of a dotted ``key`` (``model.decoder_pe.attention``)."""
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def _check_encodings(cfg: Config) -> None:
-    """Each chosen positional encoding checks the settings it needs (its ``check`` hook, declared with it)."""
+    """Each chosen positional encoding checks the settings it needs (its ``check`` hook, declared with it), once
+    per key that chose it; one defined for causal self-attention only is refused in the encoder and cross-attention."""
     from models.positional import REGISTRY
 
-    REGISTRY["input"][cfg.model.input_pe].check(cfg)
-    for key in (ATTENTION_PE_KEY, CROSS_ATTENTION_PE_KEY):
-        cls = REGISTRY["attention"][getattr(cfg.model, key.split(".")[1])]
+    m = cfg.model
+    for key in dict.fromkeys(m.pe_key(stack, "input") for stack in ("encoder", "decoder")):
+        REGISTRY["input"][_at(cfg, key)].check(cfg, key)
+    places = [(m.pe_key("encoder", "attention"), "encoder"), (m.pe_key("decoder", "attention"), "decoder"),
+              (CROSS_ATTENTION_PE_KEY, "cross")]
+    for key, kind in places:
+        name = _at(cfg, key)
+        cls = REGISTRY["attention"][name]
+        if cls is not None and cls.causal_only and kind != "decoder":
+            where = "the encoder" if kind == "encoder" else "cross-attention"
+            raise ConfigError(f"{key}={name} puts it in {where}, but it is defined for causal (decoder) "
+                              f"self-attention only: set model.decoder_pe.attention={name}")
+    for key in dict.fromkeys(key for key, _ in places):
+        cls = REGISTRY["attention"][_at(cfg, key)]
         if cls is not None:
             cls.check(cfg, key)
 
 
-def _registry_choices() -> dict[str, tuple[list[str], list[str]]]:
-    """Allowed positional-encoding names, read from the registry in ``models.positional``."""
+def _registry_choices() -> dict[str, list[str]]:
+    """Allowed positional-encoding names per key, read from the registry in ``models.positional`` (a stack's own
+    key may also be null: the shorthand then applies)."""
     from models.positional import names
 
     return {
         INPUT_PE_KEY: names("input"),
         ATTENTION_PE_KEY: names("attention"),
         CROSS_ATTENTION_PE_KEY: names("attention"),
+        **{f"model.{stack}_pe.{level}": names(level) for stack in ("encoder", "decoder")
+           for level in ("input", "attention")},
     }
 
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks that types alone cannot express."""
     for key, allowed in _registry_choices().items():
-        section, attr = key.split(".")
-        value = getattr(getattr(cfg, section), attr)
-        if value not in allowed:
+        value = _at(cfg, key)
+        if value not in allowed and not (value is None and key.count(".") == 2):
             raise ConfigError(f"{key}: {value!r} is not one of: {', '.join(allowed)}")
     m, d = cfg.model, cfg.data
     if m.d_model % m.n_heads:
@@ -236,12 +259,27 @@ def from_dict(raw: dict[str, Any], overrides: list[str] | None = None, warn: boo
     return cfg
 
 
-def _attention_uses(name: str) -> Callable[[Config], str | None]:
+def _settings_read(key: str) -> Callable[[Config], str | None]:
+    """Why ``model.<key>`` (an encoding's settings section) is ignored: no encoding in use declares it."""
+    from models.positional import REGISTRY
+
+    owners = [name for level in REGISTRY.values() for name, cls in level.items()
+              if cls is not None and cls.settings is not None and cls.settings[0] == key]
+
     def why(c: Config) -> str | None:
-        if name in (c.model.attention_pe, c.model.cross_attention_pe):
+        used = c.model.encodings()
+        if any(name in owners for name in used.values()):
             return None
-        return f"neither model.attention_pe ({c.model.attention_pe}) nor model.cross_attention_pe " \
-               f"({c.model.cross_attention_pe}) is {name}"
+        return f"model.{key} is read by {' or '.join(owners)}, which is in none of " + \
+            ", ".join(f"{place} ({name})" for place, name in used.items())
+    return why
+
+
+def _input_uses(name: str) -> Callable[[Config], str | None]:
+    def why(c: Config) -> str | None:
+        used = {stack: c.model.pe(stack, "input") for stack in ("encoder", "decoder")}
+        return None if name in used.values() else \
+            f"the input encodings are {used['encoder']} (encoder) and {used['decoder']} (decoder)"
     return why
 
 
@@ -261,11 +299,8 @@ EFFECT_RULES: list[tuple[str, bool, Callable[[Config], str | None]]] = [
     ("train.checkpoint_every", False, lambda c: None if c.train.keep_checkpoints else
      "train.keep_checkpoints=0 keeps no periodic checkpoints"),
     ("train.amp_cpu", False, lambda c: "train.amp=none" if c.train.amp == "none" and c.train.amp_cpu else None),
-    ("model.gaussian_sigma", False,
-     lambda c: None if c.model.input_pe == "gaussian" else f"model.input_pe is {c.model.input_pe}"),
-    ("model.rope", False, _attention_uses("rope")),
-    ("model.shaw", False, _attention_uses("shaw")),
-    ("model.t5", False, _attention_uses("t5")),
+    ("model.gaussian_sigma", False, _input_uses("gaussian")),
+    *((f"model.{key}", False, _settings_read(key)) for key in encoding_sections(REGISTRY)),
 ]
 
 

@@ -23,7 +23,7 @@ from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE
 
 if TYPE_CHECKING:  # models.config builds ModelConfig from this registry
-    from models.config import ModelConfig
+    from models.config import ModelConfig, Stack
 
 REGISTRY: dict[str, dict[str, type | None]] = {
     "input": {
@@ -50,18 +50,26 @@ def names(level: str) -> list[str]:
     return list(REGISTRY[level])
 
 
-def build_input_pe(cfg: ModelConfig) -> InputPE:
-    return REGISTRY["input"][cfg.input_pe](cfg)
+def build_input_pe(cfg: ModelConfig, stack: Stack = "encoder") -> InputPE:
+    """``stack``'s input-level encoding (``model.<stack>_pe.input``, else ``model.input_pe``)."""
+    return REGISTRY["input"][cfg.pe(stack, "input")](cfg)
+
+
+def position_limit(*encodings: InputPE) -> int | None:
+    """The fewest positions any of ``encodings`` represents (None: all unbounded)."""
+    limits = [pe.max_length for pe in encodings if pe.max_length is not None]
+    return min(limits) if limits else None
 
 
 def build_attention_pe(cfg: ModelConfig, kind: AttentionKind) -> AttentionPE | None:
-    """The attention-level encoding for one attention layer, or None."""
-    name = cfg.cross_attention_pe if kind == "cross" else cfg.attention_pe
+    """The attention-level encoding for one attention layer, or None: self-attention reads its stack's
+    (``model.<stack>_pe.attention``, else ``model.attention_pe``), cross-attention ``model.cross_attention_pe``."""
+    name = cfg.cross_attention_pe if kind == "cross" else cfg.pe(kind, "attention")
     cls = REGISTRY["attention"][name]
     return None if cls is None else cls(cfg, kind)
 
 
 __all__ = [
     "REGISTRY", "AttentionKind", "AttentionPE", "InputPE", "PositionLimitError",
-    "build_attention_pe", "build_input_pe", "names",
+    "build_attention_pe", "build_input_pe", "names", "position_limit",
 ]

@@ -67,6 +67,14 @@ class SharedPositions:
         return value
 
 
+def name_at(cfg: Config, key: str) -> str:
+    """The encoding name a dotted ``key`` holds (``model.attention_pe``, ``model.decoder_pe.attention``)."""
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return str(value)
+
+
 class InputPE(nn.Module):
     """Input-level encoding: ``embed(x [B, T, D], positions [T]) -> [B, T, D]``."""
 
@@ -87,13 +95,14 @@ class InputPE(nn.Module):
         return None
 
     @classmethod
-    def check(cls, cfg: Config) -> None:
-        """ConfigError, one line, for settings this encoding cannot train with (validation calls it): by
-        default, a length limit below the longest training sequence (``data.max_len`` tokens and eos/bos)."""
+    def check(cls, cfg: Config, key: str = "model.input_pe") -> None:
+        """ConfigError, one line, for settings this encoding cannot train with where ``key`` (model.input_pe or
+        model.<stack>_pe.input) puts it (validation calls it): by default, a length limit below the longest
+        training sequence (``data.max_len`` tokens and eos/bos)."""
         limit = cls.length_limit(cfg.model)
         need = cfg.data.max_len + 1
         if limit is not None and limit[0] < need:
-            raise ConfigError(f"model.input_pe={cfg.model.input_pe} represents {limit[0]} positions ({limit[1]}), "
+            raise ConfigError(f"{key}={name_at(cfg, key)} represents {limit[0]} positions ({limit[1]}), "
                               f"fewer than the {need} of a data.max_len={cfg.data.max_len} sentence with its eos")
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -159,6 +168,9 @@ class AttentionPE(nn.Module):
     """
 
     level: ClassVar[str] = "attention"
+    #: Defined for causal (decoder) self-attention only, e.g. xPos, CoPE: validation refuses it in the encoder
+    #: and in cross-attention, in one line.
+    causal_only: ClassVar[bool] = False
     #: The encoding's own settings: (key under ``model``, its Section), e.g. ("rope", RopeConfig) for
     #: ``model.rope.*``; ``models.config.ModelConfig`` gains one such section per key in the registry.
     settings: ClassVar[tuple[str, type[Section]] | None] = None
@@ -220,17 +232,18 @@ class AttentionPE(nn.Module):
     # ------------------------------------------------------------------ CTranslate2 export (utils.translation.export)
 
     @classmethod
-    def ct2_refusal(cls, cfg: Config, key: str) -> str | None:
-        """Why CTranslate2 cannot compute this encoding exactly where ``key`` (model.attention_pe or
-        model.cross_attention_pe) puts it, one line, or None. The default refuses cross-attention (CTranslate2's
-        has no positional term), an input table beside it (CTranslate2 drops it under a relative scheme), and any
-        encoding that does not override ``ct2_stack``."""
-        name = getattr(cfg.model, key.split(".")[1])
-        if key == "model.cross_attention_pe":
+    def ct2_refusal(cls, cfg: Config, key: str, kind: AttentionKind) -> str | None:
+        """Why CTranslate2 cannot compute this encoding exactly where ``key`` (model.attention_pe,
+        model.<stack>_pe.attention or model.cross_attention_pe) puts it in ``kind`` attention, one line, or None.
+        The default refuses cross-attention (CTranslate2's has no positional term), an input table beside it in
+        the same stack (CTranslate2 drops it under a relative scheme), and any encoding that does not override
+        ``ct2_stack``."""
+        name = name_at(cfg, key)
+        if kind == "cross":
             return f"{key}={name}: CTranslate2's cross-attention has no positional term"
-        if cfg.model.input_pe != "none":
-            return (f"model.input_pe={cfg.model.input_pe} with {key}={name}: CTranslate2 drops the position table "
-                    "when self-attention has a relative scheme")
+        if cfg.model.pe(kind, "input") != "none":
+            return (f"{cfg.model.pe_key(kind, 'input')}={cfg.model.pe(kind, 'input')} with {key}={name}: "
+                    "CTranslate2 drops the position table when self-attention has a relative scheme")
         if cls.ct2_stack.__func__ is AttentionPE.ct2_stack.__func__:  # not overridden
             return f"{key}={name}: CTranslate2 has no equivalent of this encoding"
         return None

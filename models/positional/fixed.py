@@ -110,12 +110,12 @@ class BinaryPE(InputPE):
         return 2 ** (cfg.max_positions - 1).bit_length(), f"model.max_positions={cfg.max_positions}"
 
     @classmethod
-    def check(cls, cfg: Config) -> None:
+    def check(cls, cfg: Config, key: str = "model.input_pe") -> None:
         bits = (cfg.model.max_positions - 1).bit_length()
         if bits >= cfg.model.d_model:
-            raise ConfigError(f"model.input_pe=binary needs {bits} bits for model.max_positions="
+            raise ConfigError(f"{key}=binary needs {bits} bits for model.max_positions="
                               f"{cfg.model.max_positions}, which leaves no room in model.d_model={cfg.model.d_model}")
-        super().check(cfg)
+        super().check(cfg, key)
 
     def limit_message(self) -> str:
         return (

@@ -137,8 +137,8 @@ class RotaryPE(AttentionPE):
         return {"rope_dim": self.rot_dim, "rope_base": self.cfg.rope.theta}
 
     @classmethod
-    def ct2_refusal(cls, cfg: Config, key: str) -> str | None:
-        reason = super().ct2_refusal(cfg, key)
+    def ct2_refusal(cls, cfg: Config, key: str, kind: AttentionKind) -> str | None:
+        reason = super().ct2_refusal(cfg, key, kind)
         if reason is None and cfg.model.rope.scaling == "yarn":
             return "model.rope.scaling=yarn: CTranslate2 has no YaRN scaling (linear and ntk export)"
         return reason

@@ -17,6 +17,7 @@ Tags (PNG names replace '/' with '_'):
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,7 +184,16 @@ def position_figures(
     """
     m = cfg.model if isinstance(cfg, Config) else cfg
     n = min(length, model.max_length or length)
-    specs, notes = model.src_pe.plots(m.input_pe, n, {"encoder": model.src_pe, "decoder": model.tgt_pe})
+    inputs = {"encoder": (model.src_pe, m.pe("encoder", "input")), "decoder": (model.tgt_pe, m.pe("decoder", "input"))}
+    if inputs["encoder"][1] == inputs["decoder"][1]:
+        specs, notes = model.src_pe.plots(inputs["encoder"][1], n, {side: pe for side, (pe, _) in inputs.items()})
+    else:  # a different encoding per stack: each plotted on its own, its tags under its side
+        specs, notes = [], []
+        for side, (pe, name) in inputs.items():
+            own, said = pe.plots(name, n, {side: pe})
+            specs += [s if s.tag.startswith(f"position/input/{side}/") else
+                      replace(s, tag=s.tag.replace("position/input/", f"position/input/{side}/", 1)) for s in own]
+            notes += [f"{side}: {note}" for note in said]
     pes = {kind: _first_pe(model, kind) for kind in KINDS}
     attention = [pe for pe in pes.values() if pe is not None]
     decay: dict[str, Any] = model.src_pe.decay()
@@ -193,7 +203,8 @@ def position_figures(
         specs.append(Plot("position/decay", "decay_curves", (max(256, length),), decay))
     for pe in attention:
         specs += pe.model_plots()
-    names = {"encoder": m.attention_pe, "decoder": m.attention_pe, "cross": m.cross_attention_pe}
+    names = {"encoder": m.pe("encoder", "attention"), "decoder": m.pe("decoder", "attention"),
+             "cross": m.cross_attention_pe}
     for kind, pe in pes.items():
         if pe is not None:
             own = pe.plots(f"{names[kind]}, {TITLES[kind]}, layer 0", bias_length)
@@ -204,10 +215,14 @@ def position_figures(
     for spec in specs:
         if spec.tag not in figs:  # a model-wide figure comes from the first layer that gives it
             figs[spec.tag] = draw(spec)
-    if m.attention_pe == "none":
+    if names["encoder"] == names["decoder"] == "none":
         notes.append("attention_pe=none: no attention-level positional encoding in self-attention")
-    if m.input_pe == "none" and m.attention_pe == "none" and m.cross_attention_pe == "none":
-        notes.append("no positional information at all: the encoder is permutation-equivariant")
+    elif "none" in (names["encoder"], names["decoder"]):
+        stack = "encoder" if names["encoder"] == "none" else "decoder"
+        notes.append(f"{m.pe_key(stack, 'attention')}=none: no attention-level positional encoding in {stack} "
+                     "self-attention")
+    if m.pe("encoder", "input") == "none" and names["encoder"] == "none":
+        notes.append("no positional information in the encoder: it is permutation-equivariant")
     return figs, notes
 
 

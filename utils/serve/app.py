@@ -360,13 +360,7 @@ def attention_map(run: Any, text: str, target: str | None, kind: str, layer: int
 
 def encoding_name(cfg: "Config") -> str:
     """``sinusoidal``, ``rope (ntk x4)``, ``sinusoidal + alibi``, ``none (no positions)``..."""
-    m = cfg.model
-    parts = [p for p in (m.input_pe, m.attention_pe) if p != "none"]
-    if m.attention_pe == "rope" and m.rope.scaling != "none":
-        parts[-1] += f" ({m.rope.scaling} x{m.rope.factor:g})"
-    if m.cross_attention_pe != "none":
-        parts.append(f"{m.cross_attention_pe} in cross-attention")
-    return " + ".join(parts) if parts else "none (no positional information)"
+    return cfg.model.describe_encodings()
 
 
 def training_summary(run_dir: Path | None, checkpoint: Path | str | None, step: int | None) -> dict[str, Any]:
@@ -423,7 +417,7 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
     return {
         "name": cfg.name, "engine": kind, "model_path": str(model_path), "attention": run is not None,
         "encoding": {"name": encoding_name(cfg), "input_pe": m.input_pe, "attention_pe": m.attention_pe,
-                     "cross_attention_pe": m.cross_attention_pe},
+                     "cross_attention_pe": m.cross_attention_pe, "places": m.encodings()},
         "size": {"parameters": params, "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff,
                  "encoder_layers": m.encoder_layers, "decoder_layers": m.decoder_layers, "norm": m.norm},
         "tokenizer": {"type": cfg.tokenizer.type, "vocab_size": vocab, "lowercase": cfg.tokenizer.lowercase},

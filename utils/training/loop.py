@@ -354,6 +354,7 @@ class Recipe:
             "target_tokens_per_s": round(tokens / train_s, 1),
             "valid_ppl": metrics.get("ppl"),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this process
+            "encodings": self.cfg.model.encodings(),  # where each positional encoding acts
         }
         log.info("trained %d optimizer steps, %d target tokens in %.0f s (%.0f target tokens/s; %.0f s validating; "
                  "peak memory %.0f MB)" + SUMMARY_MARK + "%s", summary["steps"], summary["target_tokens"], train_s,

@@ -215,7 +215,8 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     src_texts, refs = list(raw_valid["src"][:n_bleu]), list(raw_valid["tgt"][:n_bleu])
     core = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
     model = idist.auto_model(core) if world > 1 else core
-    log.info("model: %.2fM parameters on %s (world size %d)", core.num_parameters() / 1e6, device, world)
+    log.info("model: %.2fM parameters on %s (world size %d); positions: %s", core.num_parameters() / 1e6, device,
+             world, cfg.model.describe_encodings())
     t = cfg.train
     batch_tokens = tokens_per_step(train_data.split, train_data.sampler, t.accumulate, world)
     optimizer, scheduler, scaler, autocast = optimization(t, model, device, batch_tokens)

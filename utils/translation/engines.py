@@ -120,6 +120,6 @@ def ctranslate2_penalty(alpha: float) -> float:
 
 def _max_length(cfg: Config) -> int | None:
     """The model's position limit, as ``Seq2SeqTransformer.max_length`` gives it, without building the model."""
-    from models.positional import build_input_pe
+    from models.positional import build_input_pe, position_limit
 
-    return build_input_pe(cfg.model).max_length
+    return position_limit(build_input_pe(cfg.model, "encoder"), build_input_pe(cfg.model, "decoder"))

@@ -36,10 +36,12 @@ def check_exportable(cfg: Config) -> None:
     from models.positional import REGISTRY
 
     m = cfg.model
-    reasons = [REGISTRY["input"][m.input_pe].ct2_refusal(cfg)]
-    for key in ("model.cross_attention_pe", "model.attention_pe"):
-        cls = REGISTRY["attention"][getattr(m, key.split(".")[1])]
-        reasons.append(None if cls is None else cls.ct2_refusal(cfg, key))
+    reasons = [REGISTRY["input"][m.pe(stack, "input")].ct2_refusal(cfg) for stack in ("encoder", "decoder")]
+    places = [("model.cross_attention_pe", m.cross_attention_pe, "cross"),
+              *((m.pe_key(stack, "attention"), m.pe(stack, "attention"), stack) for stack in ("encoder", "decoder"))]
+    for key, name, kind in places:
+        cls = REGISTRY["attention"][name]
+        reasons.append(None if cls is None else cls.ct2_refusal(cfg, key, kind))
     reason = next((r for r in reasons if r is not None), None)
     if reason is not None:
         raise ExportError(reason)
@@ -87,9 +89,11 @@ def build_spec(model: Seq2SeqTransformer, cfg: Config, tokens: list[str], specia
     pre = m.norm == "pre"
     act = common_spec.Activation.GELU if m.activation == "gelu" else common_spec.Activation.RELU
     length = model.max_length or TABLE_LENGTH
-    attention = REGISTRY["attention"][m.attention_pe]
-    enc_kw: dict[str, Any] = {} if attention is None else attention.ct2_stack(m, "encoder")
-    dec_kw: dict[str, Any] = {} if attention is None else attention.ct2_stack(m, "decoder")
+    kw: dict[str, dict[str, Any]] = {}
+    for stack in ("encoder", "decoder"):
+        attention = REGISTRY["attention"][m.pe(stack, "attention")]
+        kw[stack] = {} if attention is None else attention.ct2_stack(m, stack)
+    enc_kw, dec_kw = kw["encoder"], kw["decoder"]
     enc = transformer_spec.TransformerEncoderSpec(m.encoder_layers, m.n_heads, pre_norm=pre, activation=act, **enc_kw)
     dec = transformer_spec.TransformerDecoderSpec(m.decoder_layers, m.n_heads, pre_norm=pre, activation=act, **dec_kw)
     scale = model.embed_scale
