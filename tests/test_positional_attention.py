@@ -1,4 +1,4 @@
-"""Attention-level encodings ALiBi, T5 bias, Shaw et al. and KERPLE: the maths, against hand-computed
+"""Attention-level encodings ALiBi, T5 bias, Shaw et al., KERPLE and Sandwich: the maths, against hand-computed
 values."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from models.attention import MultiHeadAttention
 from models.positional import build_attention_pe
 from models.positional.alibi import ALiBiPE, alibi_slopes
 from models.positional.kerple import EPS, KerpleLogPE, KerplePowerPE
+from models.positional.sandwich import SandwichConfig, SandwichPE
 from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE, relative_position_bucket
-from utils.config import ModelConfig, ShawConfig, T5BiasConfig
+from utils.config import ConfigError, ModelConfig, ShawConfig, T5BiasConfig, from_dict
 
 
 def cfg(**kw) -> ModelConfig:
@@ -224,10 +225,51 @@ def test_kerple_initialisation_and_projection_follow_the_authors(name: str) -> N
     assert pe.r2.grad is not None and torch.isfinite(pe.r2.grad).all()
 
 
+# Sandwich ------------------------------------------------------------------------------------------------------------
+
+
+def sandwich_formula(dim: int, n_heads: int, h: int, i: int, j: int) -> float:
+    """(sum_{k=1}^{d'/2} cos((i - j) / 10000^(2k/d')) - d'/2) / (8 (h + 1) / H) for head h (0-based), literally."""
+    dots = sum(math.cos((i - j) / 10000 ** (2 * k / dim)) for k in range(1, dim // 2 + 1))
+    return (dots - dim / 2) / (8 * (h + 1) / n_heads)
+
+
+@pytest.mark.parametrize("dim", [8, 128])
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
+def test_sandwich_bias_is_the_compressed_inner_product_of_sinusoids(dim: int, kind: str) -> None:
+    pe = SandwichPE(cfg(sandwich=SandwichConfig(dim=dim)), kind)
+    q_pos, k_pos = torch.tensor([0, 5, 40]), torch.arange(48)
+    b = pe.bias(q_pos, k_pos)
+    assert b.shape == (1, 4, 3, 48) and b.dtype == torch.float32
+    for h in range(4):
+        for qi, i in enumerate(q_pos.tolist()):
+            for j in k_pos.tolist():
+                assert b[0, h, qi, j].item() == pytest.approx(sandwich_formula(dim, 4, h, i, j), rel=1e-5, abs=1e-5)
+
+
+def test_sandwich_has_no_parameters_zero_diagonal_and_heads_of_decreasing_reach() -> None:
+    pe = SandwichPE(cfg(), "encoder")
+    assert list(pe.parameters()) == [] and pe.state_dict() == {}  # nothing to learn or to save
+    pos = torch.arange(30)
+    b = pe.bias(pos, pos)[0]
+    torch.testing.assert_close(b, b.transpose(-1, -2))
+    assert b.diagonal(dim1=-2, dim2=-1).abs().max() < 1e-5 and b.max() <= 1e-5  # 0 at i = j, <= 0 elsewhere
+    torch.testing.assert_close(b[1:] * torch.tensor([2.0, 3.0, 4.0])[:, None, None], b[:1].expand(3, -1, -1))  # / 8h/H
+    assert b[0, 0, 1] > b[0, 0, 10]  # farther is penalised more (on average: the cosines decay)
+    decoder = SandwichPE(cfg(), "decoder")
+    torch.testing.assert_close(decoder.bias(torch.tensor([29]), pos)[0], b[:, 29:30])  # an incremental step
+
+
+def test_sandwich_dimension_must_be_even() -> None:
+    with pytest.raises(ConfigError, match="model.sandwich.dim: .* must be even, got 7"):
+        from_dict({"model": {"attention_pe": "sandwich", "sandwich": {"dim": 7}}})
+    assert from_dict({"model": {"attention_pe": "sandwich", "sandwich": {"dim": 8}}}).model.sandwich.dim == 8
+
+
 # All of them ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "shaw", "kerple_log", "kerple_power"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "shaw", "kerple_log", "kerple_power", "sandwich"])
 @pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
 def test_bias_is_invariant_to_shifting_all_positions(name: str, kind: str) -> None:
     c = cfg(attention_pe=name, cross_attention_pe=name, shaw=ShawConfig(max_distance=4, values=True))

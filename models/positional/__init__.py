@@ -20,6 +20,7 @@ from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputP
 from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.kerple import KerpleLogPE, KerplePowerPE
 from models.positional.rotary import RotaryPE
+from models.positional.sandwich import SandwichPE
 from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE
 
@@ -44,6 +45,7 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "shaw": ShawPE,
         "kerple_log": KerpleLogPE,
         "kerple_power": KerplePowerPE,
+        "sandwich": SandwichPE,
     },
 }
 
