@@ -12,8 +12,8 @@ logarithmically; r_h, the same 8h/H that sets ALiBi's slope 2^(-8h/H) (the paper
 head so heads get different receptive fields. Subtracting d'/2 makes b_h(i, i) = 0 and every bias <= 0 like
 ALiBi's; it is a constant per head, which the softmax ignores.
 
-Sources (the paper's text and the official code were not in the searchable index, so equation numbers are not
-given): NVIDIA NeMo's ``SandwichRelativePositionEmbedding``
+Sources (the paper's Sandwich section and the official code were not in the searchable index, so no equation
+number is given): NVIDIA NeMo's ``SandwichRelativePositionEmbedding``
 (``nemo/collections/nlp/modules/common/megatron/position_embedding/sandwich_relative_position_embedding.py``):
 k = 1 .. d'/2, the - d'/2 offset and the division by 8h/H as above, with d' the head dimension; and
 attention-gym's ``generate_sandwich_bias`` (``attn_gym/mods/sandwich.py``): the same 8h/H, d' = 128 ("paper uses
