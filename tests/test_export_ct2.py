@@ -25,7 +25,8 @@ CASES = [{"input_pe": pe} for pe in ("sinusoidal", "learnable", "learnable_ln", 
 CASES += [{"input_pe": "none", "attention_pe": a, **extra} for a, extra in (
     ("rope", {}), ("rope", {"rope": {"scaling": "linear", "factor": 2.0}}),
     ("rope", {"rope": {"scaling": "ntk", "factor": 2.0}}), ("rope", {"rope": {"dim": 4}}), ("alibi", {}),
-    ("t5", {}), ("shaw", {}), ("shaw", {"shaw": {"values": True}}))]
+    ("t5", {}), ("shaw", {}), ("shaw", {"shaw": {"values": True}}), ("kerple_log", {}), ("kerple_power", {}),
+    ("sandwich", {}), ("sandwich", {"sandwich": {"dim": 8}}))]
 CASES += [{"norm": "post", "activation": "gelu", "tie_embeddings": False}]
 
 
@@ -56,6 +57,7 @@ def test_every_encoding_exports_exactly(model_cfg: dict, tmp_path: Path) -> None
 @pytest.mark.parametrize("model_cfg,message", [
     ({"input_pe": "sinusoidal", "attention_pe": "rope"}, "drops the position table"),
     ({"input_pe": "none", "attention_pe": "none", "cross_attention_pe": "alibi"}, "cross-attention has no"),
+    ({"input_pe": "none", "attention_pe": "sandwich", "cross_attention_pe": "kerple_log"}, "cross-attention has no"),
     ({"input_pe": "none", "attention_pe": "rope", "rope": {"scaling": "yarn", "factor": 2.0}}, "no YaRN"),
 ])
 def test_what_ctranslate2_cannot_compute_is_refused_in_one_line(model_cfg: dict, message: str) -> None:

@@ -1,4 +1,5 @@
-"""Attention-level encodings ALiBi, T5 bias and Shaw et al.: the maths, against hand-computed values."""
+"""Attention-level encodings ALiBi, T5 bias, Shaw et al., KERPLE and Sandwich: the maths, against hand-computed
+values."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import torch
 from models.attention import MultiHeadAttention
 from models.positional import build_attention_pe
 from models.positional.alibi import ALiBiPE, alibi_slopes
+from models.positional.kerple import EPS, KerpleLogPE, KerplePowerPE
+from models.positional.sandwich import SandwichConfig, SandwichPE
 from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE, relative_position_bucket
-from utils.config import ModelConfig, ShawConfig, T5BiasConfig
+from utils.config import ConfigError, ModelConfig, ShawConfig, T5BiasConfig, from_dict
 
 
 def cfg(**kw) -> ModelConfig:
@@ -142,10 +145,131 @@ def test_shaw_values_use_the_explicit_path_and_change_the_output() -> None:
     assert (outs[True] - outs[False]).abs().max() > 1e-4
 
 
-# All three -----------------------------------------------------------------------------------------------------------
+# KERPLE --------------------------------------------------------------------------------------------------------------
+
+KERPLE = {"kerple_log": KerpleLogPE, "kerple_power": KerplePowerPE}
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "shaw"])
+def kerple_kernel(name: str, r1: float, r2: float, i: int, j: int) -> float:
+    """The paper's two kernels at one head, query i and key j, in plain Python."""
+    d = abs(i - j)
+    return -r1 * math.log(1 + r2 * d) if name == "kerple_log" else -r1 * d**r2
+
+
+@pytest.mark.parametrize("name", list(KERPLE))
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
+def test_kerple_bias_is_the_kernel_of_each_head_and_distance(name: str, kind: str) -> None:
+    torch.manual_seed(0)
+    pe = build_attention_pe(cfg(attention_pe=name, cross_attention_pe=name), kind)
+    assert isinstance(pe, KERPLE[name])
+    q_pos, k_pos = torch.tensor([0, 3, 9]), torch.arange(12)
+    b = pe.bias(q_pos, k_pos)
+    assert b.shape == (1, 4, 3, 12) and b.dtype == torch.float32
+    r1, r2 = pe.r1.tolist(), pe.r2.tolist()
+    for h in range(4):
+        for qi, i in enumerate(q_pos.tolist()):
+            for j in k_pos.tolist():  # the decoder's j > i are masked, but finite too
+                assert b[0, h, qi, j].item() == pytest.approx(kerple_kernel(name, r1[h], r2[h], i, j), rel=1e-5,
+                                                              abs=1e-6)
+    assert torch.isfinite(b).all()
+    pos = torch.arange(7)
+    square = pe.bias(pos, pos)
+    torch.testing.assert_close(square, square.transpose(-1, -2))
+    torch.testing.assert_close(pe.bias(torch.tensor([6]), pos), square[:, :, 6:7])  # an incremental step: last row
+
+
+def authors_kerple(name: str, r1: torch.Tensor, r2: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The authors' decoder bias ``[H, T, T]``, transcribed from chijames/KERPLE megatron/mpu/layers.py
+    (``ParallelKerpleLog.forward``, ``ParallelKerplePower.forward``): diff = tril(i - j), then
+    log: -bias_p * log(1 + bias_a * diff) with bias_p = r1, bias_a = r2;
+    power: -(diff ** bias_p) * bias_a with bias_a = r1, bias_p = r2."""
+    diff = torch.tril(torch.arange(seq_len).view(seq_len, 1).repeat(1, seq_len) + torch.arange(0, -seq_len, -1))
+    diff = diff.to(torch.float32)
+    if name == "kerple_log":
+        bias_p, bias_a = r1[:, None, None], r2[:, None, None]
+        return -bias_p * torch.log(1 + bias_a * diff)
+    bias_a, bias_p = r1[:, None, None], r2[:, None, None]
+    return -diff.pow(bias_p) * bias_a
+
+
+@pytest.mark.parametrize("name", list(KERPLE))
+def test_kerple_decoder_equals_the_authors_causal_bias(name: str) -> None:
+    torch.manual_seed(1)
+    pe = KERPLE[name](cfg(), "decoder")
+    with torch.no_grad():
+        theirs = authors_kerple(name, pe.r1, pe.r2, 10)
+    ours = pe.bias(torch.arange(10), torch.arange(10))[0]
+    lower = torch.ones(10, 10, dtype=torch.bool).tril().expand(4, -1, -1)  # what the causal mask lets through
+    torch.testing.assert_close(ours[lower], theirs[lower])
+    # Their cached step (one query, seq_len_k keys) reads row seq_len_k - 1; ours is given the query's position.
+    torch.testing.assert_close(pe.bias(torch.tensor([9]), torch.arange(10))[0, :, 0], theirs[:, 9])
+
+
+@pytest.mark.parametrize("name", list(KERPLE))
+def test_kerple_initialisation_and_projection_follow_the_authors(name: str) -> None:
+    torch.manual_seed(0)
+    pe = KERPLE[name](cfg(d_model=64, n_heads=64), "encoder")
+    r1_top, r2_top = (2.0, 1.0) if name == "kerple_log" else (1.0, 2.0)  # U[0, 2) and U[0, 1), per the variant
+    for p, top in ((pe.r1, r1_top), (pe.r2, r2_top)):
+        assert p.shape == (64,) and p.min() >= EPS and p.max() < top and p.max() > 0.9 * top
+    assert sum(p.numel() for p in pe.parameters()) == 2 * 64
+    with torch.no_grad():  # as an optimizer step could leave them
+        pe.r1[0], pe.r2[1] = -1.0, 5.0
+    pos = torch.arange(6)
+    first = pe.bias(pos, pos)  # projects in place: r1 >= eps; r2 >= eps, and <= 2 for the power
+    assert pe.r1[0].item() == pytest.approx(EPS)
+    assert pe.r2[1].item() == (5.0 if name == "kerple_log" else 2.0)
+    second = pe.bias(pos, pos)  # two forwards before one backward: the projection is outside autograd
+    (first.sum() + second.sum()).backward()
+    assert pe.r1.grad is not None and pe.r1.grad[0] != 0  # the projected parameter still learns (no clamp in the graph)
+    assert pe.r2.grad is not None and torch.isfinite(pe.r2.grad).all()
+
+
+# Sandwich ------------------------------------------------------------------------------------------------------------
+
+
+def sandwich_formula(dim: int, n_heads: int, h: int, i: int, j: int) -> float:
+    """(sum_{k=1}^{d'/2} cos((i - j) / 10000^(2k/d')) - d'/2) / (8 (h + 1) / H) for head h (0-based), literally."""
+    dots = sum(math.cos((i - j) / 10000 ** (2 * k / dim)) for k in range(1, dim // 2 + 1))
+    return (dots - dim / 2) / (8 * (h + 1) / n_heads)
+
+
+@pytest.mark.parametrize("dim", [8, 128])
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
+def test_sandwich_bias_is_the_compressed_inner_product_of_sinusoids(dim: int, kind: str) -> None:
+    pe = SandwichPE(cfg(sandwich=SandwichConfig(dim=dim)), kind)
+    q_pos, k_pos = torch.tensor([0, 5, 40]), torch.arange(48)
+    b = pe.bias(q_pos, k_pos)
+    assert b.shape == (1, 4, 3, 48) and b.dtype == torch.float32
+    for h in range(4):
+        for qi, i in enumerate(q_pos.tolist()):
+            for j in k_pos.tolist():
+                assert b[0, h, qi, j].item() == pytest.approx(sandwich_formula(dim, 4, h, i, j), rel=1e-5, abs=1e-5)
+
+
+def test_sandwich_has_no_parameters_zero_diagonal_and_heads_of_decreasing_reach() -> None:
+    pe = SandwichPE(cfg(), "encoder")
+    assert list(pe.parameters()) == [] and pe.state_dict() == {}  # nothing to learn or to save
+    pos = torch.arange(30)
+    b = pe.bias(pos, pos)[0]
+    torch.testing.assert_close(b, b.transpose(-1, -2))
+    assert b.diagonal(dim1=-2, dim2=-1).abs().max() < 1e-5 and b.max() <= 1e-5  # 0 at i = j, <= 0 elsewhere
+    torch.testing.assert_close(b[1:] * torch.tensor([2.0, 3.0, 4.0])[:, None, None], b[:1].expand(3, -1, -1))  # / 8h/H
+    assert b[0, 0, 1] > b[0, 0, 10]  # farther is penalised more (on average: the cosines decay)
+    decoder = SandwichPE(cfg(), "decoder")
+    torch.testing.assert_close(decoder.bias(torch.tensor([29]), pos)[0], b[:, 29:30])  # an incremental step
+
+
+def test_sandwich_dimension_must_be_even() -> None:
+    with pytest.raises(ConfigError, match="model.sandwich.dim: .* must be even, got 7"):
+        from_dict({"model": {"attention_pe": "sandwich", "sandwich": {"dim": 7}}})
+    assert from_dict({"model": {"attention_pe": "sandwich", "sandwich": {"dim": 8}}}).model.sandwich.dim == 8
+
+
+# All of them ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "shaw", "kerple_log", "kerple_power", "sandwich"])
 @pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
 def test_bias_is_invariant_to_shifting_all_positions(name: str, kind: str) -> None:
     c = cfg(attention_pe=name, cross_attention_pe=name, shaw=ShawConfig(max_distance=4, values=True))
@@ -163,13 +287,17 @@ def test_bias_is_invariant_to_shifting_all_positions(name: str, kind: str) -> No
         assert (pe.bias(q_pos + 5, k_pos, q) - base).abs().max() > 0  # but not to a relative shift
 
 
-@pytest.mark.parametrize("name", ["t5", "shaw"])
+LEARNED = {"t5": ["rel_embed.weight"], "shaw": ["key_embed.weight", "value_embed.weight"],
+           "kerple_log": ["r1", "r2"], "kerple_power": ["r1", "r2"]}
+
+
+@pytest.mark.parametrize("name", list(LEARNED))
 def test_gradient_reaches_the_tables(name: str) -> None:
     c = cfg(attention_pe=name, shaw=ShawConfig(values=True))
     torch.manual_seed(0)
     attn = MultiHeadAttention(c, "encoder")
     out, _ = attn(torch.randn(2, 5, 32), q_pos=torch.arange(5))
     out.square().sum().backward()
-    tables = [p for n, p in attn.pe.named_parameters() if "embed" in n]
-    assert len(tables) == (1 if name == "t5" else 2)
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tables)
+    tables = dict(attn.pe.named_parameters())
+    assert list(tables) == LEARNED[name]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tables.values())

@@ -5,11 +5,13 @@ other edit. And per-forward position data (RoPE's angles) is computed once per f
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_config
+from conftest import ROOT, make_tiny_config
 from torch import nn
 
 from models.positional import REGISTRY
@@ -17,6 +19,8 @@ from models.positional.absolute import sinusoid_table
 from models.positional.base import AttentionPE, InputPE
 from models.transformer import Seq2SeqTransformer
 from utils.config import ModelConfig, from_dict
+
+SENTENCE = "Le chat dort."
 
 
 class ScaledSinusoidPE(InputPE):
@@ -99,6 +103,49 @@ def test_a_new_attention_encoding_is_one_class_and_one_registry_line(tmp_path: P
         assert refusal == "model.attention_pe=distance: CTranslate2 has no equivalent of this encoding"
 
 
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "sandwich"])
+def test_kerple_and_sandwich_train_translate_through_the_cli_plot_and_export(name: str, tmp_path: Path) -> None:
+    """The registered distance biases end to end: 2 training steps, inference.py on the run, their bias figures,
+    and a CTranslate2 export whose (KV-cached) greedy decoding picks our greedy tokens and scores them as our model
+    does teacher-forced. (Not the text of beam search: an untrained model's hypotheses all reach the length cap,
+    where ours add the forced EOS to the score and CTranslate2 does not, so the two may rank them differently.)"""
+    from utils.figures.maps import position_figures
+    from utils.run.load import load_run
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
+    from utils.translation.translate import encode_sources, translate
+
+    base = make_tiny_config(tmp_path, max_steps=2, eval_every=2, valid_bleu_sentences=2)
+    cfg = from_dict(base.to_dict(), ["decode.max_len_a=0", "decode.max_len_b=8", "model.input_pe=none",
+                                     f"model.attention_pe={name}"])
+    run_dir = create_run_dir(cfg, tmp_path / "runs")
+    train(cfg, run_dir)
+    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run_dir), "--src_text", SENTENCE,
+                          "--beam", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"source: {SENTENCE}" and lines[1].startswith("greedy: ") and "(logprob -" in lines[1]
+    assert lines[2] == "beam 2 (lenpen 0.6), 2-best:"
+    run = load_run(run_dir, device="cpu")
+    figs, _ = position_figures(run.model, run.cfg, length=16, bias_length=8)
+    assert {"position/bias/encoder", "position/bias/decoder"} <= set(figs)
+    if importlib.util.find_spec("ctranslate2") is None:
+        return
+    from utils.translation.engines import CT2Model
+    from utils.translation.export import export
+
+    engine = CT2Model(export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, tmp_path / "ct2"))
+    greedy = run.cfg.decode.model_copy(update=dict(beam=1, nbest=1))
+    theirs = engine.translate([SENTENCE], greedy)[0][0]
+    assert translate(run.model, run.tokenizer, [SENTENCE], greedy)[0][0].tokens == theirs.tokens
+    tok = run.tokenizer
+    src = encode_sources(tok, [SENTENCE], None)[0]
+    tgt = theirs.tokens + ([tok.eos_id] if len(theirs.tokens) < 8 else [])  # CTranslate2 counts a returned EOS
+    with torch.no_grad():
+        logp = torch.log_softmax(run.model(torch.tensor([src]), torch.tensor([[tok.bos_id, *tgt[:-1]]]))[0], -1)
+    assert sum(logp[i, t].item() for i, t in enumerate(tgt)) == pytest.approx(theirs.logprob, abs=1e-3)
+
+
 def test_rope_angles_are_computed_once_per_forward(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """3+3 layers with RoPE in self- and cross-attention: one angle table per positions tensor per forward
     (source, target), not one per layer; and the logits are those of per-layer computation."""
@@ -144,7 +191,7 @@ def test_an_encodings_own_settings_live_beside_it_and_become_one_model_section()
             key, section = enc.settings
             assert section.__module__ == enc.__module__  # beside the encoding, not in a config file
             assert ModelConfig.model_fields[key].annotation is section and getattr(ModelConfig(), key) == section()
-    assert {"rope", "shaw", "t5"} <= set(ModelConfig.model_fields) - set(TransformerConfig.model_fields)
+    assert {"rope", "shaw", "t5", "sandwich"} <= set(ModelConfig.model_fields) - set(TransformerConfig.model_fields)
 
     class DistanceSettings(Section):
         init: float = Field(0.1, gt=0)  # the slope's initial value

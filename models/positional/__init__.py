@@ -18,7 +18,9 @@ from models.positional.absolute import LearnableLNPE, LearnablePE, PositionLimit
 from models.positional.alibi import ALiBiPE
 from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
 from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
+from models.positional.kerple import KerpleLogPE, KerplePowerPE
 from models.positional.rotary import RotaryPE
+from models.positional.sandwich import SandwichPE
 from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE
 
@@ -41,6 +43,9 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "alibi": ALiBiPE,
         "t5": T5BiasPE,
         "shaw": ShawPE,
+        "kerple_log": KerpleLogPE,
+        "kerple_power": KerplePowerPE,
+        "sandwich": SandwichPE,
     },
 }
 

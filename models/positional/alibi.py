@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 import torch
 
 from models.positional.base import AttentionKind, AttentionPE, Plot
@@ -55,16 +54,10 @@ class ALiBiPE(AttentionPE):
         return {"alibi": True} if side == "decoder" else {"relative_attention_bias": True}
 
     def ct2_fill(self, spec: Any, length: int) -> None:
-        """Encoder: the symmetric ALiBi as a T5-style relative bias table: with 4 * length buckets every distance
-        below ``length`` has its own (exact) bucket, each holding -m_h |j - i|. Decoder: nothing (native)."""
-        from models.positional.t5 import relative_position_bucket
+        """Encoder: the symmetric ALiBi as a T5-style relative bias table with an exact bucket for every distance
+        below ``length``, each holding -m_h |j - i| (``exact_bias_table``). Decoder: nothing (native)."""
+        from models.positional.t5 import exact_bias_table
 
         if self.kind == "decoder":
             return
-        buckets = 4 * length
-        rel = torch.arange(-(length - 1), length)
-        ids = relative_position_bucket(rel, True, buckets, 2 * buckets)
-        table = torch.zeros(buckets, self.cfg.n_heads)
-        table[ids] = -rel.abs().float()[:, None] * self.slopes.cpu()[None, :]
-        spec.relative_attention_bias = table.numpy()
-        spec.relative_attention_max_distance = np.int32(2 * buckets)
+        spec.relative_attention_bias, spec.relative_attention_max_distance = exact_bias_table(self, length)

@@ -49,6 +49,28 @@ def relative_position_bucket(
     return buckets + torch.where(is_small, n, if_large)
 
 
+def exact_bias_table(pe: AttentionPE, length: int) -> tuple[np.ndarray, np.int32]:
+    """(table ``[buckets, H]``, max_distance) for CTranslate2's T5 relative attention bias that holds ``pe.bias``
+    exactly for every distance below ``length``, for an encoding whose bias depends on j - i alone (not on q).
+
+    Half the buckets of a direction are exact (``relative_position_bucket``), so the encoder's bidirectional table
+    takes 4 * length buckets and the decoder's unidirectional one (j <= i) 2 * length: distance n < length has
+    bucket n of its direction. max_distance (where log-spaced buckets would end) is past them all.
+    """
+    bidirectional = pe.kind != "decoder"
+    buckets = (4 if bidirectional else 2) * length
+    rel = torch.arange(-(length - 1), length if bidirectional else 1)  # j - i
+    anchor = next(iter(pe.buffers()), None)
+    anchor = anchor if anchor is not None else next(iter(pe.parameters()), None)
+    device = anchor.device if anchor is not None else None
+    with torch.no_grad():  # query length - 1 against keys 0 .. length - 1 (+ length - 1 more bidirectionally)
+        values = pe.bias(torch.tensor([length - 1], device=device), rel.to(device) + length - 1)
+    assert values is not None and values.shape[0] == 1 and values.shape[2] == 1, "a q-independent bias per head"
+    table = torch.zeros(buckets, values.shape[1])
+    table[relative_position_bucket(rel, bidirectional, buckets, 2 * buckets)] = values[0, :, 0].T.float().cpu()
+    return table.numpy(), np.int32(2 * buckets)
+
+
 class T5BiasConfig(Section):
     """T5's bucketed relative attention bias (Raffel et al. 2020)."""
 
