@@ -266,6 +266,7 @@ EFFECT_RULES: list[tuple[str, bool, Callable[[Config], str | None]]] = [
     ("model.rope", False, _attention_uses("rope")),
     ("model.shaw", False, _attention_uses("shaw")),
     ("model.t5", False, _attention_uses("t5")),
+    ("model.fire", False, _attention_uses("fire")),
 ]
 
 
