@@ -147,7 +147,7 @@ def test_shaw_values_use_the_explicit_path_and_change_the_output() -> None:
 
 
 def fire_reference_bias(pe: FirePE, q_pos: list[int], k_pos: list[int]) -> torch.Tensor:
-    """Li et al. 2024 (sec. 3.2), written out pair by pair and head by head in float64 with the module's own weights:
+    """Li et al. 2024's FIRE bias, written out pair by pair and head by head in float64 with the module's own weights:
     b_h(i, j) = f_h(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), f(x) = W2 relu(W1 x + b1) + b2, and eps
     added to the normaliser as in the reference listing. Keys after the query (j > i, bidirectional kinds only) take
     the second MLP on the distance |i - j|."""

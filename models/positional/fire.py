@@ -1,5 +1,5 @@
 """FIRE, functional interpolation for relative positions (Li et al. 2024, "Functional Interpolation for Relative
-Positions Improves Long Context Transformers", ICLR 2024, sec. 3.2).
+Positions Improves Long Context Transformers", ICLR 2024, arXiv:2310.04418; the FIRE bias of its method section).
 
 Head h adds to the score of query i and key j (the paper's causal setting, i >= j):
 
