@@ -10,6 +10,7 @@ import torch
 from models.attention import MultiHeadAttention, build_mask
 from models.positional import REGISTRY, PositionLimitError, build_input_pe
 from models.positional.absolute import sinusoid_table
+from models.positional.fire import FireConfig
 from models.positional.rotary import RotaryPE, apply_rotary, rope_inv_freq
 from models.transformer import Seq2SeqTransformer
 from utils.config import ModelConfig, RopeConfig
@@ -127,6 +128,22 @@ def test_symmetric_alibi_encoder_cannot_tell_a_sentence_from_its_reverse() -> No
     out, _ = model.encode(src)
     out_rev, _ = model.encode(src.flip(1))
     torch.testing.assert_close(out_rev, out.flip(1), atol=1e-5, rtol=1e-5)
+
+
+def test_fire_encoder_tells_a_sentence_from_its_reverse() -> None:
+    """FIRE's encoder has one MLP for keys before the query and one for keys after it: reversal changes the output."""
+    model = make_model("none", "fire")
+    src = torch.randint(4, 40, (1, 8))
+    out, _ = model.encode(src)
+    out_rev, _ = model.encode(src.flip(1))
+    assert (out_rev - out.flip(1)).abs().max() > 1e-3
+
+
+def test_fire_cached_decoding_equals_full_past_its_threshold() -> None:
+    """With L = 2 the normaliser psi(max(L, i)) changes with every target position: cached steps must pass their true
+    offsets (decoder self- and cross-attention) to match the teacher-forced logits."""
+    model = make_model("none", "fire", cross_attention_pe="fire", fire=FireConfig(init_threshold=2.0))
+    assert_incremental_equals_full(model)
 
 
 def test_sinusoidal_shift_is_a_fixed_linear_map() -> None:

@@ -1,5 +1,5 @@
-"""Attention-level encodings ALiBi, T5 bias, Shaw et al., KERPLE and Sandwich: the maths, against hand-computed
-values."""
+"""Attention-level encodings ALiBi, T5 bias, Shaw et al., KERPLE, Sandwich and FIRE: the maths, against
+hand-computed values."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from models.attention import MultiHeadAttention
 from models.positional import build_attention_pe
 from models.positional.alibi import ALiBiPE, alibi_slopes
+from models.positional.fire import FireConfig, FirePE
 from models.positional.kerple import EPS, KerpleLogPE, KerplePowerPE
 from models.positional.sandwich import SandwichConfig, SandwichPE
 from models.positional.shaw import ShawPE
@@ -143,6 +144,92 @@ def test_shaw_values_use_the_explicit_path_and_change_the_output() -> None:
                 attn.pe.value_embed.weight.zero_()  # a^V = 0 gives back the keys-only layer
             torch.testing.assert_close(attn(x, q_pos=torch.arange(5))[0], outs[False])
     assert (outs[True] - outs[False]).abs().max() > 1e-4
+
+
+# FIRE ----------------------------------------------------------------------------------------------------------------
+
+
+def fire_reference_bias(pe: FirePE, q_pos: list[int], k_pos: list[int]) -> torch.Tensor:
+    """Li et al. 2024's FIRE bias, written out pair by pair and head by head in float64 with the module's own weights:
+    b_h(i, j) = f_h(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), f(x) = W2 relu(W1 x + b1) + b2, and eps
+    added to the normaliser as in the reference listing. Keys after the query (j > i, bidirectional kinds only) take
+    the second MLP on the distance |i - j|."""
+    c = abs(pe.c.item())
+    threshold = abs(pe.threshold_scale.item()) * pe.init_threshold
+    n_heads = pe.cfg.n_heads
+    out = torch.zeros(n_heads, len(q_pos), len(k_pos), dtype=torch.float64)
+    for qi, i in enumerate(q_pos):
+        for kj, j in enumerate(k_pos):
+            mlp = pe.mlp_ahead if j > i and pe.mlp_ahead is not None else pe.mlp
+            w1, b1 = mlp[0].weight[:, 0].tolist(), mlp[0].bias.tolist()
+            w2, b2 = mlp[2].weight.tolist(), mlp[2].bias.tolist()
+            x = math.log(c * abs(i - j) + 1) / (math.log(c * max(threshold, i) + 1) + 1e-6)
+            hidden = [max(0.0, w * x + b) for w, b in zip(w1, b1, strict=True)]
+            for h in range(n_heads):
+                out[h, qi, kj] = sum(w * a for w, a in zip(w2[h], hidden, strict=True)) + b2[h]
+    return out[None]
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
+def test_fire_bias_equals_the_papers_formula(kind: str) -> None:
+    torch.manual_seed(0)
+    pe = FirePE(cfg(fire=FireConfig(mlp_width=8, init_threshold=6.0)), kind)
+    with torch.no_grad():  # away from the initial values; L = |-1.5| * 6 = 9, so query positions fall on both sides
+        pe.c.fill_(0.7)
+        pe.threshold_scale.fill_(-1.5)
+    q_pos, k_pos = (list(range(2, 15)), list(range(18))) if kind == "cross" else (list(range(16)), list(range(16)))
+    b = pe.bias(torch.tensor(q_pos), torch.tensor(k_pos))
+    assert b.shape == (1, 4, len(q_pos), len(k_pos)) and torch.isfinite(b).all()
+    expected = fire_reference_bias(pe, q_pos, k_pos)
+    if kind == "decoder":  # the paper's causal setting: keys after the query are masked
+        seen = (torch.tensor(k_pos)[None, :] <= torch.tensor(q_pos)[:, None]).expand(4, -1, -1)
+        torch.testing.assert_close(b[0][seen].double(), expected[0][seen], atol=1e-5, rtol=1e-5)
+        assert pe.mlp_ahead is None
+    else:
+        torch.testing.assert_close(b.double(), expected, atol=1e-5, rtol=1e-5)
+    if kind != "decoder":  # one MLP per direction: below L the bias is a function of |i - j| per direction, and
+        below = pe.bias(torch.arange(9), torch.arange(9))  # j before i differs from j after i (unlike ALiBi's)
+        assert pe.mlp_ahead is not None and (below - below.transpose(-1, -2)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", ["decoder", "cross"])
+def test_fire_cached_step_is_its_row_of_the_full_bias(kind: str) -> None:
+    """A KV-cached step passes its true offset t as the query position: it gets row t of the full bias, also past L
+    (the normaliser psi(max(L, t)) reads the offset, not the step's length of 1)."""
+    torch.manual_seed(0)
+    pe = FirePE(cfg(fire=FireConfig(init_threshold=3.0)), kind)
+    src = torch.arange(10)
+    full = pe.bias(torch.arange(12), torch.arange(12) if kind == "decoder" else src)
+    for t in range(12):
+        keys = torch.arange(t + 1) if kind == "decoder" else src
+        torch.testing.assert_close(pe.bias(torch.tensor([t]), keys), full[:, :, t : t + 1, : len(keys)])
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
+def test_fire_is_shift_invariant_below_its_threshold_and_interpolates_past_it(kind: str) -> None:
+    """What FIRE is invariant to. While every query position is at most L the normaliser is the constant psi(L), so the
+    bias depends on i - j alone (T5-like, shift-invariant). Past L it is not shift-invariant, but progressive
+    interpolation makes it invariant to the length in another way: a query at any i >= L puts input 0 on itself and
+    input ~1 on the first position (psi(i) / psi(i)), so b(i, i) and b(i, 0) are the same at every such i, and the
+    decoder's MLP only ever sees inputs in [0, 1]."""
+    torch.manual_seed(0)
+    pe = FirePE(cfg(fire=FireConfig(init_threshold=64.0)), kind)
+    q_pos, k_pos = torch.arange(6), torch.arange(9)
+    base = pe.bias(q_pos, k_pos)
+    for shift in (1, 20, 58):  # the last query position, 5 + 58 = 63, stays below L = 64
+        torch.testing.assert_close(pe.bias(q_pos + shift, k_pos + shift), base)
+    assert (pe.bias(q_pos + 300, k_pos + 300) - base).abs().max() > 1e-4
+    far = torch.tensor([64, 100, 1000, 100_000])
+    first = torch.cat([pe.bias(i[None], torch.tensor([0, int(i)])) for i in far], dim=2)[0]  # [H, 4, 2]
+    torch.testing.assert_close(first, first[:, :1].expand_as(first), atol=1e-4, rtol=1e-4)
+    if kind == "decoder":
+        pos = torch.arange(0, 5000, 7)
+        x = pe.normalized_distance(pos, pos)
+        causal = pos[None, :] <= pos[:, None]
+        assert x[causal].min() == 0 and x[causal].max() <= 1
+
+
+# Several at once ------------------------------------------------------------------------------------------------------
 
 
 # KERPLE --------------------------------------------------------------------------------------------------------------
@@ -287,8 +374,12 @@ def test_bias_is_invariant_to_shifting_all_positions(name: str, kind: str) -> No
         assert (pe.bias(q_pos + 5, k_pos, q) - base).abs().max() > 0  # but not to a relative shift
 
 
+#: Every learned tensor of each learned encoding: T5's table, Shaw's w^K and w^V, KERPLE's r1 and r2, FIRE's c, L
+#: and both MLPs (two layers each) of the bidirectional encoder.
 LEARNED = {"t5": ["rel_embed.weight"], "shaw": ["key_embed.weight", "value_embed.weight"],
-           "kerple_log": ["r1", "r2"], "kerple_power": ["r1", "r2"]}
+           "kerple_log": ["r1", "r2"], "kerple_power": ["r1", "r2"],
+           "fire": ["c", "threshold_scale", *(f"{mlp}.{i}.{w}" for mlp in ("mlp", "mlp_ahead") for i in (0, 2)
+                                              for w in ("weight", "bias"))]}
 
 
 @pytest.mark.parametrize("name", list(LEARNED))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from models.positional.absolute import LearnableLNPE, LearnablePE, PositionLimitError, SinusoidalPE
 from models.positional.alibi import ALiBiPE
 from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
+from models.positional.fire import FirePE
 from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.kerple import KerpleLogPE, KerplePowerPE
 from models.positional.rotary import RotaryPE
@@ -46,6 +47,7 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "kerple_log": KerpleLogPE,
         "kerple_power": KerplePowerPE,
         "sandwich": SandwichPE,
+        "fire": FirePE,
     },
 }
 
