@@ -389,6 +389,22 @@ def merge_spec(old: dict[str, Any], spec: dict[str, Any], study: Path) -> dict[s
 # ---------------------------------------------------------------------------------------------- main
 
 
+def select_variants(preset: Preset, asked: str) -> tuple[list[Variant], dict[str, Any]]:
+    """The preset's variants named in ``asked`` ("a,b,..."), its baseline always kept, and its primary family
+    restricted to their systems (a test variant ``rope+ntk`` belongs to ``rope``); ConfigError for an unknown label."""
+    labels = [label.strip() for label in asked.split(",") if label.strip()]
+    known = [v.label for v in preset.variants]
+    unknown = [label for label in labels if label not in known]
+    if unknown or not labels:
+        named = ", ".join(unknown) if unknown else repr(asked)
+        raise ConfigError(f"--variants {named}: not a variant; variants: {', '.join(known)}")
+    variants = [v for v in preset.variants if v.label in labels or v.label == preset.baseline]
+    family = preset.family
+    if family:
+        family = {**family, "systems": [s for s in family["systems"] if s.split("+")[0] in labels]}
+    return variants, family
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(presets()), help="a ready-made study (sets config and grid)")
@@ -431,14 +447,10 @@ def main() -> int:
         if args.grid:
             parser.error("--grid and --preset exclude each other")
         if args.variants:
-            asked = [label.strip() for label in args.variants.split(",") if label.strip()]
-            known = [v.label for v in variants]
-            unknown = [label for label in asked if label not in known]
-            if unknown:
-                parser.error(f"--variants {', '.join(unknown)}: not in preset {args.preset} ({', '.join(known)})")
-            variants = [v for v in variants if v.label in asked or v.label == baseline]
-            family = {**family, "systems": [s for s in family.get("systems", []) if s.split("+")[0] in asked]} \
-                if family else family
+            try:
+                variants, family = select_variants(preset, args.variants)
+            except ConfigError as e:
+                parser.error(f"{e} (preset {args.preset})")
     elif args.variants:
         parser.error("--variants selects among a --preset's variants")
     elif args.config and args.grid:

@@ -408,11 +408,29 @@ def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
     assert cfg.train.num_threads == 1
     assert {"test.tatoeba.x4", "test.multi30k-2016.x4", "test.tatoeba", "test.iwslt-tst2010"} <= set(cfg.data.test)
     family = preset.family
-    systems = [v.label for v in preset.variants] + [f"rope+{t}" for t in preset.variants[-1].tests]
+    rope = next(v for v in preset.variants if v.label == "rope")
+    systems = [v.label for v in preset.variants] + [f"rope+{t}" for t in rope.tests]
     assert set(family["systems"]) <= set(systems) and "rope+linear" not in family["systems"]
+    # the variants that joined after the pre-registration are outside its family
+    assert not {"decoder-nope"} & set(family["systems"])
     assert len(family["systems"]) * (len(family["splits"]) + len(family["drops"])) == 24
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "24 tests, Holm at α = 0.05" in readme and "Smallest effect of interest: 1.0 chrF" in readme
+
+
+def test_variants_select_part_of_a_preset_and_its_family() -> None:
+    """--variants: the pre-registered report keeps its five trained systems when newer variants joined the preset."""
+    preset = study.presets()["train-short-test-long"]
+    variants, family = study.select_variants(preset, "learnable, rope,alibi")
+    assert [v.label for v in variants] == ["sinusoidal", "learnable", "alibi", "rope"]  # the baseline always kept
+    assert family["systems"] == ["learnable", "rope", "rope+ntk", "rope+yarn", "alibi"]
+    assert family["metric"] == preset.family["metric"] and len(preset.family["systems"]) == 6  # preset untouched
+    with pytest.raises(ConfigError, match=r"^--variants rpoe: not a variant; variants: sinusoidal, learnable, "):
+        study.select_variants(preset, "rope,rpoe")
+    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "10", "--variants",
+                          "nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
+        "--variants nope: not a variant; variants: sinusoidal, learnable, rope (preset seed-table)")
 
 
 def test_the_pilot_rule_stops_at_the_first_budget_where_no_variant_still_gains() -> None:
