@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from models.positional.absolute import LearnableLNPE, LearnablePE, PositionLimitError, SinusoidalPE
 from models.positional.alibi import ALiBiPE
 from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
+from models.positional.cope import CopePE
 from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.rotary import RotaryPE
 from models.positional.shaw import ShawPE
@@ -41,6 +42,7 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "alibi": ALiBiPE,
         "t5": T5BiasPE,
         "shaw": ShawPE,
+        "cope": CopePE,
     },
 }
 
