@@ -101,7 +101,7 @@ class CopePE(AttentionPE):
         random = "random q, k ~ N(0, 1), seed 0"
         return [
             Plot(f"position/cope/table/{self.kind}", "pe_heatmap",
-                 (weight, f"{what}: CoPE position embeddings e[0..{self.npos_max - 1}] (shared by heads)")),
+                 (weight, f"{what}: table e[0..{self.npos_max - 1}]")),
             Plot(f"position/cope/positions/{self.kind}", "bias_grid",
                  (positions, f"{what}: contextual positions p_ij for {random}"), {"causal": True}),
             Plot(f"position/cope/bias/{self.kind}", "bias_grid",
