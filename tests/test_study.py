@@ -35,7 +35,9 @@ def test_every_preset_variant_is_a_valid_config() -> None:
     presets = study.presets()
     assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "tokenization"}
     assert [v.label for v in presets["seed-table"].variants] == ["sinusoidal", "learnable", "rope"]
-    assert len(presets["all-encodings"].variants) == 11  # none + 6 input-level + 4 attention-level
+    all_encodings = [v.label for v in presets["all-encodings"].variants]
+    assert len(all_encodings) == 13  # none + 6 input-level + 4 attention-level + decoder-nope + decoder-cope
+    assert all_encodings[-2:] == ["decoder-nope", "decoder-cope"]
     for name, preset in presets.items():
         labels = [v.label for v in preset.variants]
         assert preset.baseline in labels, name
