@@ -92,10 +92,14 @@ LENGTH_SHIFTED = [f"test.{name}{f'.x{k}' if k > 1 else ''}" for name in ("tatoeb
                   for k in (1, 2, 4, 8)] + ["test.iwslt-tst2010"]
 
 
-def _encodings() -> tuple[list[str], list[str]]:
-    from models.positional import names
+def _encodings() -> tuple[list[str], list[str], list[str]]:
+    """Registry names other than none: input-level, attention-level for both stacks, and attention-level for
+    causal (decoder) self-attention only (CoPE), which validation refuses in the encoder."""
+    from models.positional import REGISTRY
 
-    return [n for n in names("input") if n != "none"], [n for n in names("attention") if n != "none"]
+    attention = {n: cls for n, cls in REGISTRY["attention"].items() if cls is not None}
+    return ([n for n in REGISTRY["input"] if n != "none"], [n for n, cls in attention.items() if not cls.causal_only],
+            [n for n, cls in attention.items() if cls.causal_only])
 
 
 def _pe(label: str, input_pe: str, attention_pe: str) -> Variant:
@@ -112,7 +116,7 @@ EXTRAPOLATION_FAMILY = {
 
 
 def presets() -> dict[str, Preset]:
-    inputs, attentions = _encodings()
+    inputs, attentions, decoder_only = _encodings()
     short_scalings = {s: [f"model.rope.scaling={s}", "model.rope.factor=8", "model.rope.original_max_len=16"]
                       for s in ("linear", "ntk", "yarn")}
     short = [_pe(e, e, "none") for e in ("sinusoidal", "learnable")] + [_pe(e, "none", e) for e in ("alibi", "t5")]
@@ -122,13 +126,17 @@ def presets() -> dict[str, Preset]:
     # al. 2023). Joined the presets after the extrapolation study was pre-registered: exploratory there.
     decoder_nope = Variant("decoder-nope", ["model.input_pe=none", "model.attention_pe=rope",
                                             "model.decoder_pe.attention=none"])
+    # An encoding for decoder self-attention only (CoPE) is studied as decoder-nope is, with RoPE in the encoder:
+    # the two differ in the decoder's encoding alone.
+    decoder_own = [Variant(f"decoder-{e}", ["model.input_pe=none", "model.attention_pe=rope",
+                                            f"model.decoder_pe.attention={e}"]) for e in decoder_only]
     return {
         "seed-table": Preset("configs/bench_small.yaml", [_pe("sinusoidal", "sinusoidal", "none"),
                                                           _pe("learnable", "learnable", "none"),
                                                           _pe("rope", "none", "rope")], "sinusoidal"),
         "all-encodings": Preset("configs/bench_small.yaml", [_pe("none", "none", "none")]
                                 + [_pe(e, e, "none") for e in inputs] + [_pe(e, "none", e) for e in attentions]
-                                + [decoder_nope], "sinusoidal"),
+                                + [decoder_nope, *decoder_own], "sinusoidal"),
         # Precision and CPU threads are part of the design (fp32 and one thread per run on every machine: a
         # thread count can change floating-point results); periodic checkpoints are resume points only.
         "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope, decoder_nope], "sinusoidal",

@@ -1,9 +1,9 @@
 """Multi-head attention with a fused fast path and an explicit path that returns the weights.
 
 Fast path: ``F.scaled_dot_product_attention`` with a boolean mask, or a float mask when an
-attention-level encoding adds biases. Explicit path: softmax(q k^T / sqrt(d) + mask) v, used when
-weights are requested (visualisation) or an encoding adds a term to the values. Tests hold the two
-equal.
+attention-level encoding adds biases (``bias``, and ``logits_bias`` from q and k). Explicit path:
+softmax(q k^T / sqrt(d) + mask) v, used when weights are requested (visualisation) or an encoding adds a
+term to the values. Tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -125,7 +125,12 @@ class MultiHeadAttention(nn.Module):
                 causal = False  # one new query after the cached keys: nothing to mask (SDPA runs mask-free)
 
         mask = build_mask(key_mask, q_pos, k_pos, causal)
-        bias = None if self.pe is None else self.pe.bias(q_pos, k_pos, q)
+        bias = None
+        if self.pe is not None:
+            bias = self.pe.bias(q_pos, k_pos, q)
+            from_keys = self.pe.logits_bias(q, k, q_pos, k_pos, mask)
+            if from_keys is not None:
+                bias = from_keys if bias is None else bias + from_keys
         explicit = need_weights or (self.pe is not None and self.pe.needs_explicit)
         if bias is not None:
             float_mask = bias.to(q.dtype)

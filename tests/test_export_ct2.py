@@ -62,6 +62,8 @@ def test_every_encoding_exports_exactly(model_cfg: dict, tmp_path: Path) -> None
     # FIRE: an MLP bias normalised by the query position, no table of j - i
     ({"input_pe": "none", "attention_pe": "fire"}, "^model.attention_pe=fire: CTranslate2 has no equivalent of this "
                                                    "encoding$"),
+    ({"input_pe": "none", "attention_pe": "rope", "decoder_pe": {"attention": "cope"}},
+     r"^model.decoder_pe.attention=cope: CTranslate2 has no equivalent of this encoding$"),
 ])
 def test_what_ctranslate2_cannot_compute_is_refused_in_one_line(model_cfg: dict, message: str) -> None:
     with pytest.raises(ExportError, match=message) as err:

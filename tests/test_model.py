@@ -25,9 +25,26 @@ def small_cfg(**kw) -> ModelConfig:
     return ModelConfig(**{**base, **kw})
 
 
+def causal_only(attention_pe: str) -> bool:
+    cls = REGISTRY["attention"][attention_pe]
+    return cls is not None and cls.causal_only
+
+
+def placed(attention_pe: str) -> dict:
+    """Where the registry-wide tests put an attention-level encoding: both stacks (``model.attention_pe``), or, for
+    one defined for causal self-attention only (CoPE), decoder self-attention alone (``model.decoder_pe.attention``)."""
+    if causal_only(attention_pe):
+        return {"attention_pe": "none", "decoder_pe": {"attention": attention_pe}}
+    return {"attention_pe": attention_pe}
+
+
 def make_model(input_pe: str = "sinusoidal", attention_pe: str = "none", seed: int = 0, **kw) -> Seq2SeqTransformer:
     torch.manual_seed(seed)
-    return Seq2SeqTransformer(small_cfg(input_pe=input_pe, attention_pe=attention_pe, **kw), 40, PAD).eval()
+    model = Seq2SeqTransformer(small_cfg(input_pe=input_pe, **placed(attention_pe), **kw), 40, PAD).eval()
+    for name, p in model.named_parameters():  # a table that starts at zeros (CoPE's E, as in its reference) would
+        if ".pe." in name and p.abs().max() == 0:  # make its encoding a no-op here: draw it instead
+            torch.nn.init.normal_(p)
+    return model
 
 
 def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +121,7 @@ def test_encoder_without_positions_is_permutation_equivariant() -> None:
 
 
 ORDER_AWARE = [(name, "none") for name in INPUT if name != "none"]
-ORDER_AWARE += [("none", name) for name in ATTENTION if name != "none"]
+ORDER_AWARE += [("none", name) for name in ATTENTION if name != "none" and not causal_only(name)]
 
 
 @pytest.mark.parametrize("input_pe,attention_pe", ORDER_AWARE)
@@ -119,6 +136,21 @@ def test_position_aware_encoders_are_not_permutation_equivariant(input_pe: str, 
     out, _ = model.encode(src)
     out_perm, _ = model.encode(src[:, perm])
     assert (out_perm - out[:, perm]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("attention_pe", ["none", *(name for name in ATTENTION if causal_only(name))])
+def test_causal_only_encodings_make_the_decoder_order_aware(attention_pe: str) -> None:
+    """With one decoder layer and no input encoding, the last target position sees the earlier ones as a set
+    (NoPE: permuting them leaves its logits unchanged); a causal-only encoding in the decoder (CoPE) changes them."""
+    model = make_model("none", attention_pe, decoder_layers=1)
+    src, tgt = batch()
+    perm = torch.tensor([3, 0, 5, 1, 4, 2, 6])  # the last token stays last
+    last = model(src, tgt)[:, -1]
+    last_perm = model(src, tgt[:, perm])[:, -1]
+    if attention_pe == "none":
+        torch.testing.assert_close(last_perm, last, atol=1e-5, rtol=1e-5)
+    else:
+        assert (last_perm - last).abs().max() > 1e-3
 
 
 def test_symmetric_alibi_encoder_cannot_tell_a_sentence_from_its_reverse() -> None:

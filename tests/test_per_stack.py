@@ -72,6 +72,18 @@ def test_stack_keys_are_validated_in_one_line(monkeypatch: pytest.MonkeyPatch) -
     assert ok.pe("encoder", "attention") == "none" and ok.pe("decoder", "attention") == "causal"
 
 
+@pytest.mark.parametrize("key,where", [("model.attention_pe", "the encoder"),
+                                       ("model.encoder_pe.attention", "the encoder"),
+                                       ("model.cross_attention_pe", "cross-attention")])
+def test_cope_is_refused_outside_decoder_self_attention_in_one_line(key: str, where: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, [f"{key}=cope"])
+    assert str(err.value) == (f"{key}=cope puts it in {where}, but it is defined for causal (decoder) self-attention "
+                              "only: set model.decoder_pe.attention=cope")
+    m = load_config(DEMO, ["model.decoder_pe.attention=cope", "model.cope.npos_max=8"]).model
+    assert m.encodings()["decoder self-attention"] == "cope" and m.cope.npos_max == 8
+
+
 def test_a_set_for_an_encoding_no_stack_uses_is_said(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="config"):
         load_config(DEMO, [*NOPE, "model.t5.num_buckets=16", "model.rope.theta=500"])
@@ -119,6 +131,27 @@ def test_a_per_stack_model_trains_names_itself_translates_and_exports(tmp_path: 
     out = export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, tmp_path / "ct2")
     theirs = [n[0].text for n in CT2Model(out).translate(sources, run.cfg.decode.model_copy(update={"beam": 1}))]
     assert theirs == ours
+
+
+ROPE_COPE = ["model.input_pe=none", "model.encoder_pe.attention=rope", "model.decoder_pe.attention=cope"]
+
+
+def test_a_rope_encoder_cope_decoder_model_trains_and_translates(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The tiny proof: RoPE in the encoder, CoPE in the decoder, a few steps, then greedy and beam translations."""
+    from models.positional.cope import CopePE
+    from utils.translation.translate import translate
+
+    with caplog.at_level("INFO"):
+        run = _train(tmp_path, ROPE_COPE)
+    assert "positions: encoder rope, decoder cope" in caplog.text
+    assert all(isinstance(layer.self_attn.pe, CopePE) and layer.cross_attn.pe is None for layer in run.model.decoder)
+    assert all(isinstance(layer.self_attn.pe, RotaryPE) for layer in run.model.encoder)
+    assert run.model.decoder[0].self_attn.pe.pos_embed.abs().max() > 0  # trained away from its zeros
+    sources = ["Le chat dort.", "Il fait beau aujourd'hui."]
+    for beam in (1, 2):
+        out = translate(run.model, run.tokenizer, sources, run.cfg.decode.model_copy(update={"beam": beam}))
+        assert len(out) == 2 and all(len(n) >= 1 and isinstance(n[0].text, str) for n in out)
 
 
 def test_export_refusals_name_the_stack_key() -> None:

@@ -1,4 +1,4 @@
-"""Attention-level encodings ALiBi, T5 bias, Shaw et al., KERPLE, Sandwich and FIRE: the maths, against
+"""Attention-level encodings ALiBi, T5 bias, Shaw et al., KERPLE, Sandwich, FIRE and CoPE: the maths, against
 hand-computed values."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from models.attention import MultiHeadAttention
+from models.attention import MultiHeadAttention, build_mask
 from models.positional import build_attention_pe
 from models.positional.alibi import ALiBiPE, alibi_slopes
+from models.positional.cope import CopeConfig, CopePE
 from models.positional.fire import FireConfig, FirePE
 from models.positional.kerple import EPS, KerpleLogPE, KerplePowerPE
 from models.positional.sandwich import SandwichConfig, SandwichPE
@@ -392,3 +393,122 @@ def test_gradient_reaches_the_tables(name: str) -> None:
     tables = dict(attn.pe.named_parameters())
     assert list(tables) == LEARNED[name]
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in tables.values())
+
+
+# CoPE ----------------------------------------------------------------------------------------------------------------
+
+
+def cope(npos_max: int = 64, **kw) -> CopePE:
+    """A CoPE layer whose table E is drawn N(0, 1) (it starts at zeros, as in the reference)."""
+    pe = CopePE(cfg(decoder_pe={"attention": "cope"}, cope=CopeConfig(npos_max=npos_max), **kw), "decoder")
+    with torch.no_grad():
+        pe.pos_embed.normal_(generator=torch.Generator().manual_seed(3))
+    return pe
+
+
+def cope_reference_logits(pe: CopePE, q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    """The paper's equations, one (b, h, i, j) at a time, with the module's table E and the reference's 1/sqrt(Dh):
+    g_it = sigmoid(q_i.k_t / sqrt(Dh)) for the keys t <= i that are not padding, p_ij = min(sum_{t=j..i} g_it,
+    npos_max - 1), e(p) = (p - floor p) E[ceil p] + (1 - p + floor p) E[floor p], term q_i.e(p_ij) / sqrt(Dh);
+    NaN where key j is not attended (after i, or padding)."""
+    b_n, h_n, t_q, dh = q.shape
+    e = pe.pos_embed.detach().double()
+    out = torch.full((b_n, h_n, t_q, k.shape[2]), float("nan"), dtype=torch.float64)
+    for b in range(b_n):
+        for h in range(h_n):
+            for i in range(t_q):
+                qi = q[b, h, i].double()
+                for j in range(i + 1):
+                    if not key_mask[b, j]:
+                        continue
+                    p = sum(torch.sigmoid(qi @ k[b, h, t].double() / math.sqrt(dh)) for t in range(j, i + 1)
+                            if key_mask[b, t])
+                    p = min(float(p), pe.npos_max - 1)
+                    lo, hi = math.floor(p), math.ceil(p)
+                    e_p = (p - lo) * e[hi] + (1 - p + lo) * e[lo]
+                    out[b, h, i, j] = qi @ e_p / math.sqrt(dh)
+    return out
+
+
+@pytest.mark.parametrize("npos_max", [64, 4])  # 4: most positions clipped to E[3]
+def test_cope_term_equals_the_papers_equations_on_a_padded_batch(npos_max: int) -> None:
+    pe = cope(npos_max)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 9, 8, generator=g), torch.randn(2, 4, 9, 8, generator=g)
+    key_mask = torch.ones(2, 9, dtype=torch.bool)
+    key_mask[1, 6:] = False  # a padded sentence: its padding queries must not count the padding keys either
+    pos = torch.arange(9)
+    mask = build_mask(key_mask, pos, pos, causal=True)
+    ours = pe.logits_bias(q, k, pos, pos, mask)
+    assert ours.shape == (2, 4, 9, 9) and ours.dtype == torch.float32
+    expected = cope_reference_logits(pe, q, k, key_mask)
+    attended = ~expected.isnan()
+    assert attended.sum() == 4 * (45 + 21 + 3 * 6)  # 4 heads; row 1's padding queries still attend its 6 real keys
+    torch.testing.assert_close(ours.double()[attended], expected[attended], atol=1e-5, rtol=1e-5)
+    positions = pe.contextual_positions(q, k, pos, pos, mask)
+    assert positions.max() <= npos_max - 1 and (positions.max() == npos_max - 1) == (npos_max == 4)
+    assert positions[~mask.expand_as(positions)].abs().max() == 0  # masked keys have no position (not counted)
+
+
+def test_cope_with_every_gate_open_is_a_relative_position_embedding() -> None:
+    """q.k >> 0 everywhere: every gate is 1, p_ij = i - j + 1 (tokens counted from j to i), and the term is
+    q_i.E[i - j + 1] / sqrt(Dh); with every gate shut (q.k << 0), p_ij = 0 and it is q_i.E[0] / sqrt(Dh)."""
+    pe = cope()
+    u = torch.randn(8)
+    q = (20 * u / u.norm()).expand(1, 4, 6, 8)
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    lower = (j <= i).expand(1, 4, 6, 6)
+    pos = torch.arange(6)
+    for sign, p in ((1, i - j + 1), (-1, torch.zeros(6, 6, dtype=torch.long))):
+        positions = pe.contextual_positions(q, sign * q, pos, pos, None)
+        torch.testing.assert_close(positions[lower], p.float().expand(1, 4, 6, 6)[lower])
+        expected = (q[0, 0, 0] @ pe.pos_embed[p].transpose(-1, -2)).detach() / math.sqrt(8)  # [6, 6]
+        torch.testing.assert_close(pe.logits_bias(q, sign * q, pos, pos, None)[lower],
+                                   expected.expand(1, 4, 6, 6)[lower])
+
+
+def test_cope_in_a_cached_step_counts_over_the_cached_keys() -> None:
+    """One new query at position t against keys 0..t (the step's mask has no causal part) gives row t of the
+    full sequence's term, however many keys after t the full sequence has."""
+    pe = cope()
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 4, 7, 8, generator=g), torch.randn(2, 4, 7, 8, generator=g)
+    pos = torch.arange(7)
+    full = pe.logits_bias(q, k, pos, pos, build_mask(None, pos, pos, causal=True))
+    for t in range(7):
+        step = pe.logits_bias(q[:, :, t : t + 1], k[:, :, : t + 1], pos[t : t + 1], pos[: t + 1], None)
+        torch.testing.assert_close(step, full[:, :, t : t + 1, : t + 1])
+
+
+def test_cope_fused_attention_equals_explicit_with_padding() -> None:
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(cfg(decoder_pe={"attention": "cope"}), "decoder").eval()
+    assert isinstance(attn.pe, CopePE) and not attn.pe.needs_explicit
+    torch.nn.init.normal_(attn.pe.pos_embed)
+    x = torch.randn(2, 6, 32)
+    key_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    fused, none = attn(x, key_mask=key_mask, causal=True, q_pos=torch.arange(6))
+    explicit, weights = attn(x, key_mask=key_mask, causal=True, q_pos=torch.arange(6), need_weights=True)
+    assert none is None and weights is not None
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    assert weights.triu(1).abs().max() == 0 and weights[1, :, :, 4:].abs().max() == 0
+    with torch.no_grad():
+        attn.pe.pos_embed.zero_()  # E = 0: no CoPE term, the plain causal layer
+    assert (attn(x, key_mask=key_mask, causal=True, q_pos=torch.arange(6))[0] - fused).abs().max() > 1e-4
+
+
+def test_cope_gradient_reaches_the_table_and_the_gates() -> None:
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(cfg(decoder_pe={"attention": "cope"}), "decoder")
+    assert attn.pe.pos_embed.abs().max() == 0  # zeros at first, as in the reference ...
+    x = torch.randn(2, 5, 32)
+    attn(x, causal=True, q_pos=torch.arange(5))[0].square().sum().backward()
+    grad = attn.pe.pos_embed.grad
+    assert grad is not None and grad.abs().sum() > 0  # ... and still learned
+    assert sum(p.numel() for p in attn.pe.parameters()) == 64 * 8  # npos_max x Dh per layer, shared by heads
+    pe = cope()  # the gates: the term depends on k through them (only through them)
+    q = torch.randn(1, 4, 5, 8)
+    k = torch.randn(1, 4, 5, 8, requires_grad=True)
+    pos = torch.arange(5)
+    (dk,) = torch.autograd.grad(pe.logits_bias(q, k, pos, pos, None).sum(), k)
+    assert dk.abs().sum() > 0

@@ -12,7 +12,8 @@ import torch
 from conftest import ROOT, make_tiny_config
 from matplotlib.image import imread
 
-from models.positional import names
+from models.config import StackPE
+from models.positional import REGISTRY, names
 from models.transformer import Seq2SeqTransformer
 from utils.config import from_dict
 from utils.figures import plots
@@ -36,6 +37,9 @@ FAMILIES: dict[str, tuple[list[str], set[str]]] = {
     "shaw": (["model.input_pe=none", "model.attention_pe=shaw", "model.shaw.values=true"],
              {"position/shaw/encoder", "position/shaw/decoder"}),
     "fire": (["model.input_pe=none", "model.attention_pe=fire"], {"position/bias/encoder", "position/bias/decoder"}),
+    "cope": (["model.input_pe=none", "model.attention_pe=rope", "model.decoder_pe.attention=cope"],
+             {"position/decay", "position/rope_scaling", "position/cope/table/decoder",
+              "position/cope/positions/decoder", "position/cope/bias/decoder"}),
 }
 
 
@@ -91,7 +95,7 @@ def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], fam
     assert ("target (teacher-forced): The cat sleeps." if family == "rope" else "greedy: ") in res.stdout
     assert "source tokens: " in res.stdout and "target tokens: <s>" in res.stdout
     assert f"wrote {len(expected)} PNG files to {out}" in res.stdout
-    if family in ("rope", "alibi", "t5", "shaw", "fire"):
+    if family in ("rope", "alibi", "t5", "shaw", "fire", "cope"):
         assert "note: input_pe=none: no input positional encoding to plot" in res.stdout
     pngs = {p.name for p in out.glob("*.png")}
     assert pngs == {tag_filename(tag) for tag in expected}
@@ -139,6 +143,9 @@ def test_position_figures_for_every_registered_encoding(level: str, name: str, t
     model_cfg = make_tiny_config(tmp_path).model
     if level == "input":
         model_cfg = model_cfg.model_copy(update=dict(input_pe=name, attention_pe="none"))
+    elif REGISTRY["attention"][name] is not None and REGISTRY["attention"][name].causal_only:  # CoPE: decoder only
+        model_cfg = model_cfg.model_copy(update=dict(input_pe="none", attention_pe="none",
+                                                     decoder_pe=StackPE(attention=name)))
     else:
         model_cfg = model_cfg.model_copy(update=dict(input_pe="none", attention_pe=name, cross_attention_pe=name))
     model = Seq2SeqTransformer(model_cfg, 100, 0)
@@ -152,10 +159,37 @@ def test_position_figures_for_every_registered_encoding(level: str, name: str, t
         return
     assert figs, f"{level}_pe={name} produced no figure"
     if level == "attention" and name != "rope":
-        assert {tag.rsplit("/", 1)[1] for tag in figs} == {"encoder", "decoder", "cross"}
+        kinds = {"decoder"} if model_cfg.attention_pe == "none" else {"encoder", "decoder", "cross"}
+        assert {tag.rsplit("/", 1)[1] for tag in figs} == kinds
     paths = write_figures(figs, tmp_path / "png", dpi=40)
     assert [p.name for p in paths] == [tag_filename(tag) for tag in figs]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_cope_figures_are_its_table_and_its_positions_and_term_for_random_q_k() -> None:
+    """CoPE's term depends on q and k: its grids use random q, k (seed 0, said in the title), the same every call."""
+    from models.positional.cope import CopePE
+
+    cfg = make_tiny_config(Path("unused")).model.model_copy(update=dict(
+        input_pe="none", attention_pe="none", decoder_pe=StackPE(attention="cope")))
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(cfg, 100, 0)
+    pe = model.decoder[0].self_attn.pe
+    assert isinstance(pe, CopePE)
+    torch.nn.init.normal_(pe.pos_embed)
+    specs = {spec.tag: spec for spec in pe.plots("cope, decoder self-attention, layer 0", 10)}
+    table, positions, bias = (specs[f"position/cope/{what}/decoder"] for what in ("table", "positions", "bias"))
+    assert table.draw == "pe_heatmap" and table.args[0].shape == (cfg.cope.npos_max, cfg.d_model // cfg.n_heads)
+    p = positions.args[0]
+    assert positions.draw == bias.draw == "bias_grid" and p.shape == bias.args[0].shape == (cfg.n_heads, 10, 10)
+    assert "random q, k" in positions.args[1] and "random q, k" in bias.args[1]
+    lower = torch.ones(10, 10, dtype=torch.bool).tril()
+    assert p[:, lower].min() > 0 and p[:, ~lower].abs().max() == 0
+    assert (p[:, torch.arange(10), torch.arange(10)] < 1).all()  # a key counts itself with one gate below 1
+    assert (p[:, :, :-1] >= p[:, :, 1:]).all()  # fewer keys counted the closer j is to i
+    torch.testing.assert_close(pe.plots("x", 10)[2].args[0], bias.args[0])  # the same q, k every call
+    figs, notes = position_figures(model, cfg, length=24, bias_length=10)
+    assert {"position/cope/table/decoder", "position/cope/positions/decoder", "position/cope/bias/decoder"} <= set(figs)
 
 
 def test_classical_mds_recovers_planar_points() -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from models.positional.absolute import LearnableLNPE, LearnablePE, PositionLimitError, SinusoidalPE
 from models.positional.alibi import ALiBiPE
 from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
+from models.positional.cope import CopePE
 from models.positional.fire import FirePE
 from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.kerple import KerpleLogPE, KerplePowerPE
@@ -48,6 +49,7 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "kerple_power": KerplePowerPE,
         "sandwich": SandwichPE,
         "fire": FirePE,
+        "cope": CopePE,
     },
 }
 

@@ -1,10 +1,12 @@
-"""The positional-encoding interface: one registry, two levels, four hooks.
+"""The positional-encoding interface: one registry, two levels, five hooks.
 
 An *input-level* encoding acts once, on the scaled token embeddings (hook ``embed``). An
-*attention-level* encoding acts inside every attention layer it applies to, through up to three
+*attention-level* encoding acts inside every attention layer it applies to, through up to four
 hooks: ``rotate`` (transform q and k, e.g. RoPE), ``bias`` (additive scores given to
-``scaled_dot_product_attention`` as a float mask, e.g. ALiBi/T5) and ``values`` (an extra term added
-to the attention output, which needs the explicit attention path, e.g. Shaw et al.'s a_V).
+``scaled_dot_product_attention`` as a float mask, e.g. ALiBi/T5), ``logits_bias`` (additive scores too, in the
+same float mask, computed from q *and* k, the positions and the attention mask, e.g. CoPE's gates on q.k) and
+``values`` (an extra term added to the attention output, which needs the explicit attention path, e.g. Shaw et
+al.'s a_V).
 
 Positions are explicit ``LongTensor [T]`` (shared by the batch: padding is on the right), so a
 KV-cached decoding step passes its true offset and the same code serves training and inference.
@@ -198,6 +200,19 @@ class AttentionPE(nn.Module):
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor | None:
         """Additive scores ``[1 or B, H, Tq, Tk]`` (added before softmax), or None."""
+        return None
+
+    def logits_bias(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Additive scores ``[B, H, Tq, Tk]`` that need the keys (added before softmax, with ``bias``), or None.
+
+        q ``[B, H, Tq, Dh]`` and k ``[B, H, Tk, Dh]`` after ``rotate``; in a cached decoding step k holds every
+        cached key and q the one new query. ``mask`` is the boolean mask the scores get (True = may attend,
+        broadcastable to ``[B, H, Tq, Tk]``, padding keys False) or None; it leaves out the causal part where that
+        masks nothing (a cached step's query after all its keys), so compare ``q_pos`` and ``k_pos`` for order.
+        Where ``mask`` is False the score becomes -inf whatever is returned. None by default.
+        """
         return None
 
     def values(self, attn: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
