@@ -21,6 +21,7 @@ from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.rotary import RotaryPE
 from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE
+from models.positional.xpos import XposPE
 
 if TYPE_CHECKING:  # models.config builds ModelConfig from this registry
     from models.config import ModelConfig, Stack
@@ -41,6 +42,7 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "alibi": ALiBiPE,
         "t5": T5BiasPE,
         "shaw": ShawPE,
+        "xpos": XposPE,
     },
 }
 
