@@ -12,7 +12,8 @@ import torch
 from conftest import ROOT, make_tiny_config
 from matplotlib.image import imread
 
-from models.positional import names
+from models.config import StackPE
+from models.positional import REGISTRY, names
 from models.transformer import Seq2SeqTransformer
 from utils.config import from_dict
 from utils.figures import plots
@@ -35,6 +36,9 @@ FAMILIES: dict[str, tuple[list[str], set[str]]] = {
     "t5": (["model.input_pe=none", "model.attention_pe=t5"], {"position/bias/encoder", "position/bias/decoder"}),
     "shaw": (["model.input_pe=none", "model.attention_pe=shaw", "model.shaw.values=true"],
              {"position/shaw/encoder", "position/shaw/decoder"}),
+    # causal-only: in the decoder, RoPE in the encoder; position/decay draws both scores and xPos's zeta^(k/B)
+    "xpos": (["model.input_pe=none", "model.encoder_pe.attention=rope", "model.decoder_pe.attention=xpos"],
+             {"position/decay", "position/rope_scaling"}),
 }
 
 
@@ -90,7 +94,7 @@ def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], fam
     assert ("target (teacher-forced): The cat sleeps." if family == "rope" else "greedy: ") in res.stdout
     assert "source tokens: " in res.stdout and "target tokens: <s>" in res.stdout
     assert f"wrote {len(expected)} PNG files to {out}" in res.stdout
-    if family in ("rope", "alibi", "t5", "shaw"):
+    if family in ("rope", "alibi", "t5", "shaw", "xpos"):
         assert "note: input_pe=none: no input positional encoding to plot" in res.stdout
     pngs = {p.name for p in out.glob("*.png")}
     assert pngs == {tag_filename(tag) for tag in expected}
@@ -138,6 +142,9 @@ def test_position_figures_for_every_registered_encoding(level: str, name: str, t
     model_cfg = make_tiny_config(tmp_path).model
     if level == "input":
         model_cfg = model_cfg.model_copy(update=dict(input_pe=name, attention_pe="none"))
+    elif REGISTRY["attention"][name] is not None and REGISTRY["attention"][name].causal_only:  # decoder self only
+        model_cfg = model_cfg.model_copy(update=dict(input_pe="none", attention_pe="none", cross_attention_pe="none",
+                                                     decoder_pe=StackPE(attention=name)))
     else:
         model_cfg = model_cfg.model_copy(update=dict(input_pe="none", attention_pe=name, cross_attention_pe=name))
     model = Seq2SeqTransformer(model_cfg, 100, 0)
@@ -150,7 +157,11 @@ def test_position_figures_for_every_registered_encoding(level: str, name: str, t
         assert all("\n" not in note for note in notes)
         return
     assert figs, f"{level}_pe={name} produced no figure"
-    if level == "attention" and name != "rope":
+    if name == "xpos":
+        assert set(figs) == {"position/decay"}
+        assert "model.attention_pe=none: no attention-level positional encoding in encoder self-attention" in notes
+        assert not any("nothing to plot" in note for note in notes), notes
+    elif level == "attention" and name != "rope":
         assert {tag.rsplit("/", 1)[1] for tag in figs} == {"encoder", "decoder", "cross"}
     paths = write_figures(figs, tmp_path / "png", dpi=40)
     assert [p.name for p in paths] == [tag_filename(tag) for tag in figs]
