@@ -93,9 +93,13 @@ LENGTH_SHIFTED = [f"test.{name}{f'.x{k}' if k > 1 else ''}" for name in ("tatoeb
 
 
 def _encodings() -> tuple[list[str], list[str]]:
-    from models.positional import names
+    """Input- and attention-level encodings that both stacks can hold (``all-encodings`` puts each in both): a
+    causal-only one (xPos) has no encoder form and is left out; ``--grid model.decoder_pe.attention=...`` compares
+    it."""
+    from models.positional import REGISTRY, names
 
-    return [n for n in names("input") if n != "none"], [n for n in names("attention") if n != "none"]
+    both = [n for n in names("attention") if n != "none" and not REGISTRY["attention"][n].causal_only]
+    return [n for n in names("input") if n != "none"], both
 
 
 def _pe(label: str, input_pe: str, attention_pe: str) -> Variant:
