@@ -57,6 +57,8 @@ def test_every_encoding_exports_exactly(model_cfg: dict, tmp_path: Path) -> None
     ({"input_pe": "sinusoidal", "attention_pe": "rope"}, "drops the position table"),
     ({"input_pe": "none", "attention_pe": "none", "cross_attention_pe": "alibi"}, "cross-attention has no"),
     ({"input_pe": "none", "attention_pe": "rope", "rope": {"scaling": "yarn", "factor": 2.0}}, "no YaRN"),
+    ({"input_pe": "none", "decoder_pe": {"attention": "xpos"}}, r"^model.decoder_pe.attention=xpos: CTranslate2's "
+                                                                r"rotary embedding has no xPos scale"),
 ])
 def test_what_ctranslate2_cannot_compute_is_refused_in_one_line(model_cfg: dict, message: str) -> None:
     with pytest.raises(ExportError, match=message) as err:
