@@ -7,16 +7,16 @@ RoPE (``rotary.py``) whose rotation is also scaled, per pair of dimensions i = 0
     k~_m     = zeta^(-m / B) * R_m k
     q~_n . k~_m = sum_i zeta_i^((n - m) / B) * [pair i of q . pair i of k, rotated by (n - m) theta_i]
 
-where R_n is RoPE's rotation of pair i by n * theta_i, theta_i = theta^(-2i/d) (``model.xpos.theta``). The
-paper writes the exponent n/gamma with its scale base as the divisor; here B and gamma are kept apart, as in the
-reference code. Each pair's RoPE score is multiplied by zeta_i^((n - m)/B) <= 1: a decay with the distance
-n - m >= 0, fastest for the high-frequency pairs (small i). For m > n the factor grows without bound, so xPos is
-defined for causal attention only: ``causal_only`` makes validation refuse it in the encoder and in
-cross-attention in one line (``model.decoder_pe.attention=xpos`` puts it in decoder self-attention).
+where R_n is RoPE's rotation of pair i by n * theta_i, theta_i = theta^(-2i/d) (``model.xpos.theta``), and B is
+the reference code's ``scale_base`` (a setting of its own, apart from gamma). Each pair's RoPE score is multiplied
+by zeta_i^((n - m)/B) <= 1: a decay with the distance n - m >= 0, fastest for the high-frequency pairs (small i).
+For m > n the factor grows without bound, so xPos is defined for causal attention only: ``causal_only`` makes
+validation refuse it in the encoder and in cross-attention in one line (``model.decoder_pe.attention=xpos`` puts
+it in decoder self-attention).
 
 Reference followed: microsoft/torchscale, ``torchscale/component/xpos_relative_position.py`` (class ``XPOS``,
 ``scale_base=512``; its buffer ``scale = (arange(0, d, 2) + 0.4 d) / (1.4 d)`` is zeta above), as its
-``MultiheadAttention`` calls it: keys with ``downscale=True`` (zeta^-m/B), queries with zeta^(+n/B). Two
+``MultiheadAttention`` calls it: keys with ``downscale=True`` (zeta^(-m/B)), queries without (zeta^(n/B)). Two
 differences, neither changing a score (tests/test_xpos.py holds them to a transcription of that arithmetic):
 
 - Layout. torchscale rotates interleaved pairs (2i, 2i + 1) (``rotate_every_two``, ``duplicate_interleave``);
