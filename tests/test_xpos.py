@@ -256,7 +256,7 @@ def test_train_and_translate_through_the_command_line(tmp_path: Path) -> None:
     tiny = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.encoder_layers=1",
             "model.decoder_layers=1", "tokenizer.vocab_size=400", "train.max_steps=4", "train.eval_every=4",
             "train.valid_bleu_sentences=2", "decode.max_len_a=0", "decode.max_len_b=8", "train.log_attention_every=0",
-            f"data.cache_dir={tmp_path / 'cache'}"]
+            "train.num_threads=1", f"data.cache_dir={tmp_path / 'cache'}"]
     sets = [arg for item in [*XPOS, *tiny] for arg in ("--set", item)]
     res = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml", "--runs", str(tmp_path / "runs"),
                           *sets], cwd=ROOT, capture_output=True, text=True, timeout=300)
