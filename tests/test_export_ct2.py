@@ -64,6 +64,8 @@ def test_every_encoding_exports_exactly(model_cfg: dict, tmp_path: Path) -> None
                                                    "encoding$"),
     ({"input_pe": "none", "attention_pe": "rope", "decoder_pe": {"attention": "cope"}},
      r"^model.decoder_pe.attention=cope: CTranslate2 has no equivalent of this encoding$"),
+    ({"input_pe": "none", "decoder_pe": {"attention": "xpos"}}, r"^model.decoder_pe.attention=xpos: CTranslate2's "
+                                                                r"rotary embedding has no xPos scale"),
 ])
 def test_what_ctranslate2_cannot_compute_is_refused_in_one_line(model_cfg: dict, message: str) -> None:
     with pytest.raises(ExportError, match=message) as err:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from models.attention import MultiHeadAttention, build_mask
+from models.config import StackPE
 from models.positional import REGISTRY, PositionLimitError, build_input_pe
 from models.positional.absolute import sinusoid_table
 from models.positional.fire import FireConfig
@@ -17,25 +18,30 @@ from utils.config import ModelConfig, RopeConfig
 
 INPUT = list(REGISTRY["input"])
 ATTENTION = list(REGISTRY["attention"])
+#: Attention encodings the encoder can hold (a causal-only one, e.g. xPos, is tested in the decoder).
+BIDIRECTIONAL = [name for name, cls in REGISTRY["attention"].items() if cls is None or not cls.causal_only]
 PAD = 0
+
+
+def placed(attention_pe: str) -> dict:
+    """The config keys that put ``attention_pe`` where it is defined: both stacks' self-attention through the
+    shorthand, or for a causal-only encoding decoder self-attention alone (``model.decoder_pe.attention``)."""
+    cls = REGISTRY["attention"][attention_pe]
+    if cls is not None and cls.causal_only:
+        return dict(attention_pe="none", decoder_pe=StackPE(attention=attention_pe))
+    return dict(attention_pe=attention_pe)
 
 
 def small_cfg(**kw) -> ModelConfig:
     base = dict(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0, max_positions=64)
+    if "attention_pe" in kw:
+        kw = {**kw, **placed(kw["attention_pe"])}
     return ModelConfig(**{**base, **kw})
 
 
 def causal_only(attention_pe: str) -> bool:
     cls = REGISTRY["attention"][attention_pe]
     return cls is not None and cls.causal_only
-
-
-def placed(attention_pe: str) -> dict:
-    """Where the registry-wide tests put an attention-level encoding: both stacks (``model.attention_pe``), or, for
-    one defined for causal self-attention only (CoPE), decoder self-attention alone (``model.decoder_pe.attention``)."""
-    if causal_only(attention_pe):
-        return {"attention_pe": "none", "decoder_pe": {"attention": attention_pe}}
-    return {"attention_pe": attention_pe}
 
 
 def make_model(input_pe: str = "sinusoidal", attention_pe: str = "none", seed: int = 0, **kw) -> Seq2SeqTransformer:
@@ -138,19 +144,25 @@ def test_position_aware_encoders_are_not_permutation_equivariant(input_pe: str, 
     assert (out_perm - out[:, perm]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("attention_pe", ["none", *(name for name in ATTENTION if causal_only(name))])
-def test_causal_only_encodings_make_the_decoder_order_aware(attention_pe: str) -> None:
-    """With one decoder layer and no input encoding, the last target position sees the earlier ones as a set
-    (NoPE: permuting them leaves its logits unchanged); a causal-only encoding in the decoder (CoPE) changes them."""
+@pytest.mark.parametrize("attention_pe", ATTENTION)
+def test_decoder_self_attention_encodings_make_the_last_token_depend_on_the_order_before_it(attention_pe: str) -> None:
+    """One decoder layer, no input encoding: without an attention encoding the last position attends to a *set* of
+    earlier tokens (its output is invariant to permuting them); every attention encoding, in the decoder where it is
+    defined (xPos there only), makes it depend on their order."""
     model = make_model("none", attention_pe, decoder_layers=1)
+    for name, p in model.named_parameters():  # fresh learned tables/biases are tiny: make positions distinct
+        if ".pe." in name:
+            torch.nn.init.normal_(p, std=1.0)
     src, tgt = batch()
-    perm = torch.tensor([3, 0, 5, 1, 4, 2, 6])  # the last token stays last
-    last = model(src, tgt)[:, -1]
-    last_perm = model(src, tgt[:, perm])[:, -1]
+    perm = torch.tensor([3, 0, 6, 1, 2, 5, 4])  # the first 7 target tokens, shuffled; the 8th stays last
+    tgt = torch.cat((tgt, tgt[:, :1]), dim=1)
+    with torch.no_grad():
+        last = model(src, tgt)[:, -1]
+        shuffled = model(src, torch.cat((tgt[:, :-1][:, perm], tgt[:, -1:]), dim=1))[:, -1]
     if attention_pe == "none":
-        torch.testing.assert_close(last_perm, last, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(shuffled, last, atol=1e-5, rtol=1e-5)
     else:
-        assert (last_perm - last).abs().max() > 1e-3
+        assert (shuffled - last).abs().max() > 1e-3
 
 
 def test_symmetric_alibi_encoder_cannot_tell_a_sentence_from_its_reverse() -> None:

@@ -38,8 +38,8 @@ def test_every_preset_variant_is_a_valid_config() -> None:
     # none + 6 input-level + 8 attention-level + decoder-nope + decoder-<causal-only>: the registry's, so the
     # encodings registered after the published study of eleven (bench/studies/all-encodings) are in it
     labels = [v.label for v in presets["all-encodings"].variants]
-    assert len(labels) == 17 and {"kerple_log", "kerple_power", "sandwich", "fire"} <= set(labels)
-    assert labels[-2:] == ["decoder-nope", "decoder-cope"]
+    assert len(labels) == 18 and {"kerple_log", "kerple_power", "sandwich", "fire"} <= set(labels)
+    assert labels[-3:] == ["decoder-nope", "decoder-cope", "decoder-xpos"]
     for name, preset in presets.items():
         labels = [v.label for v in preset.variants]
         assert preset.baseline in labels, name

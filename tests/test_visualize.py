@@ -40,6 +40,9 @@ FAMILIES: dict[str, tuple[list[str], set[str]]] = {
     "cope": (["model.input_pe=none", "model.attention_pe=rope", "model.decoder_pe.attention=cope"],
              {"position/decay", "position/rope_scaling", "position/cope/table/decoder",
               "position/cope/positions/decoder", "position/cope/bias/decoder"}),
+    # causal-only: in the decoder, RoPE in the encoder; position/decay draws both scores and xPos's zeta^(k/B)
+    "xpos": (["model.input_pe=none", "model.encoder_pe.attention=rope", "model.decoder_pe.attention=xpos"],
+             {"position/decay", "position/rope_scaling"}),
 }
 
 
@@ -95,7 +98,7 @@ def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], fam
     assert ("target (teacher-forced): The cat sleeps." if family == "rope" else "greedy: ") in res.stdout
     assert "source tokens: " in res.stdout and "target tokens: <s>" in res.stdout
     assert f"wrote {len(expected)} PNG files to {out}" in res.stdout
-    if family in ("rope", "alibi", "t5", "shaw", "fire", "cope"):
+    if family in ("rope", "alibi", "t5", "shaw", "fire", "cope", "xpos"):
         assert "note: input_pe=none: no input positional encoding to plot" in res.stdout
     pngs = {p.name for p in out.glob("*.png")}
     assert pngs == {tag_filename(tag) for tag in expected}
@@ -143,8 +146,8 @@ def test_position_figures_for_every_registered_encoding(level: str, name: str, t
     model_cfg = make_tiny_config(tmp_path).model
     if level == "input":
         model_cfg = model_cfg.model_copy(update=dict(input_pe=name, attention_pe="none"))
-    elif REGISTRY["attention"][name] is not None and REGISTRY["attention"][name].causal_only:  # CoPE: decoder only
-        model_cfg = model_cfg.model_copy(update=dict(input_pe="none", attention_pe="none",
+    elif REGISTRY["attention"][name] is not None and REGISTRY["attention"][name].causal_only:  # decoder self only
+        model_cfg = model_cfg.model_copy(update=dict(input_pe="none", attention_pe="none", cross_attention_pe="none",
                                                      decoder_pe=StackPE(attention=name)))
     else:
         model_cfg = model_cfg.model_copy(update=dict(input_pe="none", attention_pe=name, cross_attention_pe=name))
@@ -158,7 +161,11 @@ def test_position_figures_for_every_registered_encoding(level: str, name: str, t
         assert all("\n" not in note for note in notes)
         return
     assert figs, f"{level}_pe={name} produced no figure"
-    if level == "attention" and name != "rope":
+    if name == "xpos":
+        assert set(figs) == {"position/decay"}
+        assert "model.attention_pe=none: no attention-level positional encoding in encoder self-attention" in notes
+        assert not any("nothing to plot" in note for note in notes), notes
+    elif level == "attention" and name != "rope":
         kinds = {"decoder"} if model_cfg.attention_pe == "none" else {"encoder", "decoder", "cross"}
         assert {tag.rsplit("/", 1)[1] for tag in figs} == kinds
     paths = write_figures(figs, tmp_path / "png", dpi=40)

@@ -25,6 +25,7 @@ from models.positional.rotary import RotaryPE
 from models.positional.sandwich import SandwichPE
 from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE
+from models.positional.xpos import XposPE
 
 if TYPE_CHECKING:  # models.config builds ModelConfig from this registry
     from models.config import ModelConfig, Stack
@@ -50,6 +51,7 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "sandwich": SandwichPE,
         "fire": FirePE,
         "cope": CopePE,
+        "xpos": XposPE,
     },
 }
 

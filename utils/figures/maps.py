@@ -6,7 +6,8 @@ Tags (PNG names replace '/' with '_'):
 - ``attention/{encoder,decoder,cross}/layer_<i>``: every head of every layer, plus the head average.
 - ``position/input/{heatmap,cosine}`` for a fixed input table; ``position/input/{encoder,decoder}/{heatmap,cosine,mds}``
   for a learned one (source and target tables are separate parameters).
-- ``position/decay``: sinusoidal / RoPE dot product vs distance; ``position/rope_scaling``: RoPE length extension.
+- ``position/decay``: sinusoidal / RoPE / xPos dot product vs distance (and xPos's scales zeta^(k/B));
+  ``position/rope_scaling``: RoPE length extension.
 - ``position/bias/{encoder,decoder,cross}``: ALiBi / T5 biases of the first layer, per head.
 - ``position/shaw/{encoder,decoder,cross}``: Shaw et al.'s learned relative tables (a^K, and a^V if used) of the
   first layer. Their score term q·a^K_{j-i} depends on the query content, so instead of one arbitrary q the
@@ -208,7 +209,7 @@ def position_figures(
     for kind, pe in pes.items():
         if pe is not None:
             own = pe.plots(f"{names[kind]}, {TITLES[kind]}, layer 0", bias_length)
-            if not own and not pe.model_plots():
+            if not own and not pe.model_plots() and not pe.decay():
                 notes.append(f"{names[kind]} in {TITLES[kind]}: this encoding has nothing to plot")
             specs += own
     figs: dict[str, Figure] = {}

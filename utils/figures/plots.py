@@ -20,6 +20,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from models.positional.rotary import rope_inv_freq, scaled_inv_freq  # noqa: E402
+from models.positional.xpos import XposConfig, xpos_zeta  # noqa: E402
 from utils.config import RopeConfig  # noqa: E402
 
 ArrayLike = torch.Tensor | np.ndarray
@@ -155,36 +156,61 @@ def rope_relative_bound(inv_freq: ArrayLike, distances: np.ndarray) -> np.ndarra
     return np.abs(partial).mean(1)
 
 
+def xpos_score(inv_freq: ArrayLike, zeta: ArrayLike, scale_base: float, distances: np.ndarray) -> np.ndarray:
+    """mean_i zeta_i^(k/B) cos(k theta_i) for each distance k = n - m: the xPos score of q = k = all-ones, the
+    query k positions after the key, normalised to 1 at k = 0 (Sun et al. 2022; ``models/positional/xpos.py``)."""
+    theta, z = to_numpy(inv_freq), to_numpy(zeta)
+    return (z[None, :] ** (distances[:, None] / scale_base) * np.cos(distances[:, None] * theta[None, :])).mean(1)
+
+
 def decay_curves(
     max_distance: int, d_model: int | None = None, rope_dim: int | None = None, rope_base: float = 10000.0,
-    sin_base: float = 10000.0,
+    sin_base: float = 10000.0, xpos_dim: int | None = None, xpos: XposConfig | None = None,
 ) -> Figure:
     """Dot product between positions k apart, k = 0..max_distance ("long-term decay").
 
-    Left: sinusoidal PE(0).PE(k) at ``d_model`` and the RoPE score of q = k = all-ones at ``rope_dim``/``rope_base``,
-    both normalised to 1 at k = 0 (each is mean_j cos(k theta_j)). Right (RoPE only): the RoFormer bound.
+    Left: sinusoidal PE(0).PE(k) at ``d_model``, the RoPE score of q = k = all-ones at ``rope_dim``/``rope_base``
+    and the xPos one at ``xpos_dim`` (settings ``xpos``), all normalised to 1 at k = 0 (each is mean_j cos(k theta_j),
+    xPos's weighted by zeta_j^(k/B)). Then (RoPE) the RoFormer bound, and (xPos) its scales zeta_j^(k/B).
     """
-    if d_model is None and rope_dim is None:
-        raise ValueError("decay_curves needs d_model (sinusoidal) and/or rope_dim (rotary)")
+    if d_model is None and rope_dim is None and xpos_dim is None:
+        raise ValueError("decay_curves needs d_model (sinusoidal), rope_dim (rotary) and/or xpos_dim (xPos)")
     k = np.arange(max_distance + 1, dtype=np.float64)
-    fig = Figure(figsize=(12.0 if rope_dim else 6.5, 4.5), layout="constrained")
-    axes = fig.subplots(1, 2 if rope_dim else 1, squeeze=False)[0]
-    ax = axes[0]
+    x = xpos or XposConfig()
+    panels = 1 + (rope_dim is not None) + (xpos_dim is not None)
+    fig = Figure(figsize=(6.5 + 5.5 * (panels - 1), 4.5), layout="constrained")
+    axes = list(fig.subplots(1, panels, squeeze=False)[0])
+    ax = axes.pop(0)
     if d_model is not None:
         ax.plot(k, cos_score(rope_inv_freq(d_model, sin_base), k), label=f"sinusoidal, d={d_model}")
     if rope_dim is not None:
         ax.plot(k, cos_score(rope_inv_freq(rope_dim, rope_base), k), label=f"RoPE, dim={rope_dim}, base={rope_base:g}")
+    if xpos_dim is not None:
+        ax.plot(k, xpos_score(rope_inv_freq(xpos_dim, x.theta), xpos_zeta(xpos_dim, x.gamma), x.scale_base, k),
+                label=f"xPos, dim={xpos_dim}, base={x.theta:g}, γ={x.gamma:g}, B={x.scale_base:g}")
     ax.axhline(0.0, color="0.6", linewidth=0.6)
     ax.set_xlabel("relative distance k")
     ax.set_ylabel("normalised dot product")
-    ax.set_title("PE(0)·PE(k) / RoPE score of all-ones q, k")
+    ax.set_title("PE(0)·PE(k) / RoPE, xPos score of all-ones q, k")
     ax.legend(fontsize=8)
     if rope_dim is not None:
-        ax = axes[1]
+        ax = axes.pop(0)
         ax.plot(k, rope_relative_bound(rope_inv_freq(rope_dim, rope_base), k), color="C1")
         ax.set_xlabel("relative distance k")
         ax.set_ylabel("relative upper bound")
         ax.set_title(f"RoFormer bound (1/(d/2)) Σ|S_j|, dim={rope_dim}")
+    if xpos_dim is not None:
+        ax = axes.pop(0)
+        zeta = to_numpy(xpos_zeta(xpos_dim, x.gamma))
+        for j in sorted({0, len(zeta) // 2, len(zeta) - 1}):
+            ax.plot(k, zeta[j] ** (k / x.scale_base), label=f"pair j={j}, ζ={zeta[j]:.3f}")
+        ax.plot(k, (zeta[None, :] ** (k[:, None] / x.scale_base)).mean(1), color="k", linestyle="--",
+                label="mean over pairs")
+        ax.set_ylim(0.0, 1.05)
+        ax.set_xlabel("relative distance k = n − m (query after key)")
+        ax.set_ylabel("scale of pair j's score")
+        ax.set_title(f"xPos decay ζ_j^(k/B), γ={x.gamma:g}, B={x.scale_base:g}")
+        ax.legend(fontsize=8)
     fig.suptitle("long-term decay with distance")
     return fig
 
