@@ -206,7 +206,10 @@ def test_model_describes_the_run(server: Server, run_dir: Path) -> None:
     status, info = get(server.url, "/model")
     assert status == 200 and info["engine"] == "pytorch" and info["attention"] is True
     assert info["encoding"] == {"name": "rope", "input_pe": "none", "attention_pe": "rope",
-                                "cross_attention_pe": "none"}
+                                "cross_attention_pe": "none", "places": {
+                                    "encoder input": "none", "encoder self-attention": "rope",
+                                    "decoder input": "none", "decoder self-attention": "rope",
+                                    "cross-attention": "none"}}
     assert info["size"] == {"parameters": sum(p.numel() for p in run.model.parameters()), "d_model": 32,
                             "n_heads": 2, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1, "norm": "pre"}
     assert info["tokenizer"] == {"type": "bpe", "vocab_size": run.tokenizer.vocab_size, "lowercase": False}
