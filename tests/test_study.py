@@ -35,7 +35,7 @@ def test_every_preset_variant_is_a_valid_config() -> None:
     presets = study.presets()
     assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "tokenization"}
     assert [v.label for v in presets["seed-table"].variants] == ["sinusoidal", "learnable", "rope"]
-    assert len(presets["all-encodings"].variants) == 11  # none + 6 input-level + 4 attention-level
+    assert len(presets["all-encodings"].variants) == 12  # none + 6 input-level + 4 attention-level + decoder-nope
     for name, preset in presets.items():
         labels = [v.label for v in preset.variants]
         assert preset.baseline in labels, name
@@ -405,7 +405,8 @@ def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
     assert cfg.train.num_threads == 1
     assert {"test.tatoeba.x4", "test.multi30k-2016.x4", "test.tatoeba", "test.iwslt-tst2010"} <= set(cfg.data.test)
     family = preset.family
-    systems = [v.label for v in preset.variants] + [f"rope+{t}" for t in preset.variants[-1].tests]
+    rope = next(v for v in preset.variants if v.label == "rope")
+    systems = [v.label for v in preset.variants] + [f"rope+{t}" for t in rope.tests]
     assert set(family["systems"]) <= set(systems) and "rope+linear" not in family["systems"]
     assert len(family["systems"]) * (len(family["splits"]) + len(family["drops"])) == 24
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
