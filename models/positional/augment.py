@@ -15,9 +15,10 @@ Three methods, each with the distribution of its paper:
 - ``randomized``, randomized positional encodings (Ruoss et al. 2023, "Randomized Positional Encodings Boost
   Length Generalization of Transformers", ACL, sec. 3): the positions of a length-T sequence are a sorted
   random subset of size T of {0, ..., L-1}, ``p = sort(sample_without_replacement({0..L-1}, T))``,
-  ``L = model.augment.randomized.max_length`` > the longest test input. One subset per call, shared by the
-  batch, as the authors' code draws it (github.com/google-deepmind/randomized_positional_encodings,
-  ``noisy_fixed_positional_encodings``: ``jrandom.choice(arange(L), shape=(T,), replace=False)``, sorted).
+  ``L = model.augment.randomized.max_length`` > the longest test input. The paper's Figure 1 gives each
+  training example its own subset; the authors' code draws one per call, shared by the batch, as here
+  (github.com/google-deepmind/randomized_positional_encodings, ``noisy_fixed_positional_encodings``:
+  ``jrandom.choice(arange(L), shape=(T,), replace=False)``, sorted).
   That code also draws random positions at evaluation; here evaluation uses 0..T-1 (off at inference, as for
   every method): the model is then scored on unit gaps it met only when a draw happened to have them.
 - ``cape``, CAPE (Likhomanenko et al. 2021, "CAPE: Encoding Relative Positions with Continuous Augmented
@@ -33,12 +34,13 @@ Three methods, each with the distribution of its paper:
 **One draw per batch, not per sequence.** Positions are one tensor ``[T]`` shared by the batch (padding is on
 the right): the contract every encoding, the causal mask and the per-forward memo (``SharedPositions``) are
 written for. So SHAPE's offset and CAPE's shift, jitter and scaling are drawn once per batch and stack, where
-the papers draw them per sequence; randomized positions are drawn once per batch in the authors' code too. Each
+the papers draw them per sequence; randomized positions are drawn once per batch in Ruoss et al.'s code too. Each
 sequence's positions still have the paper's distribution; what differs is that the sequences of one batch
 share a draw, so a step averages its gradient over one draw instead of B: the same expectation with more
 variance (with data-parallel training each rank draws its own). For a padded batch a shorter sentence takes
 the first positions of the batch's draw (for ``randomized``, the first n of T sorted positions, which sit lower
-in {0..L-1} than a draw of n would; the batches group sentences of similar length, so n is close to T).
+in {0..L-1} than a draw of n would; batches are made of pairs sorted by source length, so a source's n is
+close to T, a target's less so).
 
 Draws come from torch's global CPU generator (seeded by train.py with ``seed + rank`` and saved in every
 checkpoint), so a seed fixes them on every device and a resumed run draws what the uninterrupted one would.
