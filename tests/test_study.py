@@ -35,7 +35,9 @@ def test_every_preset_variant_is_a_valid_config() -> None:
     presets = study.presets()
     assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "tokenization"}
     assert [v.label for v in presets["seed-table"].variants] == ["sinusoidal", "learnable", "rope"]
-    assert len(presets["all-encodings"].variants) == 12  # none + 6 input-level + 4 attention-level + decoder-nope
+    # none + 6 input-level + 4 attention-level, and two exploratory: decoder-nope and sinusoidal+shape
+    assert len(presets["all-encodings"].variants) == 13
+    assert [v.label for v in presets["train-short-test-long"].variants][-2:] == ["decoder-nope", "sinusoidal+shape"]
     for name, preset in presets.items():
         labels = [v.label for v in preset.variants]
         assert preset.baseline in labels, name
