@@ -130,16 +130,21 @@ def presets() -> dict[str, Preset]:
     # the two differ in the decoder's encoding alone.
     decoder_own = [Variant(f"decoder-{e}", ["model.input_pe=none", "model.attention_pe=rope",
                                             f"model.decoder_pe.attention={e}"]) for e in decoder_only]
+    # SHAPE (Kiyono et al. 2021) on the sinusoids: in training every position of a stack is shifted by one k ~
+    # U{0..100} (model.augment; inference unchanged). Joined the presets after the extrapolation study was
+    # pre-registered: exploratory there.
+    shape = Variant("sinusoidal+shape", ["model.input_pe=sinusoidal", "model.attention_pe=none",
+                                         "model.augment.method=shape", "model.augment.shape.max_shift=100"])
     return {
         "seed-table": Preset("configs/bench_small.yaml", [_pe("sinusoidal", "sinusoidal", "none"),
                                                           _pe("learnable", "learnable", "none"),
                                                           _pe("rope", "none", "rope")], "sinusoidal"),
         "all-encodings": Preset("configs/bench_small.yaml", [_pe("none", "none", "none")]
                                 + [_pe(e, e, "none") for e in inputs] + [_pe(e, "none", e) for e in attentions]
-                                + [decoder_nope, *decoder_own], "sinusoidal"),
+                                + [decoder_nope, *decoder_own, shape], "sinusoidal"),
         # Precision and CPU threads are part of the design (fp32 and one thread per run on every machine: a
         # thread count can change floating-point results); periodic checkpoints are resume points only.
-        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope, decoder_nope], "sinusoidal",
+        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope, decoder_nope, shape], "sinusoidal",
                                         [f"data.test=[{','.join(LENGTH_SHIFTED)}]", "train.amp=none",
                                          "train.amp_cpu=false", "train.keep_checkpoints=0", "train.num_threads=1"],
                                         family=EXTRAPOLATION_FAMILY),

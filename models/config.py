@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 from pydantic import Field, create_model
 
 from models.positional import REGISTRY
+from models.positional.augment import AugmentConfig
 from models.positional.rotary import RopeConfig
 from models.positional.shaw import ShawConfig
 from models.positional.t5 import T5BiasConfig
@@ -59,6 +60,7 @@ class TransformerConfig(Section):
     gaussian_sigma: float = Field(2.0, gt=0)  # input_pe=gaussian: width of the window around each position
     encoder_pe: StackPE = Field(default_factory=StackPE)  # the encoder's own, where it differs from the shorthand
     decoder_pe: StackPE = Field(default_factory=StackPE)  # the decoder's own (cross-attention: cross_attention_pe)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)  # training-time positions (augment.py)
 
     def pe(self, stack: Stack, level: Level) -> str:
         """The registry name of ``stack``'s ``level`` encoding: its own if set, else the shorthand."""

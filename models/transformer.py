@@ -18,6 +18,7 @@ from torch import nn
 from models.attention import LayerCache, MultiHeadAttention
 from models.config import ModelConfig
 from models.positional import AttentionPE, build_input_pe, position_limit
+from models.positional.augment import augmented_positions
 from models.positional.base import SharedPositions
 
 
@@ -189,12 +190,19 @@ class Seq2SeqTransformer(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def positions(self, length: int, device: torch.device) -> torch.Tensor:
+        """A stack's positions ``[length]``: 0..length-1, or in training mode those ``model.augment`` draws
+        (SHAPE, randomized, CAPE; each stack its own draw). Never in eval mode nor in KV-cached decoding."""
+        if self.training and self.cfg.augment.method != "none":
+            return augmented_positions(self.cfg.augment, length, device)
+        return torch.arange(length, device=device)
+
     def encode(
         self, src: torch.Tensor, need_weights: bool = False, attention: Attention | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """src ``[B, S]`` -> (memory ``[B, S, D]``, src_mask ``[B, S]`` True on real tokens)."""
         src_mask = src != self.pad_id
-        pos = torch.arange(src.shape[1], device=src.device)
+        pos = self.positions(src.shape[1], src.device)
         x = self.dropout(self.src_pe(self.src_embed(src) * self.embed_scale, pos))
         for layer in self.encoder:
             x, w = layer(x, src_mask, pos, need_weights)
@@ -220,8 +228,10 @@ class Seq2SeqTransformer(nn.Module):
         (``[B, T]`` bool, e.g. the non-pad targets) skips the output layer, the largest matrix product of a
         training step, at positions no loss is taken on.
         """
-        start = cache.length if cache is not None else 0
-        pos = torch.arange(start, start + tgt.shape[1], device=tgt.device)
+        if cache is None:
+            pos = self.positions(tgt.shape[1], tgt.device)
+        else:  # a cached step at its true offset, never augmented
+            pos = torch.arange(cache.length, cache.length + tgt.shape[1], device=tgt.device)
         src_pos = torch.arange(memory.shape[1], device=tgt.device)
         x = self.dropout(self.tgt_pe(self.tgt_embed(tgt) * self.embed_scale, pos))
         need = attention is not None

@@ -45,9 +45,18 @@ def random_model(rng: random.Random) -> dict[str, Any]:
     }
 
 
+def random_augment(rng: random.Random) -> dict[str, Any]:
+    """``model.augment``: a method one time in two, its settings at their range ends now and then."""
+    return {"method": rng.choice(["none", "none", "none", "shape", "randomized", "cape"]),
+            "shape": {"max_shift": pick(rng, 100, 1, 3)},
+            "randomized": {"max_length": pick(rng, 128, None, 8, 65, 2048)},
+            "cape": {"max_global_shift": pick(rng, 5.0, 0.0, 50.0), "max_local_shift": pick(rng, 1.0, 0.0, 1.5),
+                     "max_global_scaling": pick(rng, 1.03, 1.0, 2.0)}}
+
+
 def random_raw(rng: random.Random) -> dict[str, Any]:
     max_len = pick(rng, 64, 1, 8)
-    return {
+    raw = {
         "name": "prop", "seed": pick(rng, 1, 0, 2**31 - 1, -1),
         "data": {"source": "demo", "min_len": pick(rng, 1, 0, 3), "max_len": max_len,
                  "max_train_len": pick(rng, None, 1, 16), "max_len_ratio": pick(rng, None, 1.0, 3.0),
@@ -65,6 +74,8 @@ def random_raw(rng: random.Random) -> dict[str, Any]:
                    "max_len_a": pick(rng, 1.5, 0.0), "max_len_b": pick(rng, 10, 0), "batch_size": pick(rng, 64, 1),
                    "beam_stop": rng.choice(["bound", "k_finished"])},
     }
+    raw["model"]["augment"] = random_augment(rng)  # drawn last: every other key is drawn as before it existed
+    return raw
 
 
 def accepted(raw: dict[str, Any]) -> Config | None:
@@ -80,7 +91,7 @@ def exercise_model(cfg: Config, seed: int) -> None:
     torch.manual_seed(seed)
     model = Seq2SeqTransformer(cfg.model, V, PAD)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    length = min(6, (model.max_length or 64) - 1)
+    length = min(6, (model.max_length or 64) - 1, cfg.data.max_len + 1)  # what training feeds it (eos included)
     for _ in range(2):
         body = torch.randint(3, V, (3, max(length - 1, 1)))
         src = torch.cat([body, torch.full((3, 1), EOS)], 1)[:, :length]

@@ -35,11 +35,12 @@ def test_every_preset_variant_is_a_valid_config() -> None:
     presets = study.presets()
     assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "tokenization"}
     assert [v.label for v in presets["seed-table"].variants] == ["sinusoidal", "learnable", "rope"]
-    # none + 6 input-level + 8 attention-level + decoder-nope + decoder-<causal-only>: the registry's, so the
-    # encodings registered after the published study of eleven (bench/studies/all-encodings) are in it
+    # none + 6 input-level + 8 attention-level + decoder-nope + decoder-<causal-only> + sinusoidal+shape: the
+    # registry's, so encodings registered after the published study of eleven (bench/studies/all-encodings) are in it
     labels = [v.label for v in presets["all-encodings"].variants]
-    assert len(labels) == 18 and {"kerple_log", "kerple_power", "sandwich", "fire"} <= set(labels)
-    assert labels[-3:] == ["decoder-nope", "decoder-cope", "decoder-xpos"]
+    assert len(labels) == 19 and {"kerple_log", "kerple_power", "sandwich", "fire"} <= set(labels)
+    assert labels[-4:] == ["decoder-nope", "decoder-cope", "decoder-xpos", "sinusoidal+shape"]
+    assert [v.label for v in presets["train-short-test-long"].variants][-2:] == ["decoder-nope", "sinusoidal+shape"]
     for name, preset in presets.items():
         labels = [v.label for v in preset.variants]
         assert preset.baseline in labels, name

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 from data.config import DataConfig
 from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig, encoding_sections
 from models.positional import REGISTRY
+from models.positional.augment import check_augmentation
 from tokenizer.config import TokenizerConfig
 from utils.schema import ConfigError, Section, config_error, expand_env
 
@@ -216,6 +217,7 @@ def validate(cfg: Config) -> Config:
     if len(cfg.train.betas) != 2:
         raise ConfigError(f"train.betas: expected two numbers, got {cfg.train.betas}")
     _check_encodings(cfg)
+    check_augmentation(cfg, REGISTRY)
     return cfg
 
 
@@ -283,6 +285,10 @@ def _input_uses(name: str) -> Callable[[Config], str | None]:
     return why
 
 
+def _augment_uses(method: str) -> Callable[[Config], str | None]:
+    return lambda c: None if c.model.augment.method == method else f"model.augment.method={c.model.augment.method}"
+
+
 def _warmup_steps_unused(c: Config) -> str | None:
     if c.train.warmup_tokens is not None:
         return f"train.warmup_tokens={c.train.warmup_tokens} sets the warmup (add --set train.warmup_tokens=null to " \
@@ -301,6 +307,7 @@ EFFECT_RULES: list[tuple[str, bool, Callable[[Config], str | None]]] = [
     ("train.amp_cpu", False, lambda c: "train.amp=none" if c.train.amp == "none" and c.train.amp_cpu else None),
     ("model.gaussian_sigma", False, _input_uses("gaussian")),
     *((f"model.{key}", False, _settings_read(key)) for key in encoding_sections(REGISTRY)),
+    *((f"model.augment.{method}", False, _augment_uses(method)) for method in ("shape", "randomized", "cape")),
 ]
 
 

@@ -20,16 +20,24 @@ class PositionLimitError(ValueError):
 
 def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> torch.Tensor:
     """Vaswani et al. 2017, sec. 3.5: PE(t, 2i) = sin(t / base^(2i/d)), PE(t, 2i+1) = cos(...). -> [length, dim]."""
-    pos = torch.arange(length, dtype=torch.float64)[:, None]
-    inv_freq = torch.exp(-math.log(base) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    table = torch.zeros(length, dim, dtype=torch.float64)
+    return sinusoids(torch.arange(length), dim, base)
+
+
+def sinusoids(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """The sinusoids of ``sinusoid_table`` at any (real) positions ``[T]`` -> ``[T, dim]`` float32."""
+    pos = positions.to(torch.float64)[:, None]
+    inv_freq = torch.exp(-math.log(base) * torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)
+    table = torch.zeros(len(pos), dim, dtype=torch.float64, device=pos.device)
     table[:, 0::2] = torch.sin(pos * inv_freq)
     table[:, 1::2] = torch.cos(pos * inv_freq[: dim // 2])
     return table.float()
 
 
 class SinusoidalPE(InputPE):
-    """Fixed sinusoids (Vaswani et al. 2017), computed for any position: no length limit."""
+    """Fixed sinusoids (Vaswani et al. 2017), computed for any position: no length limit; real positions (CAPE's
+    training augmentation) too."""
+
+    positions = "real"
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
@@ -41,6 +49,8 @@ class SinusoidalPE(InputPE):
         return self.cached[:length]
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if positions.is_floating_point():  # real positions: the sinusoids at those points
+            return x + sinusoids(positions, self.cfg.d_model).to(x.dtype)
         table = self.table(int(positions.max()) + 1)
         return x + table[positions].to(x.dtype)
 

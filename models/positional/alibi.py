@@ -33,6 +33,9 @@ def alibi_slopes(n_heads: int) -> list[float]:
 class ALiBiPE(AttentionPE):
     """Fixed linear distance penalty per head, given to the fused attention as a float mask."""
 
+    positions = "real"  # -m_h times any real distance
+    shift_invariant = True
+
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)
         slopes = torch.tensor(alibi_slopes(cfg.n_heads), dtype=torch.float32)

@@ -9,7 +9,9 @@ same float mask, computed from q *and* k, the positions and the attention mask, 
 al.'s a_V).
 
 Positions are explicit ``LongTensor [T]`` (shared by the batch: padding is on the right), so a
-KV-cached decoding step passes its true offset and the same code serves training and inference.
+KV-cached decoding step passes its true offset and the same code serves training and inference. In training,
+``model.augment`` may give other positions: shifted or sparse integers, or (CAPE) a float64 tensor of real
+positions to the encodings that declare ``positions = "real"``.
 
 Beyond the forward hooks, an encoding describes itself to the layers above (which never switch on names):
 ``plots`` returns ``Plot`` specs that ``utils.figures.maps`` draws, and ``ct2_refusal`` / ``ct2_token_weight``
@@ -86,6 +88,10 @@ class InputPE(nn.Module):
     settings: ClassVar[tuple[str, type[Section]] | None] = None
     #: Longest sequence the encoding can represent (None: unbounded).
     max_length: int | None = None
+    #: The positions ``embed`` takes: "integer" (indices, the safe default) or "real" (any real number, e.g.
+    #: sinusoids). Training-time augmentation (``models/positional/augment.py``) is validated against it: CAPE
+    #: draws real positions.
+    positions: ClassVar[Literal["integer", "real"]] = "integer"
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -178,6 +184,12 @@ class AttentionPE(nn.Module):
     settings: ClassVar[tuple[str, type[Section]] | None] = None
     #: Whether ``values`` is implemented (forces the explicit attention path).
     needs_explicit: ClassVar[bool] = False
+    #: The positions the hooks take: "integer" (the safe default, e.g. bucketed or clipped distances) or "real"
+    #: (any real number, e.g. RoPE's angles, ALiBi's distances); CAPE's augmentation needs "real".
+    positions: ClassVar[Literal["integer", "real"]] = "integer"
+    #: Whether the hooks depend on positions only through their differences i - j (adding one offset to every
+    #: position changes nothing): validation refuses SHAPE where every encoding in use is.
+    shift_invariant: ClassVar[bool] = False
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__()
@@ -276,6 +288,8 @@ class AttentionPE(nn.Module):
 
 class NoInputPE(InputPE):
     """No input-level position information (the encoder is then permutation-equivariant)."""
+
+    positions = "real"  # reads none
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x

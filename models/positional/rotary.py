@@ -109,6 +109,8 @@ class RotaryPE(AttentionPE):
     """RoPE on q and k of self-attention (and of cross-attention if asked for)."""
 
     settings = ("rope", RopeConfig)
+    positions = "real"  # angles m * theta_j for any real m
+    shift_invariant = True  # <R_m q, R_n k> depends on m - n only
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

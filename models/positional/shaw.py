@@ -43,6 +43,7 @@ class ShawPE(AttentionPE):
     """
 
     settings = ("shaw", ShawConfig)
+    shift_invariant = True  # the integer distance j - i, clipped (positions: "integer")
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

@@ -86,6 +86,7 @@ class T5BiasPE(AttentionPE):
     """
 
     settings = ("t5", T5BiasConfig)
+    shift_invariant = True  # buckets of the integer distance j - i (positions: "integer")
 
     @classmethod
     def check(cls, cfg: Config, key: str) -> None:

@@ -23,6 +23,7 @@ from utils.run.layout import CHECKPOINT_EXT, PERIODIC_PREFIX
 INFERENCE_ONLY_KEYS = (
     "dropout", "attention_dropout", "activation_dropout",
     "rope.scaling", "rope.factor", "rope.original_max_len", "rope.beta_fast", "rope.beta_slow",
+    "augment.method", "augment.shape", "augment.randomized", "augment.cape",  # training-time positions only
 )
 
 

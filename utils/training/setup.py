@@ -215,8 +215,9 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     src_texts, refs = list(raw_valid["src"][:n_bleu]), list(raw_valid["tgt"][:n_bleu])
     core = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id).to(device)
     model = idist.auto_model(core) if world > 1 else core
-    log.info("model: %.2fM parameters on %s (world size %d); positions: %s", core.num_parameters() / 1e6, device,
-             world, cfg.model.describe_encodings())
+    augment = cfg.model.augment.describe()
+    log.info("model: %.2fM parameters on %s (world size %d); positions: %s%s", core.num_parameters() / 1e6, device,
+             world, cfg.model.describe_encodings(), f"; in training {augment}" if augment else "")
     t = cfg.train
     batch_tokens = tokens_per_step(train_data.split, train_data.sampler, t.accumulate, world)
     optimizer, scheduler, scaler, autocast = optimization(t, model, device, batch_tokens)

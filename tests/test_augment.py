@@ -1,0 +1,324 @@
+"""Training-time position augmentation (``model.augment``: SHAPE, randomized positions, CAPE): the positions each
+method draws have its paper's distribution; eval mode and KV-cached decoding see plain positions (outputs
+identical with and without the setting); a method an encoding in use cannot take is refused in one line naming
+both keys; a tiny model trains with each method through train.py and translates."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import models.transformer as transformer_module
+from models.positional.absolute import sinusoid_table, sinusoids
+from models.positional.augment import (
+    AugmentConfig,
+    CapeConfig,
+    augmented_positions,
+    cape_positions,
+    randomized_positions,
+    shape_positions,
+)
+from models.transformer import Seq2SeqTransformer
+from utils.config import ConfigError, ModelConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs" / "demo.yaml"
+PAD = 0
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------------------------- the draws
+
+
+def test_sinusoids_at_real_positions_extend_the_table() -> None:
+    """The sinusoidal encoding takes real positions (CAPE): at integers they are the table's rows, bit for bit."""
+    assert torch.equal(sinusoids(torch.arange(50, dtype=torch.float64), 33), sinusoid_table(50, 33))
+    half = sinusoids(torch.tensor([2.5]), 8)[0]
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    torch.testing.assert_close(half[0::2], torch.sin(2.5 * freqs).float())
+    torch.testing.assert_close(half[1::2], torch.cos(2.5 * freqs).float())
+
+
+def test_shape_shifts_every_position_by_one_offset_uniform_in_0_to_k() -> None:
+    """Kiyono et al.: p_i = i + k, k ~ U{0..K}: consecutive integers from an offset that takes every value 0..K
+    about equally often."""
+    g = gen()
+    offsets = Counter()
+    for _ in range(2000):
+        pos = shape_positions(7, 4, g)
+        assert pos.dtype == torch.long and torch.equal(pos - pos[0], torch.arange(7))
+        offsets[int(pos[0])] += 1
+    assert sorted(offsets) == [0, 1, 2, 3, 4]
+    assert all(abs(n - 400) < 100 for n in offsets.values()), offsets
+
+
+def test_randomized_positions_are_a_sorted_uniform_subset_of_0_to_l() -> None:
+    """Ruoss et al.: a sorted random subset of size T of {0..L-1}: strictly increasing, in range, and every
+    position equally likely (T / L)."""
+    g = gen()
+    seen = Counter()
+    draws = 3000
+    for _ in range(draws):
+        pos = randomized_positions(5, 12, g)
+        assert pos.dtype == torch.long and len(pos) == 5
+        assert (pos.diff() > 0).all() and 0 <= pos.min() and pos.max() < 12
+        seen.update(pos.tolist())
+    assert sorted(seen) == list(range(12))
+    assert all(abs(n / draws - 5 / 12) < 0.05 for n in seen.values()), seen
+    assert torch.equal(randomized_positions(12, 12, g), torch.arange(12))  # T = L: all of them
+    with pytest.raises(ValueError, match="needs more positions than model.augment.randomized.max_length=4"):
+        randomized_positions(5, 4, g)
+
+
+def test_cape_shift_jitter_and_scaling_stay_within_their_bounds() -> None:
+    """Likhomanenko et al.: p_i = lambda (i + Delta + eps_i); each part checked alone, then all together
+    (strictly increasing: the decoder's causal mask compares positions)."""
+    g = gen()
+    i = torch.arange(20, dtype=torch.float64)
+    scales, shifts = [], []
+    for _ in range(500):  # no jitter: lambda and Delta can be read back
+        pos = cape_positions(20, CapeConfig(max_global_shift=5, max_local_shift=0, max_global_scaling=1.03), g)
+        scale = float(pos[1] - pos[0])
+        torch.testing.assert_close(pos, scale * (i + pos[0] / scale))
+        scales.append(scale)
+        shifts.append(float(pos[0]) / scale)
+    assert 1 / 1.03 <= min(scales) < 0.98 and 1.02 < max(scales) <= 1.03
+    assert -5 <= min(shifts) < -4.5 and 4.5 < max(shifts) <= 5
+    jitter = torch.stack([cape_positions(20, CapeConfig(max_global_shift=0, max_local_shift=1,
+                                                        max_global_scaling=1), g) - i for _ in range(500)])
+    assert -0.5 <= jitter.min() < -0.45 and 0.45 < jitter.max() < 0.5  # eps_i ~ U[-w/2, w/2), w = 1
+    assert jitter.std(0).min() > 0.2  # one eps per position
+    for _ in range(500):
+        pos = cape_positions(30, CapeConfig(), g)
+        assert pos.dtype == torch.float64 and (pos.diff() > 0).all()
+    still = cape_positions(9, CapeConfig(max_global_shift=0, max_local_shift=0, max_global_scaling=1), g)
+    assert torch.equal(still, torch.arange(9, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("cfg", [{"method": "shape"}, {"method": "randomized", "randomized": {"max_length": 40}},
+                                 {"method": "cape"}], ids=["shape", "randomized", "cape"])
+def test_a_seed_fixes_the_draws(cfg: dict) -> None:
+    """The draws come from torch's global generator (seeded by train.py and checkpointed): same seed, same
+    positions; the next draw differs."""
+    aug = AugmentConfig(**cfg)
+    torch.manual_seed(7)
+    first, second = augmented_positions(aug, 11), augmented_positions(aug, 11)
+    torch.manual_seed(7)
+    assert torch.equal(augmented_positions(aug, 11), first) and torch.equal(augmented_positions(aug, 11), second)
+    assert not torch.equal(first, second)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+def model(augment: dict | None = None, input_pe: str = "sinusoidal", attention_pe: str = "none",
+          **kw) -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    cfg = dict(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0, max_positions=64,
+               input_pe=input_pe, attention_pe=attention_pe, augment=augment or {}, **kw)
+    return Seq2SeqTransformer(ModelConfig(**cfg), 40, PAD)
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = gen(1)
+    src = torch.randint(4, 40, (3, 9), generator=g)
+    src[1, 6:] = PAD
+    return src, torch.randint(4, 40, (3, 7), generator=g)
+
+
+CASES = {  # method -> (augment, input_pe, attention_pe, extra model keys): encodings each method may train with
+    "shape-sinusoidal": ({"method": "shape"}, "sinusoidal", "none", {}),
+    "shape-learnable+alibi": ({"method": "shape", "shape": {"max_shift": 40}}, "learnable", "alibi", {}),
+    "shape-binary": ({"method": "shape", "shape": {"max_shift": 40}}, "binary", "none", {}),
+    "randomized-learnable+t5": ({"method": "randomized", "randomized": {"max_length": 64}}, "learnable", "t5", {}),
+    "randomized-sinusoidal+shaw": ({"method": "randomized", "randomized": {"max_length": 200}}, "sinusoidal",
+                                   "shaw", {}),
+    "randomized-rope": ({"method": "randomized", "randomized": {"max_length": 200}}, "none", "rope", {}),
+    "cape-sinusoidal": ({"method": "cape"}, "sinusoidal", "none", {}),
+    "cape-rope": ({"method": "cape"}, "none", "rope", {}),
+    "cape-sinusoidal+alibi": ({"method": "cape"}, "sinusoidal", "alibi", {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_eval_and_cached_decoding_are_unchanged_by_the_setting(case: str) -> None:
+    """In eval mode the model with the setting computes what the model without it does, bit for bit (also after
+    training-mode forwards that drew other positions); KV-cached decoding equals full decoding; in training mode
+    the positions differ (the augmentation acts)."""
+    augment, input_pe, attention_pe, kw = CASES[case]
+    ours, plain = model(augment, input_pe, attention_pe, **kw), model(None, input_pe, attention_pe, **kw)
+    src, tgt = batch()
+    trained = ours.train()(src, tgt)
+    ours.eval()
+    plain.eval()
+    full = ours(src, tgt)
+    assert torch.equal(full, plain(src, tgt))
+    assert not torch.allclose(trained, full, atol=1e-4)
+    memory, src_mask = ours.encode(src)
+    cache = ours.new_cache()
+    steps = [ours.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    ours.train()  # a cached step is never augmented, in training mode either
+    cache = ours.new_cache()
+    steps = [ours.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_each_stack_draws_its_own_positions_in_training_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Encoder and decoder draw independently (SHAPE: as the authors' code, one offset per embedding module);
+    eval mode draws nothing."""
+    drawn: list[tuple[int, int]] = []
+
+    def spy(cfg: AugmentConfig, length: int, device: torch.device | str | None = None) -> torch.Tensor:
+        pos = augmented_positions(cfg, length, device)
+        drawn.append((length, int(pos[0])))
+        return pos
+
+    monkeypatch.setattr(transformer_module, "augmented_positions", spy)
+    m = model({"method": "shape", "shape": {"max_shift": 3}})
+    src, tgt = batch()
+    m.eval()(src, tgt)
+    assert drawn == []
+    m.train()
+    for _ in range(200):
+        m(src, tgt)
+    assert [length for length, _ in drawn[:2]] == [9, 7] and len(drawn) == 400  # encoder, then decoder
+    pairs = Counter((drawn[i][1], drawn[i + 1][1]) for i in range(0, 400, 2))
+    assert len(pairs) == 16  # every (encoder offset, decoder offset) pair: not one shared offset
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+REFUSED = [
+    (["model.augment.method=cape", "model.input_pe=learnable"],
+     r"^model.augment.method=cape draws real-valued positions, but model.input_pe=learnable takes integer "
+     r"positions only \(CAPE needs encodings defined on real positions: sinusoidal, rope, alibi\)$"),
+    (["model.augment.method=cape", "model.input_pe=none", "model.attention_pe=t5"],
+     r"^model.augment.method=cape draws real-valued positions, but model.attention_pe=t5 takes integer"),
+    (["model.augment.method=cape", "model.input_pe=none", "model.attention_pe=shaw"],
+     r"^model.augment.method=cape draws real-valued positions, but model.attention_pe=shaw takes integer"),
+    (["model.augment.method=cape", "model.decoder_pe.input=onehot"],
+     r"^model.augment.method=cape draws real-valued positions, but model.decoder_pe.input=onehot takes integer"),
+    (["model.augment.method=randomized", "model.augment.randomized.max_length=2048", "model.input_pe=learnable"],
+     r"^model.augment.randomized.max_length=2048 draws positions up to 2047, but model.input_pe=learnable "
+     r"represents 1024 positions \(model.max_positions=1024\)$"),
+    (["model.augment.method=randomized"], r"^model.augment.randomized.max_length: required with "
+                                          r"model.augment.method=randomized \(L: positions are drawn from 0..L-1"),
+    (["model.augment.method=randomized", "model.augment.randomized.max_length=20"],
+     r"^model.augment.randomized.max_length: 20 is fewer than the 65 positions of a training sentence with its "
+     r"eos \(data.max_len=64 and the eos\)$"),
+    (["model.augment.method=shape", "model.input_pe=onehot", "model.d_model=128"],
+     r"^model.augment.shape.max_shift=100 shifts positions up to 164 \(data.max_len=64 and the eos, plus 100\), "
+     r"but model.input_pe=onehot represents 128 positions \(model.d_model=128\)$"),
+    (["model.augment.method=shape", "model.input_pe=none", "model.attention_pe=rope"],
+     r"^model.augment.method=shape changes nothing here: it adds one offset to every position of a sequence, and "
+     r"the encodings in use \(model.input_pe=none, model.attention_pe=rope\) depend on position differences only"),
+    (["model.augment.method=shape", "model.cross_attention_pe=alibi"],
+     r"^model.augment.method=shape with model.cross_attention_pe=alibi: cross-attention relates target to source"),
+    (["model.augment.method=cape", "model.input_pe=none"],
+     r"^model.augment.method=cape: no encoding in use reads positions \(model.input_pe=none, "
+     r"model.attention_pe=none\)$"),
+    (["model.augment.method=cape", "model.augment.cape.max_local_shift=1.5"],
+     r"^model.augment.cape.max_local_shift: must be <= 1 \(a jitter of at most half a position either way keeps "
+     r"positions in order, which the decoder's causal mask needs\), got 1.5$"),
+    (["model.augment.cape.max_global_scaling=0.9"], r"^model.augment.cape.max_global_scaling: must be >= 1, got 0.9$"),
+    (["model.augment.shape.max_shift=0"], r"^model.augment.shape.max_shift: must be >= 1, got 0$"),
+    (["model.augment.method=shap"], r"^model.augment.method: 'shap' is not one of: none, shape, randomized, cape$"),
+]
+
+
+@pytest.mark.parametrize("overrides,line", REFUSED, ids=[f"refused{i}" for i in range(len(REFUSED))])
+def test_a_method_an_encoding_cannot_take_is_refused_in_one_line(overrides: list[str], line: str) -> None:
+    with pytest.raises(ConfigError, match=line) as err:
+        load_config(DEMO, overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_what_each_method_accepts() -> None:
+    """SHAPE with a table large enough, or beside a shift-invariant one in the other stack; randomized with integer
+    relative encodings; CAPE with the real-position ones; training length from data.max_train_len if stricter."""
+    for overrides in (["model.input_pe=learnable", "model.max_positions=165"],
+                      ["model.input_pe=none", "model.attention_pe=rope", "model.decoder_pe.input=sinusoidal"]):
+        assert load_config(DEMO, ["model.augment.method=shape", *overrides]).model.augment.method == "shape"
+    load_config(DEMO, ["model.augment.method=shape", "model.input_pe=onehot", "model.d_model=128",
+                       "data.max_train_len=16"])  # 17 + 100 positions fit in 128
+    load_config(DEMO, ["model.augment.method=randomized", "model.augment.randomized.max_length=1024",
+                       "model.input_pe=learnable", "model.attention_pe=t5"])
+    load_config(DEMO, ["model.augment.method=cape", "model.input_pe=none", "model.encoder_pe.attention=rope",
+                       "model.decoder_pe.attention=alibi"])
+
+
+def test_the_setting_shapes_no_parameter_and_unused_keys_are_said(caplog: pytest.LogCaptureFixture) -> None:
+    """A model trained with augmentation loads under a config without it (same fingerprint: it changes only
+    training); a method's key set while another method is chosen is reported as without effect."""
+    from utils.run.checkpoint import model_fingerprint
+    from utils.run.load import check_compatible
+
+    plain = load_config(DEMO)
+    shaped = load_config(DEMO, ["model.augment.method=shape", "model.augment.shape.max_shift=7"])
+    assert model_fingerprint(shaped.model, 500) == model_fingerprint(plain.model, 500)
+    check_compatible(shaped, plain, "test")
+    with caplog.at_level("WARNING", logger="config"):
+        load_config(DEMO, ["model.augment.cape.max_global_shift=2"])
+    assert [r.getMessage() for r in caplog.records] == [
+        "--set model.augment.cape.max_global_shift=2 has no effect: model.augment.method=none"]
+
+
+# ---------------------------------------------------------------------------------------------- train.py
+
+
+TINY = ["model.d_model=32", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=64",
+        "tokenizer.vocab_size=400", "data.max_tokens=300", "train.max_steps=3", "train.eval_every=3",
+        "train.valid_bleu_sentences=2", "train.log_attention_every=0", "train.num_threads=1", "decode.beam=1",
+        "decode.max_len_a=0", "decode.max_len_b=8"]
+TRAINED = {
+    "shape": (["model.augment.method=shape"], "shape (k ~ U{0..100})"),
+    "randomized": (["model.augment.method=randomized", "model.augment.randomized.max_length=256",
+                    "model.input_pe=learnable", "model.attention_pe=t5"], "randomized (sorted subset of 0..255)"),
+    "cape": (["model.augment.method=cape", "model.attention_pe=rope"],
+             "cape (global shift 5, local shift 1, global scaling 1.03)"),
+}
+
+
+def train_py(tmp: Path, *sets: str) -> subprocess.CompletedProcess[str]:
+    args = [a for s in [*TINY, f"data.cache_dir={tmp / 'cache'}", *sets] for a in ("--set", s)]
+    return subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--runs", str(tmp / "runs"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("method", list(TRAINED))
+def test_train_py_trains_with_each_method_and_the_model_translates(tmp_path: Path, method: str) -> None:
+    from utils.run.load import load_run
+    from utils.translation.translate import translate
+
+    sets, described = TRAINED[method]
+    res = train_py(tmp_path, *sets)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_dir = next(p for p in (tmp_path / "runs").glob("demo_2*") if p.is_dir())
+    log = (run_dir / "train.log").read_text()
+    assert f"; in training {described}" in log
+    run = load_run(run_dir, device="cpu")
+    assert run.cfg.model.augment.method == method and run.step == 3 and not run.model.training
+    sources = ["Le chat dort.", "Il fait beau aujourd'hui."]
+    decode = run.cfg.decode.model_copy(update={"beam": 1})
+    first = [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]
+    assert len(first) == 2 and first == [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]
+
+
+def test_train_py_refuses_an_encoding_the_method_cannot_take_in_one_line(tmp_path: Path) -> None:
+    res = train_py(tmp_path, "model.augment.method=cape", "model.input_pe=learnable")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].endswith(
+        "model.augment.method=cape draws real-valued positions, but model.input_pe=learnable takes integer "
+        "positions only (CAPE needs encodings defined on real positions: sinusoidal, rope, alibi)")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
