@@ -322,3 +322,21 @@ def test_train_py_refuses_an_encoding_the_method_cannot_take_in_one_line(tmp_pat
         "model.augment.method=cape draws real-valued positions, but model.input_pe=learnable takes integer "
         "positions only (CAPE needs encodings defined on real positions: sinusoidal, rope, alibi)")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "sandwich", "fire", "xpos", "cope"])
+def test_the_newer_attention_encodings_take_real_positions_from_cape(name: str) -> None:
+    """Each declares ``positions = "real"``: CAPE's real positions validate and give a finite forward in training,
+    and eval is what the model without the setting computes (causal-only ones in decoder self-attention)."""
+    from models.positional import REGISTRY
+
+    placed = ({"attention_pe": "none", "decoder_pe": {"attention": name}} if REGISTRY["attention"][name].causal_only
+              else {"attention_pe": name})
+    sets = [f"model.{k}={v}" for k, v in placed.items() if k == "attention_pe"]
+    sets += [f"model.decoder_pe.attention={name}"] if "decoder_pe" in placed else []
+    load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml",
+                ["model.input_pe=none", "model.augment.method=cape", *sets])  # validates
+    ours, plain = model({"method": "cape"}, "none", **placed), model(None, "none", **placed)
+    src, tgt = batch()
+    assert torch.isfinite(ours.train()(src, tgt)).all()
+    assert torch.equal(ours.eval()(src, tgt), plain.eval()(src, tgt))

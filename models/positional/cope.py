@@ -52,6 +52,9 @@ class CopePE(AttentionPE):
     """CoPE in decoder self-attention: gates sigma(q.k/sqrt(Dh)) summed from each key to the query give fractional
     positions, whose interpolated embeddings from ``pos_embed`` [npos_max, Dh] add q.e(p)/sqrt(Dh) to the scores."""
 
+    positions = "real"  # positions only order keys (the causal test j <= i); counts come from gates
+    shift_invariant = True
+
     settings = ("cope", CopeConfig)
     causal_only = True
 

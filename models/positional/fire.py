@@ -71,6 +71,8 @@ class FirePE(AttentionPE):
     ``nn.Linear`` init (the model's ``_init_weights`` leaves positional modules alone), as the reference does.
     """
 
+    positions = "real"  # psi(|i - j|) / psi(max(L, i)) of real positions (not shift-invariant: max(L, i))
+
     settings = ("fire", FireConfig)
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:

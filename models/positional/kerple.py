@@ -54,6 +54,9 @@ EPS = 1e-2
 class KerplePE(AttentionPE):
     """A learned kernel of |i - j| per head: ``r1``, ``r2`` ``[H]``, U[0, scale) then projected (see the module)."""
 
+    positions = "real"  # |i - j| as a real number
+    shift_invariant = True  # the distance alone
+
     #: U[0, scale) initialisation of r1 and r2 (the authors' ``get_parameter(scale, 'uniform')``).
     r1_scale: ClassVar[float]
     r2_scale: ClassVar[float]

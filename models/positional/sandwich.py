@@ -60,6 +60,9 @@ def sandwich_embeddings(positions: torch.Tensor, inv_freq: torch.Tensor) -> torc
 class SandwichPE(AttentionPE):
     """Parameter-free: buffers w_k ``inv_freq`` [d'/2] and r_h ``ratio`` [H] (float64, not saved)."""
 
+    positions = "real"  # sinusoids of any real position
+    shift_invariant = True  # p_i . p_j depends on i - j only
+
     settings = ("sandwich", SandwichConfig)
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:

@@ -77,6 +77,9 @@ def xpos_tables(
 class XposPE(AttentionPE):
     """xPos on q and k of decoder self-attention (causal only)."""
 
+    positions = "real"  # RoPE angles and zeta^(n/B) of any real position
+    shift_invariant = True  # q_n . k_m depends on n - m only
+
     settings = ("xpos", XposConfig)
     causal_only = True
 
