@@ -128,6 +128,9 @@ def presets() -> dict[str, Preset]:
                                             "model.decoder_pe.attention=none"])
     # An encoding for decoder self-attention only (CoPE) is studied as decoder-nope is, with RoPE in the encoder:
     # the two differ in the decoder's encoding alone.
+    # Attention-level encodings registered after the extrapolation study was pre-registered (KERPLE, Sandwich,
+    # FIRE, ...): in its preset, exploratory there, like decoder-nope, decoder-<causal-only> and sinusoidal+shape.
+    newer = [_pe(e, "none", e) for e in attentions if e not in ("rope", "alibi", "t5", "shaw")]
     decoder_own = [Variant(f"decoder-{e}", ["model.input_pe=none", "model.attention_pe=rope",
                                             f"model.decoder_pe.attention={e}"]) for e in decoder_only]
     # SHAPE (Kiyono et al. 2021) on the sinusoids: in training every position of a stack is shifted by one k ~
@@ -144,7 +147,8 @@ def presets() -> dict[str, Preset]:
                                 + [decoder_nope, *decoder_own, shape], "sinusoidal"),
         # Precision and CPU threads are part of the design (fp32 and one thread per run on every machine: a
         # thread count can change floating-point results); periodic checkpoints are resume points only.
-        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope, decoder_nope, shape], "sinusoidal",
+        "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope, *newer, decoder_nope, *decoder_own,
+                                                                     shape], "sinusoidal",
                                         [f"data.test=[{','.join(LENGTH_SHIFTED)}]", "train.amp=none",
                                          "train.amp_cpu=false", "train.keep_checkpoints=0", "train.num_threads=1"],
                                         family=EXTRAPOLATION_FAMILY),

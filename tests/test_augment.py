@@ -202,7 +202,8 @@ def test_each_stack_draws_its_own_positions_in_training_only(monkeypatch: pytest
 REFUSED = [
     (["model.augment.method=cape", "model.input_pe=learnable"],
      r"^model.augment.method=cape draws real-valued positions, but model.input_pe=learnable takes integer "
-     r"positions only \(CAPE needs encodings defined on real positions: sinusoidal, rope, alibi\)$"),
+     r"positions only \(CAPE needs encodings defined on real positions: sinusoidal, rope, alibi, kerple_log, "
+     r"kerple_power, sandwich, fire, cope, xpos\)$"),
     (["model.augment.method=cape", "model.input_pe=none", "model.attention_pe=t5"],
      r"^model.augment.method=cape draws real-valued positions, but model.attention_pe=t5 takes integer"),
     (["model.augment.method=cape", "model.input_pe=none", "model.attention_pe=shaw"],
@@ -320,7 +321,8 @@ def test_train_py_refuses_an_encoding_the_method_cannot_take_in_one_line(tmp_pat
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].endswith(
         "model.augment.method=cape draws real-valued positions, but model.input_pe=learnable takes integer "
-        "positions only (CAPE needs encodings defined on real positions: sinusoidal, rope, alibi)")
+        "positions only (CAPE needs encodings defined on real positions: sinusoidal, rope, alibi, kerple_log, "
+        "kerple_power, sandwich, fire, cope, xpos)")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
