@@ -36,13 +36,13 @@ with one bucket per distance below the exported length (``models.positional.t5.e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
 
-from models.positional.base import AttentionKind, AttentionPE, Plot
-from models.positional.t5 import exact_bias_table
+from models.positional.base import AttentionKind
+from models.positional.t5 import DistanceBiasPE
 
 if TYPE_CHECKING:
     from models.config import ModelConfig
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 EPS = 1e-2
 
 
-class KerplePE(AttentionPE):
+class KerplePE(DistanceBiasPE):
     """A learned kernel of |i - j| per head: ``r1``, ``r2`` ``[H]``, U[0, scale) then projected (see the module)."""
 
     positions = "real"  # |i - j| as a real number
@@ -83,18 +83,6 @@ class KerplePE(AttentionPE):
         self.project()
         dist = (q_pos[:, None] - k_pos[None, :]).abs().float()[None]
         return self.kernel(dist, self.r1.float()[:, None, None], self.r2.float()[:, None, None])[None]
-
-    def plots(self, what: str, length: int) -> list[Plot]:
-        return [self.bias_plot(what, length)]
-
-    @classmethod
-    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
-        """Both sides: CTranslate2's T5 relative attention bias, one table per layer (see ``ct2_fill``)."""
-        return {"relative_attention_bias": True}
-
-    def ct2_fill(self, spec: Any, length: int) -> None:
-        """This layer's kernel as a relative bias table, exact for every distance below ``length``."""
-        spec.relative_attention_bias, spec.relative_attention_max_distance = exact_bias_table(self, length)
 
 
 class KerpleLogPE(KerplePE):

@@ -31,13 +31,13 @@ with one bucket per distance below the exported length (``models.positional.t5.e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
 
-from models.positional.base import AttentionKind, AttentionPE, Plot
-from models.positional.t5 import exact_bias_table
+from models.positional.base import AttentionKind
+from models.positional.t5 import DistanceBiasPE
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def sandwich_embeddings(positions: torch.Tensor, inv_freq: torch.Tensor) -> torc
     return torch.cat((angles.cos(), angles.sin()), dim=-1)
 
 
-class SandwichPE(AttentionPE):
+class SandwichPE(DistanceBiasPE):
     """Parameter-free: buffers w_k ``inv_freq`` [d'/2] and r_h ``ratio`` [H] (float64, not saved)."""
 
     positions = "real"  # sinusoids of any real position
@@ -91,15 +91,3 @@ class SandwichPE(AttentionPE):
         p_k = p_q if k_pos is q_pos else self.embeddings(k_pos)
         dots = p_q @ p_k.T - self.dim / 2  # [Tq, Tk]
         return (dots[None] / self.ratio[:, None, None]).float()[None]
-
-    def plots(self, what: str, length: int) -> list[Plot]:
-        return [self.bias_plot(what, length)]
-
-    @classmethod
-    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
-        """Both sides: CTranslate2's T5 relative attention bias (see ``ct2_fill``)."""
-        return {"relative_attention_bias": True}
-
-    def ct2_fill(self, spec: Any, length: int) -> None:
-        """The bias as a relative bias table, exact for every distance below ``length``."""
-        spec.relative_attention_bias, spec.relative_attention_max_distance = exact_bias_table(self, length)

@@ -71,6 +71,23 @@ def exact_bias_table(pe: AttentionPE, length: int) -> tuple[np.ndarray, np.int32
     return table.numpy(), np.int32(2 * buckets)
 
 
+class DistanceBiasPE(AttentionPE):
+    """Base of an encoding whose bias depends on j - i alone (KERPLE, Sandwich): its figure is the bias grid per
+    head, and both stacks export exactly to CTranslate2 as a relative bias table (``exact_bias_table``)."""
+
+    def plots(self, what: str, length: int) -> list[Plot]:
+        return [self.bias_plot(what, length)]
+
+    @classmethod
+    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
+        """Both sides: CTranslate2's T5 relative attention bias, one table per layer (see ``ct2_fill``)."""
+        return {"relative_attention_bias": True}
+
+    def ct2_fill(self, spec: Any, length: int) -> None:
+        """This layer's bias as a relative bias table, exact for every distance below ``length``."""
+        spec.relative_attention_bias, spec.relative_attention_max_distance = exact_bias_table(self, length)
+
+
 class T5BiasConfig(Section):
     """T5's bucketed relative attention bias (Raffel et al. 2020)."""
 
@@ -78,7 +95,7 @@ class T5BiasConfig(Section):
     max_distance: int = Field(128, ge=1)
 
 
-class T5BiasPE(AttentionPE):
+class T5BiasPE(DistanceBiasPE):
     """Learned per-head scalar bias indexed by a bucketed relative position (``model.t5``).
 
     The table is ``rel_embed`` [num_buckets, H], initialised N(0, d_model^-0.5) as in T5 (the model's
@@ -115,14 +132,7 @@ class T5BiasPE(AttentionPE):
         """-> ``[1, H, Tq, Tk]``: b_h(bucket(j - i))."""
         return self.rel_embed(self.buckets(q_pos, k_pos)).permute(2, 0, 1)[None]
 
-    def plots(self, what: str, length: int) -> list[Plot]:
-        return [self.bias_plot(what, length)]
-
-    @classmethod
-    def ct2_stack(cls, cfg: ModelConfig, side: Literal["encoder", "decoder"]) -> dict[str, Any]:
-        return {"relative_attention_bias": True}
-
     def ct2_fill(self, spec: Any, length: int) -> None:
-        """CTranslate2's T5 relative bias: this layer's table ``[num_buckets, H]`` and max_distance."""
+        """CTranslate2's T5 relative bias: this layer's own table ``[num_buckets, H]`` and max_distance."""
         spec.relative_attention_bias = self.rel_embed.weight.detach().float().cpu().numpy()
         spec.relative_attention_max_distance = np.int32(self.max_distance)
