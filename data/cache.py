@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -40,9 +40,19 @@ if TYPE_CHECKING:
 
     from data.config import DataConfig
     from data.config import Experiment as Config
-    from tokenizer import Tokenizer
 
 logger = logging.getLogger("data")
+
+
+class Tokenizer(Protocol):
+    """What the cache needs of a tokenizer (``tokenizer.Tokenizer`` is one; data/ does not import tokenizer/)."""
+
+    vocab_size: int
+    fingerprint: Any
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]: ...
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]: ...
 
 CACHE_VERSION = 2  # 2: corpus keyed on file contents; text lines cleaned by data.lines.clean_text
 ARRAYS: dict[str, type[np.integer[Any]]] = {

@@ -27,8 +27,9 @@ from models.positional.shaw import ShawPE
 from models.positional.t5 import T5BiasPE
 from models.positional.xpos import XposPE
 
-if TYPE_CHECKING:  # models.config builds ModelConfig from this registry
-    from models.config import ModelConfig, Stack
+if TYPE_CHECKING:  # models.config builds ModelConfig from this registry: never import it here
+    from models.transformer_config import Stack
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 REGISTRY: dict[str, dict[str, type | None]] = {
     "input": {

@@ -11,7 +11,7 @@ from torch import nn
 from models.positional.base import InputPE, Plot
 
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
 class PositionLimitError(ValueError):

@@ -17,7 +17,7 @@ import torch
 from models.positional.base import AttentionKind, AttentionPE, Plot
 
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
 def alibi_slopes(n_heads: int) -> list[float]:

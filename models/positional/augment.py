@@ -57,7 +57,7 @@ from pydantic import Field
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
-    from models.config import Experiment as Config
+    from models.transformer_config import Experiment as Config
 
 Method = Literal["none", "shape", "randomized", "cape"]
 

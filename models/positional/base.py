@@ -29,9 +29,9 @@ from torch import nn
 
 from utils.schema import ConfigError, Section
 
-if TYPE_CHECKING:  # models.config composes its sections from this registry: annotations only
-    from models.config import Experiment as Config
-    from models.config import ModelConfig
+if TYPE_CHECKING:  # models.config composes ModelConfig from this registry
+    from models.transformer_config import Experiment as Config
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 AttentionKind = Literal["encoder", "decoder", "cross"]
 

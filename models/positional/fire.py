@@ -44,7 +44,7 @@ from models.positional.base import AttentionKind, AttentionPE, Plot
 from utils.schema import Section
 
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 #: Added to psi(max(L, i)) before dividing (the reference listing's eps).
 EPS = 1e-6

@@ -15,8 +15,8 @@ from models.positional.base import InputPE, Plot
 from utils.schema import ConfigError
 
 if TYPE_CHECKING:
-    from models.config import Experiment as Config
-    from models.config import ModelConfig
+    from models.transformer_config import Experiment as Config
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
 def check_length(length: int, limit: int, what: str) -> None:

@@ -45,7 +45,7 @@ from models.positional.base import AttentionKind
 from models.positional.t5 import DistanceBiasPE
 
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 #: The authors' lower bound for both parameters (``self.eps = 1e-2``).
 EPS = 1e-2

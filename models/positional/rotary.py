@@ -32,8 +32,8 @@ from models.positional.base import AttentionKind, AttentionPE, Plot
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
-    from models.config import Experiment as Config
-    from models.config import ModelConfig
+    from models.transformer_config import Experiment as Config
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
 class RopeConfig(Section):

@@ -41,8 +41,8 @@ from models.positional.t5 import DistanceBiasPE
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
-    from models.config import Experiment as Config
-    from models.config import ModelConfig
+    from models.transformer_config import Experiment as Config
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
 class SandwichConfig(Section):

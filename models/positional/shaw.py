@@ -26,7 +26,7 @@ from models.positional.base import AttentionKind, AttentionPE, Plot
 from utils.schema import Section
 
 if TYPE_CHECKING:
-    from models.config import ModelConfig
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
 class ShawConfig(Section):

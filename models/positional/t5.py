@@ -24,8 +24,8 @@ from models.positional.base import AttentionKind, AttentionPE, Plot
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
-    from models.config import Experiment as Config
-    from models.config import ModelConfig
+    from models.transformer_config import Experiment as Config
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
 def relative_position_bucket(

@@ -44,8 +44,8 @@ from models.positional.rotary import apply_rotary, rope_angles, rope_inv_freq
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
-    from models.config import Experiment as Config
-    from models.config import ModelConfig
+    from models.transformer_config import Experiment as Config
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
 class XposConfig(Section):
