@@ -24,6 +24,7 @@ from data.config import DataConfig
 from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig, encoding_sections
 from models.positional import REGISTRY
 from models.positional.augment import check_augmentation
+from models.positional.base import name_at
 from tokenizer.config import TokenizerConfig
 from utils.schema import ConfigError, Section, config_error, expand_env
 
@@ -137,14 +138,6 @@ def _check_vocabulary(t: TokenizerConfig) -> None:
         raise ConfigError(f"tokenizer.vocab_size: must be > {reserved}{why}, got {t.vocab_size}")
 
 
-def _at(cfg: Config, key: str) -> Any:
-    """The value of a dotted ``key`` (``model.decoder_pe.attention``)."""
-    value: Any = cfg
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _check_encodings(cfg: Config) -> None:
     """Each chosen positional encoding checks the settings it needs (its ``check`` hook, declared with it), once
     per key that chose it; one defined for causal self-attention only is refused in the encoder and cross-attention."""
@@ -152,18 +145,18 @@ def _check_encodings(cfg: Config) -> None:
 
     m = cfg.model
     for key in dict.fromkeys(m.pe_key(stack, "input") for stack in ("encoder", "decoder")):
-        REGISTRY["input"][_at(cfg, key)].check(cfg, key)
+        REGISTRY["input"][name_at(cfg, key)].check(cfg, key)
     places = [(m.pe_key("encoder", "attention"), "encoder"), (m.pe_key("decoder", "attention"), "decoder"),
               (CROSS_ATTENTION_PE_KEY, "cross")]
     for key, kind in places:
-        name = _at(cfg, key)
+        name = name_at(cfg, key)
         cls = REGISTRY["attention"][name]
         if cls is not None and cls.causal_only and kind != "decoder":
             where = "the encoder" if kind == "encoder" else "cross-attention"
             raise ConfigError(f"{key}={name} puts it in {where}, but it is defined for causal (decoder) "
                               f"self-attention only: set model.decoder_pe.attention={name}")
     for key in dict.fromkeys(key for key, _ in places):
-        cls = REGISTRY["attention"][_at(cfg, key)]
+        cls = REGISTRY["attention"][name_at(cfg, key)]
         if cls is not None:
             cls.check(cfg, key)
 
@@ -185,7 +178,7 @@ def _registry_choices() -> dict[str, list[str]]:
 def validate(cfg: Config) -> Config:
     """Cross-field checks that types alone cannot express."""
     for key, allowed in _registry_choices().items():
-        value = _at(cfg, key)
+        value = name_at(cfg, key)
         if value not in allowed and not (value is None and key.count(".") == 2):
             raise ConfigError(f"{key}: {value!r} is not one of: {', '.join(allowed)}")
     m, d = cfg.model, cfg.data

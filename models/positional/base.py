@@ -71,12 +71,13 @@ class SharedPositions:
         return value
 
 
-def name_at(cfg: Config, key: str) -> str:
-    """The encoding name a dotted ``key`` holds (``model.attention_pe``, ``model.decoder_pe.attention``)."""
+def name_at(cfg: Config, key: str) -> Any:
+    """The value a dotted ``key`` holds, e.g. an encoding name (``model.attention_pe``, ``model.decoder_pe.attention``;
+    None for a stack key left to the shorthand)."""
     value: Any = cfg
     for part in key.split("."):
         value = getattr(value, part)
-    return str(value)
+    return value
 
 
 class InputPE(nn.Module):
