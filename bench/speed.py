@@ -208,6 +208,18 @@ def real_sections(res: dict[str, dict], meta: dict) -> list[str]:
             if "peak_formula" in r:
                 lines.append(f"\n{p}: model FLOPs {r['flops_formula']}; peak {r['peak_flops'] / 1e9:.1f} GFLOP/s = "
                              f"{r['peak_formula']}.")
+        profiled = {p: r["phases"] for p, r in real.items() if "phases" in r}
+        if profiled:
+            from utils.training.profile import PHASES
+
+            totals = {p: sum(ms.values()) for p, ms in profiled.items()}
+            lines += ["", "Where a step's time goes: torch.profiler over a separate, shorter `train.py` "
+                      "(`train.profile_steps`; the timed run is not profiled), ms per optimizer step and share", "",
+                      "| phase | " + " | ".join(profiled) + " |", "|---|" + "---|" * len(profiled)]
+            for phase in PHASES:
+                lines.append(f"| {phase} | " + " | ".join(
+                    f"{ms[phase]:.1f} ({100 * ms[phase] / totals[p]:.0f} %)" for p, ms in profiled.items()) + " |")
+            lines.append("| step | " + " | ".join(f"{t:.1f}" for t in totals.values()) + " |")
     trained = res.get("trained")
     if trained:
         lines += ["", f"Trained model ({trained['model']}): the first {trained['sentences']} sentences of "
@@ -244,6 +256,9 @@ def main() -> int:
     add_set_arg(parser)
     parser.add_argument("--real-steps", type=int,
                         help="steps of train.py itself per precision (default 60 on CPU, 300 on CUDA; 0 = skip)")
+    parser.add_argument("--profile-steps", type=int, default=None,
+                        help="--parts real: steps of a second, profiled train.py for the phase table "
+                             "(default 10; 2 with --quick; 0 = none)")
     parser.add_argument("--model_path", help="a trained run directory to time real decoding on "
                                              "(default: runs/<config name>_latest when it exists)")
     parser.add_argument("--profile", action="store_true",
@@ -254,6 +269,8 @@ def main() -> int:
                              "decoding); default all")
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile_steps is None:
+        args.profile_steps = 2 if args.quick else 10
     if args._worker:
         return worker(Path(args._worker))
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
@@ -368,7 +385,9 @@ def main() -> int:
                 if p == "bf16" and not cuda and not cpu_has_native_bf16():
                     meta.setdefault("real_skipped", []).append("bf16 (this CPU has no bf16 instructions)")
                     continue
-                res[f"real.{p}"] = time_real_loop(config, args.overrides, real_steps, p, args.device, work)
+                res[f"real.{p}"] = time_real_loop(config, args.overrides, real_steps, p, args.device, work,
+                                                  profile_steps=args.profile_steps,
+                                                  profile_after=1 if args.quick else 5)
     model_path = args.model_path or latest_link_path(ROOT / "runs", cfg.name)
     if parts == {"trained"} and not Path(model_path).exists():
         parser.error(f"--parts trained: no trained model at {model_path} (train one, or give --model_path RUN_DIR)")

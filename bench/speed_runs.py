@@ -209,12 +209,14 @@ def data_worker(spec: dict, cfg: Any) -> dict[str, Any]:
 
 
 def time_real_loop(config: Path, overrides: list[str], steps: int, precision: str, device: str,
-                   work: Path) -> dict[str, Any]:
+                   work: Path, profile_steps: int = 0, profile_after: int = 5) -> dict[str, Any]:
     """``train.py`` itself for ``steps`` optimizer steps (validation only once, at the end, on few sentences).
 
     Target tokens/s come from train.py's own closing summary (training steps only, batch assembly included);
     CPU user/system seconds, minor page faults and peak RSS from the kernel for the whole process
-    (start-up, tokenizer and the final validation included).
+    (start-up, tokenizer and the final validation included). ``profile_steps``: then a second, shorter
+    ``train.py`` (the same first batches) with torch.profiler over steps ``profile_after + 1 ..`` (the timed run
+    is never profiled): ``phases``, ms per step by phase (utils/training/profile.py).
     """
     from bench.measure import run_measured
 
@@ -233,6 +235,17 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
            "train_seconds": summary["train_seconds"], "wall_s": m.wall_s, "user_s": m.user_s, "sys_s": m.sys_s,
            "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
     out.update(achieved_flops(run, summary, precision, device))
+    if profile_steps:
+        sets[0] = f"train.max_steps={profile_after + profile_steps}"
+        sets += [f"train.profile_steps={profile_steps}", f"train.profile_after={profile_after}"]
+        cmd = project_command("train.py", "--config", config, "--runs", work / "profiled", overrides=sets)
+        print(f"  train.py, {profile_steps} steps profiled after {profile_after}, {precision} ...", end="", flush=True)
+        run_measured(cmd, work / f"profiled.{precision}.log")
+        run = max((p for p in (work / "profiled").iterdir() if p.is_dir() and not p.is_symlink()),
+                  key=lambda p: p.stat().st_mtime)
+        out["phases"] = RunDir(run).phases()["ms_per_step"]
+        out["profile_trace"] = str(RunDir(run).profile)
+        print(f" {sum(out['phases'].values()):.0f} ms/step", flush=True)
     return out
 
 

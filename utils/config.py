@@ -76,6 +76,10 @@ class TrainConfig(Section):
     amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU
     amp_cpu: bool = False  # allow bf16 autocast when running on CPU
     num_threads: int | None = Field(None, ge=1)  # torch.set_num_threads on CPU
+    # torch.profiler over profile_steps optimizer steps after the first profile_after: <run>/profile/phases.json
+    # (ms per step by phase) and the trace (utils/training/profile.py); 0 = off
+    profile_steps: int = Field(0, ge=0)
+    profile_after: int = Field(10, ge=1)
 
 
 class DecodeConfig(Section):

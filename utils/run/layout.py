@@ -103,6 +103,18 @@ class RunDir:
     def eval_dir(self) -> Path:
         return self.root / "eval"
 
+    @property
+    def profile(self) -> Path:
+        """``train.profile_steps``' output: ``phases.json`` and the profiler's trace."""
+        return self.root / "profile"
+
+    def phases(self) -> dict[str, Any]:
+        """``profile/phases.json`` (utils/training/profile.py); ValueError if the run was not profiled."""
+        path = self.profile / "phases.json"
+        if not path.is_file():
+            raise ValueError(f"{self.root} has no {path.relative_to(self.root)} (train with train.profile_steps > 0)")
+        return json.loads(path.read_text(encoding="utf-8"))
+
     def checkpoint(self, name: str) -> Path:
         """``checkpoints/<name>.pt`` (name: ``best``, ``last``, ``step_<N>``...)."""
         return self.checkpoints / f"{name}.{CHECKPOINT_EXT}"

@@ -17,6 +17,7 @@ killed write are removed at the next start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -42,6 +43,7 @@ from utils.run.layout import BEST, LAST, PERIODIC_PREFIX, SUMMARY_MARK, RunDir
 from utils.run.store import lock_run, point_latest, unlock_run
 from utils.training.evaluation import create_evaluator, token_loss
 from utils.training.guards import NonFiniteGuard, StopRequest, finished_reason
+from utils.training.profile import StepProfiler
 from utils.training.setup import build_setup
 from utils.training.state import (
     AtomicSaver,
@@ -107,6 +109,12 @@ class Recipe:
         self.stop_code = 0
         self.tb: TensorboardLogger | None = None
         self.periodic: Checkpoint | None = None
+        self.profiler = (StepProfiler(self.rd.profile, self.t.profile_after, self.t.profile_steps,
+                                      self.t.accumulate, log) if self.t.profile_steps and self.rank == 0 else None)
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        """The step's phases, marked for the profiler while it records (utils/training/profile.py)."""
+        return self.profiler.phase(name) if self.profiler is not None else contextlib.nullcontext()
 
     # -- one step ------------------------------------------------------------------------------------------
 
@@ -115,27 +123,41 @@ class Recipe:
         s, t = self.s, self.t
         pad_id = s.tokenizer.pad_id
         s.model.train()
-        batch = batch.to(s.device)
-        real = batch.tgt_out != pad_id
-        with s.autocast():
+        with self.phase("data"):
+            batch = batch.to(s.device)
+            real = batch.tgt_out != pad_id
+        with self.phase("forward"), s.autocast():
             logits = s.model(batch.src, batch.tgt_in, real)  # [N, V]: no output layer or loss over padding
-        loss = token_loss(logits, batch.tgt_out[real], pad_id, t.label_smoothing) / batch.n_tgt_tokens
-        s.scaler.scale(loss / t.accumulate).backward()
-        loss_value = float(loss.detach())
+        with self.phase("loss"):
+            loss = token_loss(logits, batch.tgt_out[real], pad_id, t.label_smoothing) / batch.n_tgt_tokens
+        with self.phase("backward"):
+            s.scaler.scale(loss / t.accumulate).backward()
+            loss_value = float(loss.detach())
         self.guard.saw_loss(loss_value)
         grad_norm = float("nan")
         if engine.state.iteration % t.accumulate == 0:
-            s.scaler.unscale_(s.optimizer)
-            max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
-            if self.guard.step_is_finite(grad_norm, engine.state.iteration // t.accumulate):
-                s.scaler.step(s.optimizer)
-                s.scaler.update()
-                s.scheduler.step()
-            s.optimizer.zero_grad(set_to_none=True)
+            with self.phase("optimizer"):
+                s.scaler.unscale_(s.optimizer)
+                max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
+                if self.guard.step_is_finite(grad_norm, engine.state.iteration // t.accumulate):
+                    s.scaler.step(s.optimizer)
+                    s.scaler.update()
+                    s.scheduler.step()
+                s.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss_value, "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
 
     # -- phases --------------------------------------------------------------------------------------------
+
+    def attach_profiler(self) -> None:
+        """``train.profile_steps``: torch.profiler over a window of steps, the batch fetch marked as "data"."""
+        p = self.profiler
+        if p is None:
+            return
+        self.trainer.add_event_handler(Events.STARTED, lambda _: p.start())
+        self.trainer.add_event_handler(Events.GET_BATCH_STARTED, lambda _: p.data_started())
+        self.trainer.add_event_handler(Events.GET_BATCH_COMPLETED, lambda _: p.data_done())
+        self.trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda _: p.step())
 
     def attach_data_order(self) -> None:
         """Each epoch's batch order from the seed and epoch; a resumed epoch skips the batches it trained."""
@@ -365,6 +387,7 @@ class Recipe:
 
     def run(self, before_training: Callable[[], None] | None = None) -> dict[str, float]:
         """Attach, resume, train, summarise; returns the last validation metrics."""
+        self.attach_profiler()
         self.attach_data_order()
         self.attach_statistics()
         self.attach_validation_scores()
@@ -379,7 +402,11 @@ class Recipe:
                 self.resume_from_last()
             if before_training is not None:
                 before_training()
-            self.trainer.run(self.s.train_data, max_epochs=self.t.epochs)
+            try:
+                self.trainer.run(self.s.train_data, max_epochs=self.t.epochs)
+            finally:
+                if self.profiler is not None:
+                    self.profiler.stop()
             if self.trainer.state.iteration > self.last_eval_iteration and self.stop_code != SIGNAL:
                 self.validate(self.trainer)  # the epochs ran out between evaluations
         self.summary(time.perf_counter() - wall_start)
