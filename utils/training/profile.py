@@ -8,10 +8,11 @@ real loop with ``torch.profiler`` and writes, in the run directory's ``profile/`
   or TensorBoard with the ``torch-tb-profiler`` plugin).
 
 The loop marks its phases with ``record_function("phase:<name>")`` only while the profiler records. Forward
-time is split by operator: matrix products (``aten::mm``, ``addmm``, ``bmm``, ``linear``...), attention
-(everything inside ``aten::scaled_dot_product_attention``, or an encoding's own attention), and the rest
-(softmax, LayerNorm, dropout, additions, copies: elementwise). The remainder of each phase, where no operator
-ran, is Python and dispatch; the remainder of the step (Ignite's handlers, statistics) is "other".
+and backward time are split by operator: matrix products (``aten::mm``, ``addmm``, ``bmm``, ``linear``...),
+attention (everything inside scaled dot-product attention and its backward), and the rest (softmax,
+LayerNorm, dropout, additions, copies: elementwise; in the backward also the autograd engine's own time).
+The forward's remainder, where no operator ran, is Python and dispatch; the remainder of the step (Ignite's
+handlers, statistics) is "other".
 Times are wall-clock on the training thread (an operator's CPU time includes waiting for its intra-op
 threads), so the rows add up to the step.
 """
@@ -32,10 +33,16 @@ from utils.io import atomic_write_text
 MARK = "phase:"
 #: The table's rows, in order.
 PHASES = ("data", "forward: matmuls", "forward: attention", "forward: softmax, LayerNorm, elementwise",
-          "forward: Python and dispatch", "loss", "backward", "optimizer", "other")
+          "forward: Python and dispatch", "loss", "backward: matmuls", "backward: attention",
+          "backward: elementwise, autograd", "optimizer", "other")
+#: Phases split by operator kind: the row of each kind, and where the phase's own time (no operator) goes.
+SPLIT = {"forward": ("forward: matmuls", "forward: attention", "forward: softmax, LayerNorm, elementwise",
+                     "forward: Python and dispatch"),
+         "backward": ("backward: matmuls", "backward: attention", "backward: elementwise, autograd",
+                      "backward: elementwise, autograd")}
 MATMULS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                      "aten::addmv", "aten::mv", "aten::dot", "aten::einsum", "mkldnn::_linear_pointwise"})
-ATTENTION = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product")
+ATTENTION = ("scaled_dot_product", "scaleddotproduct")  # lower-cased: the ops, their backward and autograd nodes
 
 
 def _ancestors(event: Any) -> Iterator[Any]:
@@ -48,9 +55,9 @@ def _ancestors(event: Any) -> Iterator[Any]:
 def phase_times(events: Iterable[Any], steps: int) -> dict[str, float]:
     """Milliseconds per step in each row of ``PHASES`` from a profiler's events (``prof.events()``).
 
-    ``steps``: the number of optimizer steps recorded. Each outermost ``phase:`` mark counts whole in its phase; within
-    ``phase:forward`` the self times (µs) of the operators below it go to their kind (see the module), and
-    what is left is Python and dispatch. "other" is the recorded steps' time outside every mark."""
+    ``steps``: the number of optimizer steps recorded. Each outermost ``phase:`` mark counts whole in its phase;
+    within ``phase:forward`` and ``phase:backward`` the self times (µs) of the operators below go to their kind
+    (``SPLIT``; see the module). "other" is the recorded steps' time outside every mark."""
     us = dict.fromkeys(PHASES, 0.0)
     step_us = 0.0
     for e in events:
@@ -62,18 +69,19 @@ def phase_times(events: Iterable[Any], steps: int) -> dict[str, float]:
         if e.name.startswith(MARK):
             if not marks:
                 name = e.name[len(MARK):]
-                us["forward: Python and dispatch" if name == "forward" else name] += e.cpu_time_total
+                us[SPLIT[name][3] if name in SPLIT else name] += e.cpu_time_total
             continue
-        if marks[-1:] != ["forward"]:
+        if not marks or marks[-1] not in SPLIT:
             continue  # counted whole in its phase (or outside every phase: "other")
-        if any(n.startswith(ATTENTION) for n in [e.name, *chain]):
-            key = "forward: attention"
+        matmuls, attention, rest, own = SPLIT[marks[-1]]
+        if any(k in n.lower() for n in [e.name, *chain] for k in ATTENTION):
+            key = attention
         elif e.name in MATMULS:
-            key = "forward: matmuls"
+            key = matmuls
         else:
-            key = "forward: softmax, LayerNorm, elementwise"
+            key = rest
         us[key] += e.self_cpu_time_total
-        us["forward: Python and dispatch"] -= e.self_cpu_time_total
+        us[own] -= e.self_cpu_time_total
     us["other"] = step_us - sum(us[p] for p in PHASES if p != "other")
     return {p: v / 1e3 / max(steps, 1) for p, v in us.items()}
 
