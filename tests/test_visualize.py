@@ -80,8 +80,21 @@ def assert_not_blank(path: Path) -> None:
     assert float(pixels[..., :3].var()) > 1e-3, f"{path} looks blank"
 
 
+def in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+               *args: str) -> subprocess.CompletedProcess[str]:
+    """visualize.py's ``main`` in this process (the command line itself is run for two families: no interpreter
+    start-up and imports for each of the others)."""
+    import visualize
+
+    monkeypatch.setattr(sys, "argv", ["visualize.py", *args])
+    code = visualize.main()
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], family: str, tmp_path: Path) -> None:
+def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], family: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     run = runs[family]
     expected = ATTENTION_TAGS | FAMILIES[family][1]
     if family == "rope":  # a checkpoint file, the kebab-case spellings, teacher forcing
@@ -91,7 +104,8 @@ def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], fam
         step = 4
     else:
         out = run / "visualize"
-        res = cli("--model_path", str(run), "--src_text", SRC)
+        args = ("--model_path", str(run), "--src_text", SRC)
+        res = cli(*args) if family == "sinusoidal" else in_process(monkeypatch, capsys, *args)
         step = 4  # best.pt records the training step of the evaluation that made it best
     assert res.returncode == 0, res.stderr
     assert f"source: {SRC}" in res.stdout
