@@ -221,14 +221,19 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
     from bench.measure import run_measured
 
     amp = ["train.amp=none"] if precision == "fp32" else ["train.amp=bf16", "train.amp_cpu=true"]
-    sets = [f"train.max_steps={steps}", "train.eval_every=100000000", "train.log_attention_every=0",
-            "train.valid_bleu_sentences=20", f"train.device={device}", *overrides, *amp]
-    cmd = project_command("train.py", "--config", config, "--runs", work / "real", overrides=sets)
-    log = work / f"real.{precision}.log"
+    sets = ["train.eval_every=100000000", "train.log_attention_every=0", "train.valid_bleu_sentences=20",
+            f"train.device={device}", *overrides, *amp]
+
+    def train_py(folder: str, max_steps: int, *extra: str) -> tuple[Any, Path]:
+        """Run train.py into ``work/folder``; (its measurement, the run directory it wrote)."""
+        cmd = project_command("train.py", "--config", config, "--runs", work / folder,
+                              overrides=[f"train.max_steps={max_steps}", *sets, *extra])
+        m = run_measured(cmd, work / f"{folder}.{precision}.log")
+        runs = (p for p in (work / folder).iterdir() if p.is_dir() and not p.is_symlink())
+        return m, max(runs, key=lambda p: p.stat().st_mtime)
+
     print(f"  train.py, {steps} steps, {precision} ...", end="", flush=True)
-    m = run_measured(cmd, log)
-    runs = work / "real"
-    run = max((p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()), key=lambda p: p.stat().st_mtime)
+    m, run = train_py("real", steps)
     summary = RunDir(run).summary()
     print(f" {summary['target_tokens_per_s']:.0f} tgt tok/s ({m.wall_s:.0f}s)", flush=True)
     out = {"tok_per_s": summary["target_tokens_per_s"], "steps": summary["steps"],
@@ -236,15 +241,11 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
            "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
     out.update(achieved_flops(run, summary, precision, device))
     if profile_steps:
-        sets[0] = f"train.max_steps={profile_after + profile_steps}"
-        sets += [f"train.profile_steps={profile_steps}", f"train.profile_after={profile_after}"]
-        cmd = project_command("train.py", "--config", config, "--runs", work / "profiled", overrides=sets)
         print(f"  train.py, {profile_steps} steps profiled after {profile_after}, {precision} ...", end="", flush=True)
-        run_measured(cmd, work / f"profiled.{precision}.log")
-        run = max((p for p in (work / "profiled").iterdir() if p.is_dir() and not p.is_symlink()),
-                  key=lambda p: p.stat().st_mtime)
-        out["phases"] = RunDir(run).phases()["ms_per_step"]
-        out["profile_trace"] = str(RunDir(run).profile)
+        _, profiled = train_py("profiled", profile_after + profile_steps, f"train.profile_steps={profile_steps}",
+                               f"train.profile_after={profile_after}")
+        out["phases"] = RunDir(profiled).phases()["ms_per_step"]
+        out["profile_trace"] = str(RunDir(profiled).profile)
         print(f" {sum(out['phases'].values()):.0f} ms/step", flush=True)
     return out
 

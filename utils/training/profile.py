@@ -114,9 +114,12 @@ class StepProfiler:
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         return record_function(MARK + name) if self.recording else contextlib.nullcontext()
 
+    def _update_recording(self) -> None:
+        self.recording = self._prof.current_action.name.startswith(("WARMUP", "RECORD"))
+
     def start(self) -> None:
         self._prof.start()
-        self.recording = self._prof.current_action.name.startswith(("WARMUP", "RECORD"))
+        self._update_recording()
 
     def data_started(self) -> None:
         if self.recording:
@@ -133,7 +136,7 @@ class StepProfiler:
         if self.result is not None:
             return
         self._prof.step()
-        self.recording = self.result is None and self._prof.current_action.name.startswith(("WARMUP", "RECORD"))
+        self._update_recording()
 
     def stop(self) -> None:
         """At the end of training; a window the run did not finish is dropped (nothing written)."""
