@@ -221,12 +221,15 @@ class Seq2SeqTransformer(nn.Module):
         cache: DecoderCache | None = None,
         attention: Attention | None = None,
         keep: torch.Tensor | None = None,
+        output: bool = True,
     ) -> torch.Tensor:
         """tgt ``[B, T]`` (bos first) -> logits ``[B, T, V]``, or ``[N, V]`` for the N True positions of ``keep``.
 
         With a ``cache``, ``tgt`` holds only the new tokens, at positions ``cache.length ...``. ``keep``
         (``[B, T]`` bool, e.g. the non-pad targets) skips the output layer, the largest matrix product of a
-        training step, at positions no loss is taken on.
+        training step, at positions no loss is taken on. ``output=False`` returns the final states
+        (``[..., D]``) before the output layer ``output_weight``, for a loss that applies it chunk by chunk
+        (``models/loss.py``).
         """
         if cache is None:
             pos = self.positions(tgt.shape[1], tgt.device)
@@ -244,13 +247,19 @@ class Seq2SeqTransformer(nn.Module):
         if cache is not None:
             cache.length += tgt.shape[1]
         x = self.decoder_norm(x if keep is None else x[keep])
-        weight = self.output.weight if self.output is not None else self.tgt_embed.weight
-        return F.linear(x, weight)
+        return F.linear(x, self.output_weight) if output else x
 
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """Teacher-forced logits ``[B, T, V]`` (``[N, V]`` at the True positions of ``keep``)."""
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The output layer ``[V, D]`` (bias-free): its own, or the tied target embedding."""
+        return self.output.weight if self.output is not None else self.tgt_embed.weight
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, keep: torch.Tensor | None = None,
+                output: bool = True) -> torch.Tensor:
+        """Teacher-forced logits ``[B, T, V]`` (``[N, V]`` at the True positions of ``keep``; the final states
+        ``[..., D]`` instead with ``output=False``)."""
         memory, src_mask = self.encode(src)
-        return self.decode(tgt, memory, src_mask, keep=keep)
+        return self.decode(tgt, memory, src_mask, keep=keep, output=output)
 
     def forward_with_attention(self, src: torch.Tensor, tgt: torch.Tensor) -> tuple[torch.Tensor, Attention]:
         """Teacher-forced logits plus every layer's attention weights (explicit path)."""

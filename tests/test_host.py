@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.host import cpu_has_native_bf16, keep_freed_memory
+from utils.host import KERNEL_CACHES, cpu_has_native_bf16, keep_freed_memory, limit_kernel_caches
 
 
 @pytest.mark.parametrize(
@@ -34,6 +34,26 @@ def test_arm_bf16_feature_and_missing_cpuinfo(tmp_path: Path) -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_malloc_keeps_freed_memory_on_linux() -> None:
     assert keep_freed_memory() is True
+
+
+def test_kernel_caches_are_limited_unless_the_user_sized_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in KERNEL_CACHES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "1024")  # the user's choice stands
+    assert limit_kernel_caches() == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8", "LRU_CACHE_CAPACITY": "1024"}
+
+
+def test_training_limits_the_kernel_caches(tmp_path: Path, tiny_config, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
+
+    for name in KERNEL_CACHES:
+        monkeypatch.delenv(name, raising=False)
+    cfg = tiny_config(tmp_path, max_steps=1, eval_every=1)
+    train(cfg, create_run_dir(cfg, tmp_path / "runs"))
+    assert {name: os.environ.get(name) for name in KERNEL_CACHES} == KERNEL_CACHES
 
 
 def test_torchrun_processes_share_the_cores_instead_of_each_taking_them_all() -> None:

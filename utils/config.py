@@ -59,6 +59,9 @@ class TrainConfig(Section):
     eps: float = Field(1e-9, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     label_smoothing: float = Field(0.1, ge=0, lt=1)
+    # The output layer and its loss row chunk by row chunk, gradients in the same pass, never [N, V] logits
+    # (models/loss.py); false = F.linear then F.cross_entropy, the summation order of runs before it
+    fused_loss: bool = True
     clip_norm: float = Field(1.0, ge=0)  # 0 = no clipping
     # A step whose loss or gradient norm is NaN or inf: "stop" training with one line naming it, or "skip" it
     # (no update; training stops after 20 skipped in a row). fp16 overflow steps are the grad scaler's to skip.
@@ -76,6 +79,9 @@ class TrainConfig(Section):
     amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU
     amp_cpu: bool = False  # allow bf16 autocast when running on CPU
     num_threads: int | None = Field(None, ge=1)  # torch.set_num_threads on CPU
+    # torch.compile the training forward (inductor, dynamic shapes, eager's random numbers); off by default:
+    # slower than eager on the 2-core CPUs measured (README, "Where training time goes")
+    compile: bool = False
     # torch.profiler over profile_steps optimizer steps after the first profile_after: <run>/profile/phases.json
     # (ms per step by phase) and the trace (utils/training/profile.py); 0 = off
     profile_steps: int = Field(0, ge=0)

@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +39,25 @@ def keep_freed_memory() -> bool:
     ok = mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
     log.debug("malloc keeps freed memory: %s", ok)
     return ok
+
+
+# oneDNN's primitive cache and ideep's cache of matmul/convolution setups: entries each, by default 1,024.
+KERNEL_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8", "LRU_CACHE_CAPACITY": "8"}
+
+
+def limit_kernel_caches() -> dict[str, str]:
+    """Keep oneDNN's and ideep's per-shape kernel caches to a few entries, unless the environment sets them.
+
+    Token-bucketed batches give nearly every step new matrix shapes, so the default caches (1,024 entries
+    each) fill with kernels, reordered weights and buffers for shapes that rarely come back. On CPU with
+    bf16 autocast (oneDNN's bf16 matmuls) that was most of a training run's memory: ``bench_small_rope``,
+    60 steps, one thread, peak RSS 3,118 MB with the default caches and 1,435 MB with 8 entries each, at
+    no cost in CPU time (147.6 against 154.6 user seconds). Must run before the process's first oneDNN
+    kernel: both caches read their size once, when first used. Returns the values in effect.
+    """
+    for name, value in KERNEL_CACHES.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in KERNEL_CACHES}
 
 
 @functools.cache

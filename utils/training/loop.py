@@ -36,8 +36,9 @@ from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar, global_step_
 from ignite.handlers.tensorboard_logger import OptimizerParamsHandler, OutputHandler, TensorboardLogger
 
 from data.batching import Batch
+from models.loss import linear_cross_entropy
 from utils.config import Config
-from utils.host import keep_freed_memory
+from utils.host import keep_freed_memory, limit_kernel_caches
 from utils.run.checkpoint import CheckpointError, load_checkpoint, model_fingerprint
 from utils.run.layout import BEST, LAST, PERIODIC_PREFIX, SUMMARY_MARK, RunDir
 from utils.run.store import lock_run, point_latest, unlock_run
@@ -73,6 +74,7 @@ def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None,
         lock_run(run_dir)
     try:
         keep_freed_memory()  # no page-fault churn from large per-step allocations (see utils/host.py)
+        limit_kernel_caches()  # no cache of oneDNN kernels for every batch shape seen (see utils/host.py)
         return Recipe(cfg, run_dir, resume, corpus).run(before_training)
     finally:
         if idist.get_rank() == 0:
@@ -126,10 +128,12 @@ class Recipe:
         with self.phase("data"):
             batch = batch.to(s.device)
             real = batch.tgt_out != pad_id
-        with self.phase("forward"), s.autocast():
-            logits = s.model(batch.src, batch.tgt_in, real)  # [N, V]: no output layer or loss over padding
-        with self.phase("loss"):
-            loss = token_loss(logits, batch.tgt_out[real], pad_id, t.label_smoothing) / batch.n_tgt_tokens
+        with self.phase("forward"), s.autocast():  # [N, D] or [N, V]: no output layer or loss over padding
+            out = s.model(batch.src, batch.tgt_in, real, output=not t.fused_loss)
+        with self.phase("loss"), s.autocast():
+            target = batch.tgt_out[real]
+            loss = (linear_cross_entropy(out, s.core.output_weight, target, t.label_smoothing) if t.fused_loss
+                    else token_loss(out, target, pad_id, t.label_smoothing)) / batch.n_tgt_tokens
         with self.phase("backward"):
             s.scaler.scale(loss / t.accumulate).backward()
             loss_value = float(loss.detach())
