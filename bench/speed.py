@@ -193,17 +193,18 @@ def real_sections(res: dict[str, dict], meta: dict) -> list[str]:
     if real:
         lines += ["", "The real loop: `train.py` itself (batches from its own loader, the full training step; "
                   "CPU seconds, page faults and peak RSS for the whole process)", "",
-                  "| train.py | steps | target tok/s | model GFLOP/s | of the peak | user s | system s | "
-                  "minor page faults | peak RSS (MiB) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| train.py | steps | target tok/s | last third, tok/s | model GFLOP/s | of the peak | user s | "
+                  "system s | minor page faults | peak RSS (MiB) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for p, r in real.items():
             flops = fmt(r["flops_per_s"] / 1e9, 1) if "flops_per_s" in r else "-"
             frac = f"{100 * r['peak_fraction']:.1f} %" if "peak_fraction" in r else "-"
-            lines.append(f"| {p} | {r['steps']} | {fmt(r['tok_per_s'], 0)} | {flops} | {frac} | "
+            lines.append(f"| {p} | {r['steps']} | {fmt(r['tok_per_s'], 0)} | {fmt(r.get('tok_per_s_last'), 0)} | "
+                         f"{flops} | {frac} | "
                          f"{fmt(r['user_s'], 0)} | {fmt(r['sys_s'], 1)} | {fmt(r['minor_faults'], 0)} | "
                          f"{fmt(r['peak_mib'], 0)} |")
         for note in meta.get("real_skipped", []):
-            lines.append(f"| {note}: skipped | | | | | | | | |")
+            lines.append(f"| {note}: skipped | | | | | | | | | |")
         for p, r in real.items():
             if "peak_formula" in r:
                 lines.append(f"\n{p}: model FLOPs {r['flops_formula']}; peak {r['peak_flops'] / 1e9:.1f} GFLOP/s = "
@@ -259,6 +260,8 @@ def main() -> int:
     parser.add_argument("--profile-steps", type=int, default=None,
                         help="--parts real: steps of a second, profiled train.py for the phase table "
                              "(default 10; 2 with --quick; 0 = none)")
+    parser.add_argument("--compile", action="store_true",
+                        help="--parts real: also time train.py with train.compile=true, per precision")
     parser.add_argument("--model_path", help="a trained run directory to time real decoding on "
                                              "(default: runs/<config name>_latest when it exists)")
     parser.add_argument("--profile", action="store_true",
@@ -385,9 +388,10 @@ def main() -> int:
                 if p == "bf16" and not cuda and not cpu_has_native_bf16():
                     meta.setdefault("real_skipped", []).append("bf16 (this CPU has no bf16 instructions)")
                     continue
-                res[f"real.{p}"] = time_real_loop(config, args.overrides, real_steps, p, args.device, work,
-                                                  profile_steps=args.profile_steps,
-                                                  profile_after=1 if args.quick else 5)
+                for compiled in (False, True) if args.compile else (False,):
+                    res[f"real.{p}{' compiled' if compiled else ''}"] = time_real_loop(
+                        config, args.overrides, real_steps, p, args.device, work, profile_steps=args.profile_steps,
+                        profile_after=1 if args.quick else 5, compile=compiled)
     model_path = args.model_path or latest_link_path(ROOT / "runs", cfg.name)
     if parts == {"trained"} and not Path(model_path).exists():
         parser.error(f"--parts trained: no trained model at {model_path} (train one, or give --model_path RUN_DIR)")

@@ -209,20 +209,22 @@ def data_worker(spec: dict, cfg: Any) -> dict[str, Any]:
 
 
 def time_real_loop(config: Path, overrides: list[str], steps: int, precision: str, device: str,
-                   work: Path, profile_steps: int = 0, profile_after: int = 5) -> dict[str, Any]:
+                   work: Path, profile_steps: int = 0, profile_after: int = 5, compile: bool = False) -> dict[str, Any]:
     """``train.py`` itself for ``steps`` optimizer steps (validation only once, at the end, on few sentences).
 
     Target tokens/s come from train.py's own closing summary (training steps only, batch assembly included);
     CPU user/system seconds, minor page faults and peak RSS from the kernel for the whole process
     (start-up, tokenizer and the final validation included). ``profile_steps``: then a second, shorter
     ``train.py`` (the same first batches) with torch.profiler over steps ``profile_after + 1 ..`` (the timed run
-    is never profiled): ``phases``, ms per step by phase (utils/training/profile.py).
+    is never profiled): ``phases``, ms per step by phase (utils/training/profile.py). ``tok_per_s_last``: the
+    rate over the last third of the steps (train.py's logged window), past ``compile``'s first compilations.
     """
     from bench.measure import run_measured
 
     amp = ["train.amp=none"] if precision == "fp32" else ["train.amp=bf16", "train.amp_cpu=true"]
     sets = ["train.eval_every=100000000", "train.log_attention_every=0", "train.valid_bleu_sentences=20",
-            f"train.device={device}", *overrides, *amp]
+            f"train.device={device}", f"train.log_every={max(1, steps // 3)}", *overrides, *amp,
+            f"train.compile={str(compile).lower()}"]
 
     def train_py(folder: str, max_steps: int, *extra: str) -> tuple[Any, Path]:
         """Run train.py into ``work/folder``; (its measurement, the run directory it wrote)."""
@@ -232,15 +234,18 @@ def time_real_loop(config: Path, overrides: list[str], steps: int, precision: st
         runs = (p for p in (work / folder).iterdir() if p.is_dir() and not p.is_symlink())
         return m, max(runs, key=lambda p: p.stat().st_mtime)
 
-    print(f"  train.py, {steps} steps, {precision} ...", end="", flush=True)
+    label = f"{precision}{', compiled' if compile else ''}"
+    print(f"  train.py, {steps} steps, {label} ...", end="", flush=True)
     m, run = train_py("real", steps)
     summary = RunDir(run).summary()
+    windows = RunDir(run).scalars("train/tokens_per_s")
     print(f" {summary['target_tokens_per_s']:.0f} tgt tok/s ({m.wall_s:.0f}s)", flush=True)
     out = {"tok_per_s": summary["target_tokens_per_s"], "steps": summary["steps"],
+           "tok_per_s_last": windows[-1][1] if windows else None,
            "train_seconds": summary["train_seconds"], "wall_s": m.wall_s, "user_s": m.user_s, "sys_s": m.sys_s,
            "minor_faults": m.minor_faults, "peak_mib": m.peak_rss_mib}
     out.update(achieved_flops(run, summary, precision, device))
-    if profile_steps:
+    if profile_steps and not compile:
         print(f"  train.py, {profile_steps} steps profiled after {profile_after}, {precision} ...", end="", flush=True)
         _, profiled = train_py("profiled", profile_after + profile_steps, f"train.profile_steps={profile_steps}",
                                f"train.profile_after={profile_after}")

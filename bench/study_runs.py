@@ -78,11 +78,8 @@ def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, A
 
 def valid_curve(run: Path) -> list[tuple[int, float]]:
     """Validation BLEU of a run against optimizer steps."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    ea = EventAccumulator(str(RunDir(run).tb))
-    ea.Reload()
-    if "valid/bleu" not in ea.Tags().get("scalars", []):
+    curve = RunDir(run).scalars("valid/bleu")
+    if not curve:
         return []
     accumulate = run_cfg(run).train.accumulate  # TensorBoard steps are iterations; the budget counts updates
-    return [(e.step // accumulate, e.value) for e in ea.Scalars("valid/bleu")]
+    return [(step // accumulate, value) for step, value in curve]

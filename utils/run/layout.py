@@ -115,6 +115,17 @@ class RunDir:
             raise ValueError(f"{self.root} has no {path.relative_to(self.root)} (train with train.profile_steps > 0)")
         return json.loads(path.read_text(encoding="utf-8"))
 
+    def scalars(self, tag: str) -> list[tuple[int, float]]:
+        """A TensorBoard scalar of the run (e.g. ``valid/bleu``, ``train/tokens_per_s``): (iteration, value)
+        pairs; empty when the run never logged it."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        ea = EventAccumulator(str(self.tb), size_guidance={"scalars": 0})
+        ea.Reload()
+        if tag not in ea.Tags().get("scalars", []):
+            return []
+        return [(e.step, e.value) for e in ea.Scalars(tag)]
+
     def checkpoint(self, name: str) -> Path:
         """``checkpoints/<name>.pt`` (name: ``best``, ``last``, ``step_<N>``...)."""
         return self.checkpoints / f"{name}.{CHECKPOINT_EXT}"

@@ -191,6 +191,16 @@ def optimization(t: TrainConfig, model: torch.nn.Module, device: torch.device, b
     return optimizer, scheduler, scaler, autocast
 
 
+def compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """``torch.compile`` for the training forward: dynamic shapes (token-bucketed batches change both sizes
+    every step) and the random numbers eager draws (dropout), so a seed trains the same model either way."""
+    import torch._inductor.config as inductor
+
+    inductor.fallback_random = True
+    log.info("train.compile: the training forward compiles on its first steps (inductor, dynamic shapes)")
+    return torch.compile(model, dynamic=True)
+
+
 def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> Setup:
     """Tokenizer (trained, or reloaded when the run directory has one), cached data, model, optimizer and
     schedule, in that order (each draws on the seeded generators). ``corpus``: the corpus if the caller has
@@ -221,5 +231,7 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     t = cfg.train
     batch_tokens = tokens_per_step(train_data.split, train_data.sampler, t.accumulate, world)
     optimizer, scheduler, scaler, autocast = optimization(t, model, device, batch_tokens)
+    if t.compile:
+        model = compiled(model)
     return Setup(cfg, run_dir, device, tokenizer, model, core, optimizer, scheduler, scaler, train_data, valid_data,
                  src_texts, refs, attention_sentence(tokenizer, src_texts, core.max_length), autocast)
