@@ -8,6 +8,7 @@ term to the values. Tests hold the two equal.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -153,16 +154,19 @@ class MultiHeadAttention(nn.Module):
         else:
             use_causal = causal and mask is not None and key_mask is None and bias is None and cache is None
             dtype = q.dtype
-            if q.device.type == "cpu" and dtype == torch.bfloat16:  # CPU SDPA kernels are ~5x slower in bf16
+            cpu_fp32 = q.device.type == "cpu" and (dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu"))
+            if cpu_fp32:  # the CPU flash kernel's bf16 backward is 6x slower than its fp32 one (README)
                 q, k, v = q.float().contiguous(), k.float().contiguous(), v.float().contiguous()
                 mask = mask.float() if mask is not None and mask.dtype != torch.bool else mask
-            if tq == 1 and mask is None and q.device.type == "cpu" and not self.training:
-                # One query per row (a cached decoding step): two batched products beat the CPU flash kernel.
-                out = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).softmax(-1) @ v
-            else:
-                out = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=None if use_causal else mask, dropout_p=dropout, is_causal=use_causal
-                )
+            # ... and autocast would cast the fp32 inputs back to bf16: off around the kernel
+            with torch.autocast("cpu", enabled=False) if cpu_fp32 else contextlib.nullcontext():
+                if tq == 1 and mask is None and q.device.type == "cpu" and not self.training:
+                    # One query per row (a cached decoding step): two batched products beat the CPU flash kernel.
+                    out = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).softmax(-1) @ v
+                else:
+                    out = F.scaled_dot_product_attention(
+                        q, k, v, attn_mask=None if use_causal else mask, dropout_p=dropout, is_causal=use_causal
+                    )
             out = out.to(dtype)
         out = out.transpose(1, 2).reshape(b, tq, d)
         return self.out_proj(out), weights

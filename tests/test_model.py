@@ -297,3 +297,25 @@ def test_output_layer_on_kept_positions_only_matches_full_logits_and_loss(tie: b
     g_full = torch.autograd.grad(loss_full, model.src_embed.weight)[0]
     g_kept = torch.autograd.grad(loss_kept, model.src_embed.weight)[0]
     torch.testing.assert_close(g_kept, g_full)
+
+
+def test_cpu_attention_kernel_runs_in_fp32_under_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autocast casts scaled_dot_product_attention's inputs to bf16, whose CPU flash backward is 6x slower than
+    fp32's: the model turns autocast off around it, so the kernel sees (and returns) fp32, and the layer bf16."""
+    import torch.nn.functional as F
+
+    real_sdpa, seen = F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        out = real_sdpa(*args, **kwargs)
+        seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    model = Seq2SeqTransformer(small_cfg(attention_pe="rope"), 50, 0).train()
+    src, tgt = torch.randint(1, 50, (3, 7)), torch.randint(1, 50, (3, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt)
+    logits.float().sum().backward()
+    assert seen and set(seen) == {torch.float32}
+    assert logits.dtype == torch.bfloat16
