@@ -230,6 +230,8 @@ def real_sections(res: dict[str, dict], meta: dict) -> list[str]:
                   "our default (bound) |", "|---|---|---|---|---|"]
         for label, r in trained["decoders"].items():
             same = f"{r['same_as_ours']} / {r['same_as_default']}" if "same_as_ours" in r else ""
+            if "same_as_eager" in r:
+                same = f"eager greedy: {r['same_as_eager']} (first, compiling call: {r['warmup_s']:.0f} s)"
             lines.append(f"| {label} | {fmt(r['sent_per_s'])} | {fmt(r['out_tokens'])} | {fmt(r['bleu'], 2)} | "
                          f"{same} |")
     return lines
@@ -261,7 +263,8 @@ def main() -> int:
                         help="--parts real: steps of a second, profiled train.py for the phase table "
                              "(default 10; 2 with --quick; 0 = none)")
     parser.add_argument("--compile", action="store_true",
-                        help="--parts real: also time train.py with train.compile=true, per precision")
+                        help="--parts real: also time train.py with train.compile=true, per precision; "
+                             "--parts trained: also greedy decoding with the decoder step compiled")
     parser.add_argument("--model_path", help="a trained run directory to time real decoding on "
                                              "(default: runs/<config name>_latest when it exists)")
     parser.add_argument("--profile", action="store_true",
@@ -398,7 +401,8 @@ def main() -> int:
     if "trained" in parts and Path(model_path).exists():
         print(f"trained-model decoding ({model_path}):", flush=True)
         profile_to = out / "decode_profile.txt" if args.profile else None
-        res["trained"] = time_trained_decoding(str(model_path), sentences, cfg.decode.beam, args.device, profile_to)
+        res["trained"] = time_trained_decoding(str(model_path), sentences, cfg.decode.beam, args.device, profile_to,
+                                               compile=args.compile)
 
     memory = [r["memory_method"] for r in res.values() if "memory_method" in r]
     meta["memory_method"] = memory[0] if memory else "-"

@@ -333,9 +333,12 @@ def time_ctranslate2(run: Any, sources: list[str], refs: list[str], decoders: di
 
 
 def time_trained_decoding(model_path: str, sentences: int, beam: int, device: str,
-                          profile_to: Path | None = None) -> dict[str, Any]:
+                          profile_to: Path | None = None, compile: bool = False) -> dict[str, Any]:
     """A trained model (a run directory) on the first ``sentences`` of TEST_SPLIT: greedy, then beam search
     with each stop rule; sentences/s (tokenizing, decoding, detokenizing), mean output tokens, sacreBLEU.
+
+    ``compile``: greedy once more with the decoder step (``model.decode``) under ``torch.compile(dynamic=True)``,
+    its first (compiling) call on 8 sentences timed apart as ``warmup_s``.
 
     ``profile_to``: also write torch.profiler's operator table of the beam search (``stop="bound"``).
     """
@@ -364,6 +367,22 @@ def time_trained_decoding(model_path: str, sentences: int, beam: int, device: st
                                   "out_tokens": sum(len(h.tokens) for h in scored.best) / n,
                                   "bleu": scored.scores.bleu}
         print(f"  trained model, {label}: {n / scored.seconds:.1f} sent/s", flush=True)
+    if compile:
+        import torch
+
+        run.model.decode = torch.compile(run.model.decode, dynamic=True)  # an instance attribute: del restores
+        start = time.perf_counter()
+        decode_and_score(run.model, run.tokenizer, sources[:8], refs[:8], decoders["greedy"])
+        warmup = time.perf_counter() - start
+        scored = decode_and_score(run.model, run.tokenizer, sources, refs, decoders["greedy"],
+                                  run.cfg.tokenizer.lowercase)
+        del run.model.decode
+        out["decoders"]["greedy, decoder step compiled"] = {
+            "sent_per_s": n / scored.seconds, "seconds": scored.seconds, "warmup_s": warmup,
+            "out_tokens": sum(len(h.tokens) for h in scored.best) / n, "bleu": scored.scores.bleu,
+            "same_as_eager": scored.texts == texts["greedy"]}
+        print(f"  trained model, greedy, decoder step compiled: {n / scored.seconds:.1f} sent/s "
+              f"(first call {warmup:.0f} s)", flush=True)
     out["decoders"].update(time_ctranslate2(run, sources, refs, decoders, texts))
     if profile_to is not None:
         from torch.profiler import ProfilerActivity, profile
