@@ -62,3 +62,22 @@ def test_torchrun_processes_share_the_cores_instead_of_each_taking_them_all() ->
     assert threads_per_process(2, 1, 2) == 2 and threads_per_process(None, 1, 2) is None  # one process: as before
     assert threads_per_process(2, 2, 2) == 1 and threads_per_process(None, 2, 16) == 8
     assert threads_per_process(3, 4, 2) == 1  # never zero
+
+
+@pytest.mark.parametrize(("amp", "amp_cpu", "native", "expected"), [
+    ("bf16", "auto", True, True), ("bf16", "auto", False, False), ("bf16", False, True, False),
+    ("bf16", True, False, True), ("none", "auto", True, False), ("none", True, True, False)])
+def test_cpu_precision_follows_amp_cpu_and_the_instruction_set(monkeypatch: pytest.MonkeyPatch, amp: str,
+                                                               amp_cpu, native: bool, expected: bool) -> None:
+    """train.amp_cpu=auto (the default): bf16 autocast on CPU exactly where the CPU computes bf16 natively."""
+    import torch
+
+    import utils.training.setup as setup
+    from utils.config import TrainConfig
+
+    monkeypatch.setattr(setup, "cpu_has_native_bf16", lambda: native)
+    assert TrainConfig().amp_cpu == "auto"
+    t = TrainConfig(amp=amp, amp_cpu=amp_cpu)
+    *_, autocast = setup.optimization(t, torch.nn.Linear(2, 2), torch.device("cpu"), 1000.0)
+    with autocast():
+        assert torch.is_autocast_enabled("cpu") is expected

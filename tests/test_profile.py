@@ -104,7 +104,9 @@ def test_speed_real_part_reports_the_phase_table_of_a_profiled_train_py(tmp_path
     r = time_real_loop(Path("configs/demo.yaml"), sets, 3, "fp32", "cpu", tmp_path, profile_steps=2, profile_after=1)
     assert r["steps"] == 3 and set(r["phases"]) == set(PHASES) and r["phases"]["backward: matmuls"] > 0
     assert Path(r["profile_trace"], "phases.json").is_file()
+    assert r["tok_per_s_last"] > 0  # the rate over the last logged window (train.log_every = steps // 3)
     lines = "\n".join(real_sections({"real.fp32": r}, {}))
     assert "| phase | fp32 |" in lines and "| forward: matmuls |" in lines
+    assert f"| fp32 | 3 | {r['tok_per_s']:,.0f} | {r['tok_per_s_last']:,.0f} |" in lines
     step = sum(r["phases"].values())
     assert f"| step | {step:.1f} |" in lines

@@ -77,7 +77,9 @@ class TrainConfig(Section):
     log_attention_every: int = Field(0, ge=0)  # epochs between attention-map images in TensorBoard; 0 = off
     device: Literal["auto", "cpu", "cuda"] = "auto"
     amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU
-    amp_cpu: bool = False  # allow bf16 autocast when running on CPU
+    # bf16 autocast on CPU as well (train.amp=bf16): "auto" where the CPU computes bf16 natively (AVX512-BF16,
+    # AMX, Arm BF16), where it measured faster than fp32 (README); true everywhere (emulated: slower); false never
+    amp_cpu: bool | Literal["auto"] = "auto"
     num_threads: int | None = Field(None, ge=1)  # torch.set_num_threads on CPU
     # torch.compile the training forward (inductor, dynamic shapes, eager's random numbers); off by default:
     # slower than eager on the 2-core CPUs measured (README, "Where training time goes")

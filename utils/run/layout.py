@@ -21,6 +21,7 @@ Light on purpose (no torch): scripts, utils and bench import it; models/, data/ 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,14 @@ class RunDir:
         pairs; empty when the run never logged it."""
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-        ea = EventAccumulator(str(self.tb), size_guidance={"scalars": 0})
-        ea.Reload()
+        quiet = logging.getLogger("tensorboard")  # it warns "No path found after <the last event file>"
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            ea = EventAccumulator(str(self.tb), size_guidance={"scalars": 0})
+            ea.Reload()
+        finally:
+            quiet.setLevel(level)
         if tag not in ea.Tags().get("scalars", []):
             return []
         return [(e.step, e.value) for e in ea.Scalars(tag)]

@@ -179,11 +179,14 @@ def optimization(t: TrainConfig, model: torch.nn.Module, device: torch.device, b
              sched.batch_tokens, sched.peak_lr, sched.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     scaler = torch.amp.GradScaler(device.type, enabled=t.amp == "fp16" and device.type == "cuda")
-    use_amp = t.amp != "none" and (device.type == "cuda" or (t.amp_cpu and t.amp == "bf16"))
+    cpu_bf16 = t.amp == "bf16" and (t.amp_cpu is True or (t.amp_cpu == "auto" and cpu_has_native_bf16()))
+    use_amp = t.amp != "none" and (device.type == "cuda" or cpu_bf16)
     if use_amp and device.type == "cpu" and not cpu_has_native_bf16():
         log.warning("train.amp_cpu: this CPU has no bf16 instructions (avx512_bf16/amx_bf16): bf16 autocast "
                     "will be several times slower than fp32 here; set train.amp_cpu=false")
     dtype = torch.bfloat16 if t.amp == "bf16" else torch.float16
+    why = f" (train.amp_cpu={t.amp_cpu})" if device.type == "cpu" and t.amp == "bf16" else ""
+    log.info("precision: %s%s", f"{t.amp} autocast" if use_amp else "fp32", why)
 
     def autocast() -> contextlib.AbstractContextManager:
         return torch.autocast(device.type, dtype=dtype) if use_amp else contextlib.nullcontext()
