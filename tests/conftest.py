@@ -48,3 +48,33 @@ def make_tiny_config(tmp: Path, **train_kw) -> Config:
 @pytest.fixture
 def tiny_config() -> Callable[..., Config]:
     return make_tiny_config
+
+
+@pytest.fixture
+def train_tiny(tmp_path: Path) -> Callable[..., dict]:
+    """Train the tiny config with ``train`` overrides into ``tmp_path/runs_<label>``; its last weights."""
+
+    def run(label: str, **train_kw) -> dict:
+        from utils.run.checkpoint import load_checkpoint
+        from utils.run.store import create_run_dir
+        from utils.training.loop import train
+
+        cfg = make_tiny_config(tmp_path, **train_kw)
+        run_dir = create_run_dir(cfg, tmp_path / f"runs_{label}")
+        train(cfg, run_dir)
+        return load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
+
+    return run
+
+
+def assert_same_weights(a: dict, b: dict, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Two trainings' weights equal up to float rounding. A key projection's bias has zero gradient in exact
+    arithmetic and Adam scales its rounding noise to full steps: only its values' half is compared."""
+    import torch
+
+    assert a.keys() == b.keys()
+    for name, tensor in b.items():
+        other = a[name]
+        if name.endswith("kv_proj.bias"):
+            other, tensor = other.chunk(2)[1], tensor.chunk(2)[1]
+        torch.testing.assert_close(other, tensor, rtol=rtol, atol=atol, msg=name)

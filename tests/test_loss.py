@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_same_weights
 
 import models.loss
 from models.loss import chunk_rows, linear_cross_entropy
@@ -113,21 +114,9 @@ def test_a_training_step_never_holds_the_logits_when_fused(tmp_path, tiny_config
     assert out["loss"] > 0 and out["tokens"] == n_real
 
 
-def test_fused_and_plain_training_reach_the_same_weights(tmp_path, tiny_config) -> None:
+def test_fused_and_plain_training_reach_the_same_weights(train_tiny) -> None:
     """Six real training steps each way (label smoothing, dropout, Adam): equal up to float summation order."""
-    from utils.run.checkpoint import load_checkpoint
-    from utils.run.store import create_run_dir
-    from utils.training.loop import train
-
-    final = {}
-    for fused in (True, False):
-        cfg = tiny_config(tmp_path, max_steps=6, eval_every=6, fused_loss=fused)
-        run = create_run_dir(cfg, tmp_path / f"runs_{fused}")
-        train(cfg, run)
-        final[fused] = load_checkpoint(run / "checkpoints" / "last.pt")["model"]
-    for name, tensor in final[False].items():
-        fused = final[True][name]
-        if name.endswith("kv_proj.bias"):  # keys' bias: zero gradient in exact arithmetic, Adam scales the noise
-            fused, tensor = fused.chunk(2)[1], tensor.chunk(2)[1]  # compare the values' half
-        torch.testing.assert_close(fused, tensor, rtol=1e-4, atol=1e-5, msg=name)
-    assert any(not torch.equal(final[True][n], t) for n, t in final[False].items())  # two paths really ran
+    fused = train_tiny("fused", max_steps=6, eval_every=6, fused_loss=True)
+    plain = train_tiny("plain", max_steps=6, eval_every=6, fused_loss=False)
+    assert_same_weights(fused, plain)
+    assert any(not torch.equal(fused[n], t) for n, t in plain.items())  # two paths really ran
