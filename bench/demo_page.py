@@ -35,6 +35,8 @@ class PageResult:
     rows: list[str]
     cells: dict[tuple[int, int], float]  # (row, column) -> weight drawn
     note: str
+    kinds: list[str]  # the attention kinds offered (a CTranslate2 export: cross only)
+    layers: list[str]  # the layers offered for the kind shown
 
 
 def browser_paths() -> tuple[str, str]:
@@ -90,6 +92,8 @@ def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout:
             rows=[text(e) for e in driver.find_elements(By.CSS_SELECTOR, "#attention-map text.row-label")],
             cells=cells,
             note=text(driver.find_element(By.ID, "attention-note")),
+            kinds=[o.get_attribute("value") for o in driver.find_elements(By.CSS_SELECTOR, "#kind option")],
+            layers=[o.get_attribute("value") for o in driver.find_elements(By.CSS_SELECTOR, "#layer option")],
         )
         if screenshot is not None:
             height = int(driver.execute_script("return document.documentElement.scrollHeight"))

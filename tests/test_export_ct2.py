@@ -135,6 +135,37 @@ def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_pa
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+def test_the_translator_is_freed_before_the_interpreter_exits(trained: Path, tmp_path: Path) -> None:
+    """CTranslate2's worker frees a finished job, and with it our greedy ``stop_at_cap`` callback, which takes the
+    GIL; if that happens once the interpreter is exiting, Python ends the thread and the process aborts
+    ("terminate called without an active exception": about a third of the CLI runs of a tiny model, once in CI).
+    ``CT2Model`` frees its translator (joining its worker) at exit before that: a finalizer made before the model
+    runs after the model's and finds the worker gone."""
+    import os
+
+    from utils.run.load import load_run
+    from utils.translation.export import export
+
+    run = load_run(str(trained))
+    out = export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, tmp_path / "ct2", None)
+    code = """
+import os, sys, weakref
+threads = lambda: len(os.listdir("/proc/self/task"))
+class Anchor: pass
+anchor = Anchor()
+weakref.finalize(anchor, lambda: print("at exit", threads()))  # runs at exit, after finalizers made later
+from utils.translation.engines import CT2Model
+engine = CT2Model(sys.argv[1], threads=1)
+engine.translate(["Le chat dort.", "Oui."], engine.cfg.decode.model_copy(update=dict(beam=1, nbest=1)))
+print("decoding", threads())
+"""
+    res = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr
+    counts = dict(line.rsplit(" ", 1) for line in res.stdout.splitlines())
+    assert int(counts["at exit"]) < int(counts["decoding"]), counts  # the worker thread was joined
+
+
 def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Path, tmp_path: Path) -> None:
     """Greedy: one ``translate_batch`` for sentences of every length cap (one per cap made CTranslate2's greedy
     1.6x slower); beam: one per cap. Every n-best list is what the sentence decoded alone, with its cap, gives."""

@@ -204,7 +204,8 @@ def test_model_describes_the_run(server: Server, run_dir: Path) -> None:
 
     run = load_run(run_dir, device="cpu")
     status, info = get(server.url, "/model")
-    assert status == 200 and info["engine"] == "pytorch" and info["attention"] is True
+    assert status == 200 and info["engine"] == "pytorch"
+    assert info["attention"] == {"cross": [0], "encoder": [0], "decoder": [0]}  # every kind and layer
     assert info["encoding"] == {"name": "rope", "input_pe": "none", "attention_pe": "rope",
                                 "cross_attention_pe": "none", "places": {
                                     "encoder input": "none", "encoder self-attention": "rope",
@@ -253,6 +254,7 @@ def test_the_page_in_a_headless_browser(server: Server, tmp_path: Path) -> None:
     shot = tmp_path / "demo_page.png"
     page = drive_page(server.url, SENTENCE, shot)
     assert page.encoding == "rope" and "d_model 32" in page.details
+    assert (page.kinds, page.layers) == (["cross", "encoder", "decoder"], ["0"])
     answer = translate(server, text=SENTENCE, beam=2, nbest=2, lenpen=0.6)["translations"][0]
     assert page.nbest == [h["text"] for h in answer["nbest"]]
     assert page.scores == [f"score {h['score']:.3f}, log-prob {h['logprob']:.3f}" for h in answer["nbest"]]
@@ -281,10 +283,36 @@ def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path,
         for start in range(0, len(LINES), 8):
             ours += [t["translation"] for t in translate(srv, text=LINES[start : start + 8])["translations"]]
         assert ours == theirs
-        status, _, answer = request(srv, "POST", "/attention", json.dumps({"text": SENTENCE}).encode())
-        assert status == 501 and "attention maps need the PyTorch run" in answer["error"]
+        # Attention: the last layer's cross-attention, mean over heads, equal to the run's (greedy: of the
+        # export's own greedy translation); other kinds and layers are refused in one line.
+        from utils.figures.maps import attention_maps, predicted_labels
+        from utils.run.load import load_run
+
+        run = load_run(run_dir, device="cpu")
+        for target in (None, "The cat sleeps on the sofa."):
+            body = {"text": SENTENCE, **({"target": target} if target else {})}
+            status, _, answer = request(srv, "POST", "/attention", json.dumps(body).encode())
+            assert status == 200, answer
+            assert answer["mode"] == ("greedy" if target is None else "teacher-forced") and answer["heads"] is None
+            greedy = translate(srv, text=SENTENCE)["translations"][0]["translation"]
+            assert answer["target"] == (greedy if target is None else target)
+            src, tgt, attention = attention_maps(run.model, run.tokenizer, SENTENCE, answer["target"], run.cfg.decode)
+            assert answer["columns"] == src and answer["rows"] == predicted_labels(tgt) and answer["layer"] == 0
+            mean = attention.cross[0][0].mean(0).tolist()
+            assert max(abs(a - b) for r, s in zip(answer["weights"], mean, strict=True)
+                       for a, b in zip(r, s, strict=True)) < 1e-4
+        encoder = json.dumps({"text": SENTENCE, "kind": "encoder"}).encode()
+        status, _, answer = request(srv, "POST", "/attention", encoder)
+        assert status == 422 and answer["error"] == ("this CTranslate2 export gives only cross layer 0 (mean over "
+                                                     "heads): serve the run directory for encoder layer 0")
+        page = drive_page(srv.url, SENTENCE)  # the page offers what the export has and draws it
+        assert (page.kinds, page.layers, page.nbest) == (["cross"], ["0"], [greedy])
+        status, _, att = request(srv, "POST", "/attention", json.dumps({"text": SENTENCE, "target": greedy}).encode())
+        assert page.rows == att["rows"] and page.cells == {(i, j): w for i, row in enumerate(att["weights"])
+                                                           for j, w in enumerate(row)}
         info = get(srv.url, "/model")[1]
-        assert info["engine"] == "ctranslate2" and info["attention"] is False and info["size"]["parameters"] is None
+        assert info["engine"] == "ctranslate2" and info["attention"] == {"cross": [0]}
+        assert info["size"]["parameters"] is None
         assert info["training"]["run"] == str(run_dir) and info["encoding"]["name"] == "rope"
         assert info["decode"]["beam"] == 1
     finally:
@@ -403,6 +431,17 @@ def test_requests_waiting_together_are_decoded_together_by_decoding_settings() -
     # a batch takes waiting requests up to 4 sentences (a b, c, d; then e f), one translate call per beam size
     assert engine.calls == [(["un"], 2), (["a", "b", "d"], 2), (["c"], 3), (["e", "f"], 2)]
     assert [out[0][1]["translations"][0]["translation"] for _, out in threads] == ["A", "C", "D", "E"]
+
+
+def test_an_export_without_attention_answers_501_and_the_model_says_so() -> None:
+    engine = BlockingEngine()  # like an export made before exports kept attention: no run, no attention layers
+    with serving(engine) as srv:
+        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
+        status, answer = post(conn, "/attention", {"text": "un"})
+        conn.close()
+    assert status == 501 and answer["error"].startswith("this CTranslate2 export was made before exports kept "
+                                                        "attention: export the run again")
+    assert engine.calls == []
 
 
 def test_load_report_gives_nearest_rank_percentiles_and_ratios_to_the_cli() -> None:

@@ -31,7 +31,7 @@ from models.transformer import Attention, Seq2SeqTransformer
 from tokenizer import Tokenizer
 from utils.config import Config, DecodeConfig, ModelConfig
 from utils.figures import plots
-from utils.translation.translate import InputError, encode_sources, translate_ids
+from utils.translation.translate import InputError, encode_sources, encode_target, translate_ids
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -56,12 +56,7 @@ def encode_pair(
         greedy = (decode or DecodeConfig()).model_copy(update=dict(beam=1, nbest=1))
         hyp = translate_ids(model, tokenizer, [src_ids], greedy)[0][0]
         return src_ids, list(hyp.tokens), hyp.text
-    if not tgt_text.strip():
-        raise InputError("the target text is empty")
-    tgt_ids = tokenizer.encode_tgt([tgt_text])[0]
-    if model.max_length is not None and len(tgt_ids) + 1 > model.max_length:
-        raise InputError(f"the target has {len(tgt_ids) + 1} tokens, over the model's limit of {model.max_length}")
-    return src_ids, tgt_ids, tgt_text
+    return src_ids, encode_target(tokenizer, tgt_text, model.max_length), tgt_text
 
 
 @torch.no_grad()

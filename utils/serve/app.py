@@ -319,7 +319,17 @@ def hypotheses(nbest: list["Translation"]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- attention
 
 
-def attention_request(body: dict[str, Any], cfg: "Config", limits: Limits) -> tuple[str, str | None, str, int]:
+def attention_layers(engine: "Engine") -> dict[str, list[int]]:
+    """The attention an engine can draw, kind -> layers: every kind and layer of a PyTorch run; an export's
+    CTranslate2 gives the last decoder layer's cross-attention (exports made before that gives nothing)."""
+    run = getattr(engine, "run", None)
+    if run is None:
+        return dict(getattr(engine, "attention_layers", {}))
+    m = run.cfg.model
+    return {kind: list(range(m.encoder_layers if kind == "encoder" else m.decoder_layers)) for kind in KINDS}
+
+
+def attention_request(body: dict[str, Any], engine: "Engine", limits: Limits) -> tuple[str, str | None, str, int]:
     """-> (source, target or None for the greedy translation, kind, layer)."""
     check_fields(body, ("text", "target", "kind", "layer"))
     if "text" not in body:
@@ -331,28 +341,42 @@ def attention_request(body: dict[str, Any], cfg: "Config", limits: Limits) -> tu
     kind = body.get("kind", "cross")
     if kind not in KINDS:
         raise RequestError(422, f"kind must be one of {', '.join(KINDS)}, got {json.dumps(kind)}")
-    n = cfg.model.encoder_layers if kind == "encoder" else cfg.model.decoder_layers
+    m = engine.cfg.model
+    n = m.encoder_layers if kind == "encoder" else m.decoder_layers
     layer = int_field(body, "layer", -1, -(2**31), 2**31)
     if not -n <= layer < n:
         side = "encoder" if kind == "encoder" else "decoder"
         raise RequestError(422, f"layer {layer}: the {side} has {n} layers (0..{n - 1}, or -1 for the last)")
+    available = attention_layers(engine)
+    if layer % n not in available.get(kind, []):
+        what = ", ".join(f"{k} layer {' '.join(map(str, v))}" for k, v in available.items())
+        raise RequestError(422, f"this CTranslate2 export gives only {what} (mean over heads): serve the run "
+                                f"directory for {kind} layer {layer % n}")
     return text, target, kind, layer % n
 
 
-def attention_map(run: Any, text: str, target: str | None, kind: str, layer: int) -> dict[str, Any]:
-    """One layer's attention for a sentence, as visualize.py computes it: head mean and every head, rounded to
-    1e-5; cross-attention rows are the target tokens being predicted, as in visualize.py's figures."""
-    from utils.figures.maps import attention_from_ids, encode_pair, predicted_labels
+def attention_map(engine: "Engine", text: str, target: str | None, kind: str, layer: int) -> dict[str, Any]:
+    """One layer's attention for a sentence, as visualize.py computes it: head mean and every head (a CTranslate2
+    export: the head mean only, ``heads`` null), rounded to 1e-5; cross-attention rows are the target tokens
+    being predicted, as in visualize.py's figures."""
+    from utils.figures.maps import BOS_LABEL, attention_from_ids, encode_pair, predicted_labels
 
-    src_ids, tgt_ids, target_text = encode_pair(run.model, run.tokenizer, text, target, run.cfg.decode)
-    src_tokens, tgt_tokens, attention = attention_from_ids(run.model, run.tokenizer, src_ids, tgt_ids)
-    weights = getattr(attention, kind)[layer][0]  # [H, Tq, Tk]
+    run = getattr(engine, "run", None)
+    if run is None:  # a CTranslate2 export: cross-attention of the last layer, mean over heads
+        src_ids, tgt_ids, target_text, mean = engine.cross_attention(text, target, engine.cfg.decode)
+        src_tokens = engine.tokenizer.id_to_token(src_ids)
+        tgt_tokens, heads = [BOS_LABEL, *engine.tokenizer.id_to_token(tgt_ids)], None
+    else:
+        src_ids, tgt_ids, target_text = encode_pair(run.model, run.tokenizer, text, target, run.cfg.decode)
+        src_tokens, tgt_tokens, attention = attention_from_ids(run.model, run.tokenizer, src_ids, tgt_ids)
+        heads = getattr(attention, kind)[layer][0]  # [H, Tq, Tk]
+        mean = heads.mean(0)
     rows = {"cross": predicted_labels(tgt_tokens), "encoder": src_tokens, "decoder": tgt_tokens}[kind]
     columns = src_tokens if kind in ("cross", "encoder") else tgt_tokens
     rounded = lambda t: [[round(float(x), 5) for x in row] for row in t.tolist()]
     return {"source": text, "target": target_text, "mode": "greedy" if target is None else "teacher-forced",
-            "kind": kind, "layer": layer, "rows": rows, "columns": columns,
-            "weights": rounded(weights.mean(0)), "heads": [rounded(h) for h in weights]}
+            "kind": kind, "layer": layer, "rows": rows, "columns": columns, "weights": rounded(mean),
+            "heads": None if heads is None else [rounded(h) for h in heads]}
 
 
 # ---------------------------------------------------------------------------------------------- the model
@@ -415,7 +439,8 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
         vocab = getattr(getattr(engine, "tokenizer", None), "vocab_size", None)
     decode = cfg.decode
     return {
-        "name": cfg.name, "engine": kind, "model_path": str(model_path), "attention": run is not None,
+        "name": cfg.name, "engine": kind, "model_path": str(model_path),
+        "attention": attention_layers(engine) or None,
         "encoding": {"name": encoding_name(cfg), "input_pe": m.input_pe, "attention_pe": m.attention_pe,
                      "cross_attention_pe": m.cross_attention_pe, "places": m.encodings()},
         "size": {"parameters": params, "d_model": m.d_model, "n_heads": m.n_heads, "d_ff": m.d_ff,
@@ -520,12 +545,11 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     @app.post("/attention")
     async def attention(request: Request) -> dict[str, Any]:
         body = await read_body(request)
-        run = getattr(engine, "run", None)
-        if run is None:
-            raise RequestError(501, "attention maps need the PyTorch run: this server runs a CTranslate2 export "
-                                    "(serve the run directory instead)")
-        text, target, kind, layer = attention_request(body, engine.cfg, limits)
-        return await state["batcher"].call(lambda: attention_map(run, text, target, kind, layer))
+        if not attention_layers(engine):
+            raise RequestError(501, "this CTranslate2 export was made before exports kept attention: export the run "
+                                    "again (inference.py --export-ctranslate2), or serve the run directory")
+        text, target, kind, layer = attention_request(body, engine, limits)
+        return await state["batcher"].call(lambda: attention_map(engine, text, target, kind, layer))
 
     return app
 

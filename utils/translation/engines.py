@@ -5,6 +5,7 @@ inference.py use them."""
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -14,7 +15,7 @@ from utils.config import Config, DecodeConfig, load_config
 from utils.run.layout import RunDir
 from utils.run.load import LoadedRun
 from utils.translation.export import MARKER, TABLE_LENGTH
-from utils.translation.translate import Translation, encode_sources, translate
+from utils.translation.translate import Translation, encode_sources, encode_target, translate
 
 
 class Engine(Protocol):
@@ -56,10 +57,28 @@ class CT2Model:
         self.tokenizer = load_tokenizer(RunDir(export_dir).tokenizer)
         self.translator = ctranslate2.Translator(str(export_dir), device=device, compute_type=compute_type,
                                                  intra_threads=threads)
+        # Freed by ``close``, when this object goes, or at the latest when the interpreter starts to exit (atexit):
+        # a CTranslate2 worker frees each finished job there, and a job holding a Python callback (greedy
+        # decoding's ``stop_at_cap``) needs the GIL for that; during finalization Python ends such a thread and
+        # the process aborts ("terminate called without an active exception"). Freeing the translator joins its
+        # workers while the interpreter still runs.
+        self._free = weakref.finalize(self, self.__dict__.pop, "translator", None)
         self.vocab = {t: i for i, t in enumerate(self.tokenizer.id_to_token(list(range(self.tokenizer.vocab_size))))}
         # Every export holds a position table (zeros where the model has none): CTranslate2 cannot go past it.
         marker = json.loads((export_dir / MARKER).read_text())
         self.max_length = int(marker.get("positions") or _max_length(self.cfg) or TABLE_LENGTH)
+        # The attention CTranslate2 returns: exports before this entry averaged only the first head.
+        self.attention_layers: dict[str, list[int]] = marker.get("attention") or {}
+
+    def close(self) -> None:
+        """Free the translator and join its threads (this object cannot translate afterwards)."""
+        self._free()
+
+    def __enter__(self) -> CT2Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def translate(self, texts: list[str], decode: Any) -> list[list[Any]]:
         """Best-first hypotheses (``decode.nbest``) for each text, as ``translate_ids`` gives.
@@ -82,6 +101,30 @@ class CT2Model:
             for i, res in zip(rows, self._decode(ids, rows, top, decode, caps), strict=True):
                 results[i] = self._hypotheses(res, decode)
         return results
+
+    def cross_attention(self, text: str, target: str | None, decode: Any) -> tuple[list[int], list[int], str, Any]:
+        """The last decoder layer's cross-attention, mean over heads, for one sentence: -> (source ids with eos,
+        target ids, target text, weights ``[len(target) + 1, len(source)]``); row i is the step predicting target
+        token i (the last row predicts eos), as ``utils.figures.maps.attention_from_ids`` gives for our model.
+
+        The target is ``target`` (teacher forcing) or this export's greedy translation (``decode`` with beam 1).
+        CTranslate2 gives it for the decoded tokens (``return_attention``, the export's alignment heads), so the
+        target is forced as a prefix and one more step decoded for the eos row. ``InputError`` if empty or over
+        the position table."""
+        import numpy as np
+
+        src = encode_sources(self.tokenizer, [text], self.max_length, strict=True)[0]
+        if target is None:
+            hyp = self.translate([text], decode.model_copy(update=dict(beam=1, nbest=1)))[0][0]
+            tgt, target = list(hyp.tokens), hyp.text
+        else:
+            tgt = encode_target(self.tokenizer, target, self.max_length)
+        res = self.translator.translate_batch(
+            [self.tokenizer.id_to_token(src)], target_prefix=[self.tokenizer.id_to_token(tgt)], beam_size=1,
+            max_decoding_length=len(tgt) + 1, min_decoding_length=0, return_attention=True, return_end_token=True,
+            max_input_length=0)[0]
+        weights = np.asarray(res.attention[0], dtype=np.float32)[: len(tgt) + 1]
+        return src, tgt, target, weights
 
     def _decode(self, ids: list[list[int]], rows: list[int], cap: int, decode: Any, caps: dict[int, int]) -> list[Any]:
         """``translate_batch`` on the sources ``ids[rows]`` up to ``cap`` tokens (greedy: each to its own cap)."""

@@ -95,7 +95,10 @@ def build_spec(model: Seq2SeqTransformer, cfg: Config, tokens: list[str], specia
         kw[stack] = {} if attention is None else attention.ct2_stack(m, stack)
     enc_kw, dec_kw = kw["encoder"], kw["decoder"]
     enc = transformer_spec.TransformerEncoderSpec(m.encoder_layers, m.n_heads, pre_norm=pre, activation=act, **enc_kw)
-    dec = transformer_spec.TransformerDecoderSpec(m.decoder_layers, m.n_heads, pre_norm=pre, activation=act, **dec_kw)
+    # CTranslate2 returns the cross-attention of one layer averaged over its first `alignment_heads` heads: the
+    # last layer, every head, is the head mean that visualize.py and the server draw (``CT2Model.cross_attention``).
+    dec = transformer_spec.TransformerDecoderSpec(m.decoder_layers, m.n_heads, pre_norm=pre, activation=act,
+                                                  alignment_layer=-1, alignment_heads=m.n_heads, **dec_kw)
     scale = model.embed_scale
     for side, stack, embed in (("src", enc, model.src_embed), ("tgt", dec, model.tgt_embed)):
         table = stack.embeddings[0] if side == "src" else stack.embeddings
@@ -159,7 +162,9 @@ def export(run_dir: Path, checkpoint: Path, model: Seq2SeqTransformer, cfg: Conf
         shutil.copy(RunDir(run_dir).config, RunDir(tmp).config)
         (tmp / MARKER).write_text(json.dumps({"run": str(run_dir), "checkpoint": str(checkpoint),
                                               "quantization": quantization,
-                                              "positions": model.max_length or TABLE_LENGTH}, indent=1) + "\n")
+                                              "positions": model.max_length or TABLE_LENGTH,
+                                              "attention": {"cross": [cfg.model.decoder_layers - 1]}},
+                                             indent=1) + "\n")
         old = None
         if out_dir.exists():  # an earlier export (or an empty folder) is replaced
             old = out_dir.with_name(tmp.name + ".old")

@@ -77,6 +77,17 @@ def encode_sources(
     return out
 
 
+def encode_target(tokenizer: Tokenizer, text: str, max_length: int | None) -> list[int]:
+    """A target sentence's ids (no bos/eos), for teacher forcing; ``InputError`` if empty or, with bos, over
+    ``max_length`` positions."""
+    if not text.strip():
+        raise InputError("the target text is empty")
+    ids = tokenizer.encode_tgt([text])[0]
+    if max_length is not None and len(ids) + 1 > max_length:
+        raise InputError(f"the target has {len(ids) + 1} tokens, over the model's limit of {max_length}")
+    return ids
+
+
 @torch.no_grad()
 def translate_ids(
     model: Seq2SeqTransformer,
