@@ -16,6 +16,22 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FR2EN_SHARED_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n``), each worker and the processes it starts run on cores of their own: worker i on
+    core i (mod the cores there are), so two workers on two cores never share one (training caps its threads
+    at the cores it may use; two threads on one core only wait for each other)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and 1 < workers <= len(cores):
+        mine = [c for i, c in enumerate(cores) if i % workers == int(worker[2:]) % workers]
+        os.sched_setaffinity(0, mine)
+        os.environ["OMP_NUM_THREADS"] = str(len(mine))
+        import torch
+
+        torch.set_num_threads(len(mine))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_hf_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """`datasets` writes to ~/.cache/huggingface even for local files: point it at a temp dir."""

@@ -32,10 +32,11 @@ log = logging.getLogger("train")
 
 
 def threads_per_process(num_threads: int | None, local_processes: int, cores: int) -> int | None:
-    """CPU threads for one training process: ``train.num_threads`` (None: torch's default) for one process; the
-    processes of one machine (torchrun) share ``num_threads`` (or its cores) instead of each taking them all."""
+    """CPU threads for one training process: ``train.num_threads`` (None: torch's default) for one process, never
+    more than the ``cores`` it may run on (more threads than cores only wait for each other); the processes of one
+    machine (torchrun) share ``num_threads`` (or its cores) instead of each taking them all."""
     if local_processes <= 1:
-        return num_threads
+        return min(num_threads, cores) if num_threads else None
     return max(1, (num_threads or cores) // local_processes)
 
 
