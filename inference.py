@@ -55,6 +55,9 @@ def main() -> int:
                          help="serve the model over HTTP (POST /translate, POST /attention, GET /model, a page at /)")
     serving.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     serving.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    serving.add_argument("--decode-in-server", "--decode_in_server", action="store_true",
+                         help="a PyTorch run decodes in the server's process (default: in a process of its own, "
+                              "so that decoding and the HTTP work do not share one GIL; twice the model's memory)")
     from utils.serve.app import Limits
 
     for name, value in vars(Limits()).items():
@@ -169,6 +172,15 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
 
     sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
     engine = load_engine(parser, args, overrides)
+    run = getattr(engine, "run", None)
+    if run is not None and not args.decode_in_server:  # a PyTorch run: decoding in a process of its own
+        from utils.serve.worker import DecoderError, ProcessDecoder
+
+        try:
+            engine.decoder = ProcessDecoder(args.model_path, args.config, overrides, str(run.model.device),
+                                            args.average)
+        except DecoderError as err:
+            raise ConfigError(str(err)) from None
     serve_http(engine, args.model_path, sock, limits)
     return 0
 

@@ -196,13 +196,13 @@ def cli_speed(model_path: str | Path, source: Path, beam: int, env: dict[str, st
 
 
 def measure(name: str, model_path: str | Path, sentences: list[str], clients: list[int], beam: int,
-            out: Path, env: dict[str, str] | None = None) -> dict:
-    """CLI then server (fresh processes, environment ``env``) for one engine."""
+            out: Path, env: dict[str, str] | None = None, flags: tuple[str, ...] = ()) -> dict:
+    """CLI then server (fresh processes, environment ``env``, server ``flags``) for one engine."""
     source = out / "sentences.fr"
     source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     expected, cli_rate = cli_speed(model_path, source, beam, env)
     result: dict = {"engine": name, "model_path": str(model_path), "cli_sentences_per_s": cli_rate, "loads": []}
-    server = start_server(model_path, out / f"server.{name}.log", "--beam", str(beam), env=env)
+    server = start_server(model_path, out / f"server.{name}.log", "--beam", str(beam), *flags, env=env)
     try:
         load(server.url, sentences[:4], 1)  # warm-up
         for n in clients:
@@ -243,6 +243,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_path", "--model-path", required=True, help="run directory (PyTorch)")
     parser.add_argument("--ct2", help="a CTranslate2 export of the run to measure too ('auto': export it first)")
+    parser.add_argument("--in-server", "--in_server", action="store_true",
+                        help="also measure the PyTorch server decoding in its own process (--decode-in-server)")
     parser.add_argument("--input", default=str(ROOT / "data" / "demo" / "test.fr"), help="source sentences")
     parser.add_argument("--sentences", type=int, default=200, help="requests per load level (default 200)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients")
@@ -256,15 +258,18 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sentences = read_sentences(Path(args.input), args.sentences)
-    engines: list[tuple[str, str | Path]] = [("pytorch", args.model_path)]
+    engines: list[tuple[str, str | Path, tuple[str, ...]]] = [("pytorch", args.model_path, ())]
+    if args.in_server:
+        engines.append(("pytorch, in server", args.model_path, ("--decode-in-server",)))
     if args.ct2 == "auto":
         subprocess.run(project_command("inference.py", "--model_path", args.model_path, "--export-ctranslate2",
                                        out / "ct2"), cwd=ROOT, check=True)
-        engines.append(("ctranslate2", out / "ct2"))
+        engines.append(("ctranslate2", out / "ct2", ()))
     elif args.ct2:
-        engines.append(("ctranslate2", args.ct2))
+        engines.append(("ctranslate2", args.ct2, ()))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)} if args.threads else None
-    results = [measure(name, path, sentences, args.clients, args.beam, out, env) for name, path in engines]
+    results = [measure(name, path, sentences, args.clients, args.beam, out, env, flags)
+               for name, path, flags in engines]
     cores = os.cpu_count()
     threads = args.threads or os.environ.get("OMP_NUM_THREADS") or "default"
     report = (f"CPU: {cpu_name()} ({cores} cores), OMP_NUM_THREADS={threads}\n\n"

@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -117,6 +118,33 @@ def test_translations_equal_the_cli(server: Server, expected: dict[str, list[str
     one = translate(server, text=LINES[3])  # one string: one translation
     assert [t["translation"] for t in one["translations"]] == [expected["beam2"][3]]
     assert one["translations"][0]["nbest"][0]["logprob"] < 0
+
+
+def test_a_run_decodes_in_a_process_of_its_own_started_again_when_it_ends(server: Server,
+                                                                       expected: dict[str, list[str]]) -> None:
+    assert get(server.url, "/model")[1]["decoding"] == "own process"
+    decoder = get(server.url, "/health")[1]["decoder"]
+    stat = Path(f"/proc/{decoder['pid']}/stat").read_text()
+    assert int(stat.rsplit(")", 1)[1].split()[1]) == server.process.pid  # a child of the server
+    os.kill(decoder["pid"], signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{decoder['pid']}").exists() or " Z " in
+             Path(f"/proc/{decoder['pid']}/stat").read_text())
+    answer = translate(server, text=LINES[:8])  # answered by a new decoding process
+    assert [t["translation"] for t in answer["translations"]] == expected["beam2"][:8]
+    again = get(server.url, "/health")[1]["decoder"]
+    assert again["restarts"] == decoder["restarts"] + 1 and again["pid"] != decoder["pid"]
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_decode_in_server_keeps_the_model_in_the_server_process(run_dir: Path, expected: dict[str, list[str]],
+                                                                 tmp_path: Path) -> None:
+    srv = start_server(run_dir, tmp_path / "in.log", *LIMITS, "--decode-in-server", env=ENV)
+    try:
+        assert get(srv.url, "/model")[1]["decoding"] == "server process" and "decoder" not in get(srv.url, "/health")[1]
+        answer = translate(srv, text=LINES[:8])
+        assert [t["translation"] for t in answer["translations"]] == expected["beam2"][:8]
+    finally:
+        assert srv.stop() in (0, -15)
 
 
 def test_200_requests_from_8_clients_are_all_answered_and_batched_together(server: Server,
@@ -442,6 +470,20 @@ def test_an_export_without_attention_answers_501_and_the_model_says_so() -> None
     assert status == 501 and answer["error"].startswith("this CTranslate2 export was made before exports kept "
                                                         "attention: export the run again")
     assert engine.calls == []
+
+
+def test_the_load_benchmark_runs_every_engine_and_checks_each_answer(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "load"
+    res = subprocess.run([sys.executable, "bench/serve_load.py", "--model_path", str(run_dir), "--ct2", "auto",
+                          "--in-server", "--sentences", "8", "--clients", "1", "4", "--beam", "2", "--threads", "1",
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "serve_load.json").read_text())
+    assert [r["engine"] for r in report["results"]] == ["pytorch", "pytorch, in server", "ctranslate2"]
+    for r in report["results"]:
+        assert r["cli_sentences_per_s"] > 0 and [x["clients"] for x in r["loads"]] == [1, 4]
+        assert all(x["same_as_cli"] == x["requests"] == 8 and x["requests_per_s"] > 0 for x in r["loads"])
+    assert res.stdout.count("| pytorch, in server |") == 2 and "8 sentences, one per request, beam 2:" in res.stdout
 
 
 def test_load_report_gives_nearest_rank_percentiles_and_ratios_to_the_cli() -> None:

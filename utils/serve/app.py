@@ -422,6 +422,7 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
     cfg = engine.cfg
     m = cfg.model
     run = getattr(engine, "run", None)
+    decoder = getattr(engine, "decoder", None)
     if run is not None:  # a PyTorch run
         kind, params = "pytorch", sum(p.numel() for p in run.model.parameters())
         training = training_summary(run.run_dir, run.checkpoint, run.step)
@@ -440,6 +441,7 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
     decode = cfg.decode
     return {
         "name": cfg.name, "engine": kind, "model_path": str(model_path),
+        "decoding": "own process" if decoder is not None else "server process",
         "attention": attention_layers(engine) or None,
         "encoding": {"name": encoding_name(cfg), "input_pe": m.input_pe, "attention_pe": m.attention_pe,
                      "cross_attention_pe": m.cross_attention_pe, "places": m.encodings()},
@@ -463,6 +465,7 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     from starlette.exceptions import HTTPException
 
     from models.positional import PositionLimitError
+    from utils.serve.worker import DecoderError
     from utils.translation.translate import InputError
 
     limits = limits or Limits()
@@ -501,6 +504,11 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
             return error(405, f"{request.url.path} does not take {request.method}")
         return error(err.status_code, str(err.detail))
 
+    @app.exception_handler(DecoderError)
+    async def _decoder(request: Request, err: DecoderError) -> JSONResponse:  # its process failed or ended
+        log.warning("request %s %s: %s", request.method, request.url.path, err)
+        return error(503, f"{err}; try again")
+
     @app.exception_handler(Exception)
     async def _failed(request: Request, err: Exception) -> JSONResponse:
         log.exception("request %s %s failed", request.method, request.url.path)
@@ -526,7 +534,10 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     @app.get("/health")
     async def health() -> dict[str, Any]:
         batcher = state["batcher"]
-        return {"status": "ok", "engine": info["engine"], "waiting": batcher.waiting, **asdict(batcher.counters)}
+        decoder = getattr(engine, "decoder", None)
+        process = {} if decoder is None else {"decoder": {"pid": decoder.pid, "restarts": decoder.restarts}}
+        return {"status": "ok", "engine": info["engine"], "waiting": batcher.waiting, **asdict(batcher.counters),
+                **process}
 
     @app.get("/model")
     async def model() -> dict[str, Any]:

@@ -29,10 +29,13 @@ class Engine(Protocol):
 class TorchEngine:
     """A run's PyTorch model: ``translate(texts, decode)`` as ``utils.translation.translate.translate`` does."""
 
-    def __init__(self, run: LoadedRun) -> None:
+    def __init__(self, run: LoadedRun, decoder: Engine | None = None) -> None:
         self.run, self.cfg = run, run.cfg
+        self.decoder = decoder  # another engine translating with the same model (the server's decoding process)
 
     def translate(self, texts: list[str], decode: DecodeConfig) -> list[list[Translation]]:
+        if self.decoder is not None:
+            return self.decoder.translate(texts, decode)
         return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False)
 
 
