@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,14 +71,20 @@ class Server:
         return self.process.returncode
 
 
+def on_cpus(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` running the child (and whatever it starts) on ``cpus`` only; None: where it may."""
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
 def start_server(model_path: str | Path, log: Path, *flags: str, timeout: float = 120.0,
-                 env: dict[str, str] | None = None) -> Server:
+                 env: dict[str, str] | None = None, cpus: set[int] | None = None) -> Server:
     """Start ``inference.py --serve --port 0`` (any free port on 127.0.0.1) and wait for its ``serving ... on
-    http://HOST:PORT`` line; its standard error goes to ``log``."""
+    http://HOST:PORT`` line; its standard error goes to ``log``; on ``cpus`` only if given."""
     log.parent.mkdir(parents=True, exist_ok=True)
     err = open(log, "w")  # noqa: SIM115 - the process owns it until it exits
     cmd = project_command("inference.py", "--serve", "--model_path", model_path, "--port", "0", *flags)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                            preexec_fn=on_cpus(cpus))
     err.close()
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
@@ -184,11 +191,12 @@ def read_sentences(path: Path, n: int) -> list[str]:
     return [lines[i % len(lines)] for i in range(n)]
 
 
-def cli_speed(model_path: str | Path, source: Path, beam: int, env: dict[str, str] | None = None) -> tuple[list[str],
-                                                                                                         float]:
+def cli_speed(model_path: str | Path, source: Path, beam: int, env: dict[str, str] | None = None,
+              cpus: set[int] | None = None) -> tuple[list[str], float]:
     """``inference.py --input``: its output lines and its own sentences/s (decoding, without model loading)."""
     res = subprocess.run(project_command("inference.py", "--model_path", model_path, "--input", source, "--beam",
-                                         str(beam)), cwd=ROOT, capture_output=True, text=True, check=True, env=env)
+                                         str(beam)), cwd=ROOT, capture_output=True, text=True, check=True, env=env,
+                         preexec_fn=on_cpus(cpus))
     speed = re.search(r"\(([\d.]+) sentences/s\)", res.stderr)
     if speed is None:
         raise RuntimeError(f"no speed line from inference.py: {res.stderr.strip()[-300:]}")
@@ -196,13 +204,15 @@ def cli_speed(model_path: str | Path, source: Path, beam: int, env: dict[str, st
 
 
 def measure(name: str, model_path: str | Path, sentences: list[str], clients: list[int], beam: int,
-            out: Path, env: dict[str, str] | None = None, flags: tuple[str, ...] = ()) -> dict:
-    """CLI then server (fresh processes, environment ``env``, server ``flags``) for one engine."""
+            out: Path, env: dict[str, str] | None = None, flags: tuple[str, ...] = (),
+            cpus: set[int] | None = None) -> dict:
+    """CLI then server (fresh processes, environment ``env``, server ``flags``; both on ``cpus`` if given) for
+    one engine."""
     source = out / "sentences.fr"
     source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    expected, cli_rate = cli_speed(model_path, source, beam, env)
+    expected, cli_rate = cli_speed(model_path, source, beam, env, cpus)
     result: dict = {"engine": name, "model_path": str(model_path), "cli_sentences_per_s": cli_rate, "loads": []}
-    server = start_server(model_path, out / f"server.{name}.log", "--beam", str(beam), *flags, env=env)
+    server = start_server(model_path, out / f"server.{name}.log", "--beam", str(beam), *flags, env=env, cpus=cpus)
     try:
         load(server.url, sentences[:4], 1)  # warm-up
         for n in clients:
@@ -243,6 +253,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_path", "--model-path", required=True, help="run directory (PyTorch)")
     parser.add_argument("--ct2", help="a CTranslate2 export of the run to measure too ('auto': export it first)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the load generator on half of the cores, the CLI and the server (with its decoding "
+                             "process) on the other half: the server's own work compared with the CLI's alone")
     parser.add_argument("--in-server", "--in_server", action="store_true",
                         help="also measure the PyTorch server decoding in its own process (--decode-in-server)")
     parser.add_argument("--input", default=str(ROOT / "data" / "demo" / "test.fr"), help="source sentences")
@@ -255,6 +268,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.sentences < 1 or min(args.clients) < 1 or args.beam < 1:
         parser.error("--sentences, --clients and --beam must be >= 1")
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--pin needs at least 2 cores (the load generator on half, the server on the other half)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sentences = read_sentences(Path(args.input), args.sentences)
@@ -268,16 +283,24 @@ def main() -> int:
     elif args.ct2:
         engines.append(("ctranslate2", args.ct2, ()))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)} if args.threads else None
-    results = [measure(name, path, sentences, args.clients, args.beam, out, env, flags)
+    server_cpus = None
+    if args.pin:  # the clients on the first half of the cores, the CLI and the server on the other half
+        cpus = sorted(os.sched_getaffinity(0))
+        half = len(cpus) // 2
+        server_cpus = set(cpus[half:])
+        os.sched_setaffinity(0, set(cpus[:half]))
+    results = [measure(name, path, sentences, args.clients, args.beam, out, env, flags, server_cpus)
                for name, path, flags in engines]
     cores = os.cpu_count()
     threads = args.threads or os.environ.get("OMP_NUM_THREADS") or "default"
-    report = (f"CPU: {cpu_name()} ({cores} cores), OMP_NUM_THREADS={threads}\n\n"
+    pinned = f", server and CLI on cores {sorted(server_cpus)}, clients on the others" if server_cpus else ""
+    report = (f"CPU: {cpu_name()} ({cores} cores{pinned}), OMP_NUM_THREADS={threads}\n\n"
               + table(results, args.sentences, args.beam))
     print(report)
     (out / "serve_load.md").write_text(report)
     (out / "serve_load.json").write_text(json.dumps({"cpu": cpu_name(), "cores": cores, "threads": threads,
                                                      "beam": args.beam, "sentences": args.sentences,
+                                                     "server_cpus": sorted(server_cpus) if server_cpus else None,
                                                      "results": results}, indent=1))
     return 0
 

@@ -486,6 +486,20 @@ def test_the_load_benchmark_runs_every_engine_and_checks_each_answer(run_dir: Pa
     assert res.stdout.count("| pytorch, in server |") == 2 and "8 sentences, one per request, beam 2:" in res.stdout
 
 
+def test_pinning_puts_the_server_side_on_its_cores_and_needs_two(run_dir: Path) -> None:
+    from bench.serve_load import on_cpus
+
+    cpu = min(os.sched_getaffinity(0))
+    show = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                          capture_output=True, text=True, preexec_fn=on_cpus({cpu}), check=True)
+    assert show.stdout.strip() == f"[{cpu}]" and on_cpus(None) is None
+    res = subprocess.run([sys.executable, "bench/serve_load.py", "--model_path", str(run_dir), "--pin"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, preexec_fn=on_cpus({cpu}))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].endswith("error: --pin needs at least 2 cores (the load generator "
+                                                        "on half, the server on the other half)")
+
+
 def test_load_report_gives_nearest_rank_percentiles_and_ratios_to_the_cli() -> None:
     done = Load(8, ["x"] * 100, [i / 1000 for i in range(100, 0, -1)], seconds=4.0)
     assert done.requests_per_s == 25.0
