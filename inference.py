@@ -177,8 +177,8 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
         from utils.serve.worker import DecoderError, ProcessDecoder
 
         try:
-            engine.decoder = ProcessDecoder(args.model_path, args.config, overrides, str(run.model.device),
-                                            args.average)
+            engine.decoder = ProcessDecoder(run.checkpoint, run.step, args.config, overrides, str(run.model.device),
+                                            args.average, run.run_dir)
         except DecoderError as err:
             raise ConfigError(str(err)) from None
     serve_http(engine, args.model_path, sock, limits)

@@ -212,7 +212,9 @@ def measure(name: str, model_path: str | Path, sentences: list[str], clients: li
     source.write_text("\n".join(sentences) + "\n", encoding="utf-8")
     expected, cli_rate = cli_speed(model_path, source, beam, env, cpus)
     result: dict = {"engine": name, "model_path": str(model_path), "cli_sentences_per_s": cli_rate, "loads": []}
-    server = start_server(model_path, out / f"server.{name}.log", "--beam", str(beam), *flags, env=env, cpus=cpus)
+    log_name = re.sub(r"[^\w.-]+", "-", name)  # "pytorch, in server" -> "pytorch-in-server"
+    server = start_server(model_path, out / f"server.{log_name}.log", "--beam", str(beam), *flags, env=env,
+                          cpus=cpus)
     try:
         load(server.url, sentences[:4], 1)  # warm-up
         for n in clients:

@@ -17,9 +17,10 @@ SHARED_DATA = Path(os.environ.get("FR2EN_SHARED_DATA", Path(__file__).resolve().
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (``-n``), each worker and the processes it starts run on cores of their own: worker i on
-    core i (mod the cores there are), so two workers on two cores never share one (training caps its threads
-    at the cores it may use; two threads on one core only wait for each other)."""
+    """Under pytest-xdist (``-n``), each worker and the processes it starts run on CPUs of their own, which no
+    other worker uses: worker i gets every n-th of the allowed CPUs from the i-th on (n workers), so two workers
+    on two cores never share one (training caps its threads at the CPUs it may use; two threads on one core only
+    wait for each other). On machines with SMT, two such CPUs may be siblings of one core."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     cores = sorted(os.sched_getaffinity(0))
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

@@ -61,6 +61,7 @@ def test_torchrun_processes_share_the_cores_instead_of_each_taking_them_all() ->
 
     assert threads_per_process(2, 1, 2) == 2 and threads_per_process(None, 1, 2) is None  # one process: as before
     assert threads_per_process(2, 1, 1) == 1 and threads_per_process(8, 1, 4) == 4  # never more than its cores
+    assert threads_per_process(16, 2, 4) == 2  # two processes share the 4 cores, not the 16 threads asked
     assert threads_per_process(2, 2, 2) == 1 and threads_per_process(None, 2, 16) == 8
     assert threads_per_process(3, 4, 2) == 1  # never zero
 

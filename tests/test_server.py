@@ -127,13 +127,40 @@ def test_a_run_decodes_in_a_process_of_its_own_started_again_when_it_ends(server
     stat = Path(f"/proc/{decoder['pid']}/stat").read_text()
     assert int(stat.rsplit(")", 1)[1].split()[1]) == server.process.pid  # a child of the server
     os.kill(decoder["pid"], signal.SIGKILL)
-    wait_for(lambda: not Path(f"/proc/{decoder['pid']}").exists() or " Z " in
-             Path(f"/proc/{decoder['pid']}/stat").read_text())
+
+    def gone() -> bool:  # a zombie whose threads have all exited (its leader shows Z while they still exit)
+        proc = Path(f"/proc/{decoder['pid']}")
+        try:
+            return " Z " in (proc / "stat").read_text() and len(os.listdir(proc / "task")) == 1
+        except FileNotFoundError:
+            return True
+
+    wait_for(gone)
     answer = translate(server, text=LINES[:8])  # answered by a new decoding process
     assert [t["translation"] for t in answer["translations"]] == expected["beam2"][:8]
     again = get(server.url, "/health")[1]["decoder"]
     assert again["restarts"] == decoder["restarts"] + 1 and again["pid"] != decoder["pid"]
     assert "Traceback" not in server.log.read_text()
+
+
+def test_the_decoding_process_checks_its_weights_and_passes_errors_back(run_dir: Path) -> None:
+    from utils.run.load import load_run
+    from utils.serve.worker import DecoderError, ProcessDecoder
+    from utils.translation.translate import translate as decode
+
+    run = load_run(run_dir, device="cpu")
+    with pytest.raises(DecoderError, match=r"not the server's .* \(step \d+\): the run changed; restart the server"):
+        ProcessDecoder(run.checkpoint, run.step + 1, None, [], "cpu")  # as if the run had trained on meanwhile
+    decoder = ProcessDecoder(run.checkpoint, run.step, None, [], "cpu")
+    try:
+        ours = decoder.translate(LINES[:3], run.cfg.decode)
+        assert ours == decode(run.model, run.tokenizer, LINES[:3], run.cfg.decode, strict=False)
+        with pytest.raises(RuntimeError, match=r"^ValueError: nbest must be in 1..beam \(0\), got "):
+            decoder.translate(["Oui."], run.cfg.decode.model_copy(update={"beam": 0}))  # fails in the child
+        alone = decode(run.model, run.tokenizer, LINES[:1], run.cfg.decode, strict=False)
+        assert decoder.translate(LINES[:1], run.cfg.decode) == alone and decoder.restarts == 0  # still there
+    finally:
+        decoder.close()
 
 
 def test_decode_in_server_keeps_the_model_in_the_server_process(run_dir: Path, expected: dict[str, list[str]],
@@ -223,8 +250,10 @@ def test_a_slow_client_and_a_vanished_one_do_not_stall_the_others(server: Server
             assert translate(server, text=LINES[i])["translations"][0]["translation"] == expected["beam2"][i]
         assert time.perf_counter() - began < 10
     finally:
-        slow.close()
+        slow.close()  # leaves in the middle of its body
     assert get(server.url, "/health")[0] == 200
+    time.sleep(1)
+    assert "Traceback" not in server.log.read_text()  # a client that left is nothing to report
 
 
 def test_model_describes_the_run(server: Server, run_dir: Path) -> None:

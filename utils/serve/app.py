@@ -8,9 +8,12 @@ Endpoints (JSON in and out; every error is ``{"error": "<one line>"}`` with a 4x
   of each line with its length-penalised score and summed log-probability, as ``inference.py`` gives them.
 - ``POST /attention`` ``{"text": "...", "target": "..."?, "kind": "cross", "layer": -1}``: the tokens and the
   attention weights of one layer (head mean and each head) of the greedy translation, or of ``target``
-  teacher-forced, computed as ``visualize.py`` does (PyTorch runs only).
-- ``GET /model``: the run's encoding, size, tokenizer, training summary, decoding defaults and limits.
-- ``GET /health``: ``{"status": "ok"}`` and the batching counters. ``GET /``: the demo page.
+  teacher-forced, computed as ``visualize.py`` does; a CTranslate2 export: the last layer's cross-attention,
+  head mean only (``heads`` null).
+- ``GET /model``: the run's encoding, size, tokenizer, training summary, where decoding runs, the attention
+  ``/attention`` draws, decoding defaults and limits.
+- ``GET /health``: ``{"status": "ok"}``, the batching counters and a PyTorch run's decoding process.
+  ``GET /``: the demo page.
 
 One decoding worker owns the model: requests wait in a bounded queue (full: 503), and those that arrive
 together are decoded together (micro-batching: up to ``max_batch`` sentences, after a wait of at most
@@ -463,6 +466,7 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     from models.positional import PositionLimitError
     from utils.serve.worker import DecoderError
@@ -520,11 +524,14 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         if declared is not None and declared.isdigit() and int(declared) > limits.max_body:
             raise RequestError(413, f"the request body has {declared} bytes, over the limit of {limits.max_body}")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body:
-                raise RequestError(413, f"the request body is over the limit of {limits.max_body} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body:
+                    raise RequestError(413, f"the request body is over the limit of {limits.max_body} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:  # nobody is left to answer: no traceback in the log either
+            raise RequestError(400, "the client disconnected before its request was complete") from None
         return parse_json(b"".join(chunks))
 
     @app.get("/", response_class=HTMLResponse)

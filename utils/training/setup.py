@@ -37,7 +37,7 @@ def threads_per_process(num_threads: int | None, local_processes: int, cores: in
     machine (torchrun) share ``num_threads`` (or its cores) instead of each taking them all."""
     if local_processes <= 1:
         return min(num_threads, cores) if num_threads else None
-    return max(1, (num_threads or cores) // local_processes)
+    return max(1, min(num_threads or cores, cores) // local_processes)
 
 
 def set_seed(seed: int) -> None:

@@ -127,6 +127,9 @@ class CT2Model:
             max_decoding_length=len(tgt) + 1, min_decoding_length=0, return_attention=True, return_end_token=True,
             max_input_length=0)[0]
         weights = np.asarray(res.attention[0], dtype=np.float32)[: len(tgt) + 1]
+        if weights.shape != (len(tgt) + 1, len(src)):
+            raise RuntimeError(f"CTranslate2 returned attention of shape {weights.shape} for {len(tgt) + 1} target "
+                               f"steps over {len(src)} source tokens")
         return src, tgt, target, weights
 
     def _decode(self, ids: list[list[int]], rows: list[int], cap: int, decode: Any, caps: dict[int, int]) -> list[Any]:
