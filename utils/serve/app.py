@@ -332,8 +332,9 @@ def attention_layers(engine: "Engine") -> dict[str, list[int]]:
     return {kind: list(range(m.encoder_layers if kind == "encoder" else m.decoder_layers)) for kind in KINDS}
 
 
-def attention_request(body: dict[str, Any], engine: "Engine", limits: Limits) -> tuple[str, str | None, str, int]:
-    """-> (source, target or None for the greedy translation, kind, layer)."""
+def attention_request(body: dict[str, Any], cfg: "Config", available: dict[str, list[int]],
+                      limits: Limits) -> tuple[str, str | None, str, int]:
+    """-> (source, target or None for the greedy translation, kind, layer); ``available``: ``attention_layers``."""
     check_fields(body, ("text", "target", "kind", "layer"))
     if "text" not in body:
         raise RequestError(422, 'missing field "text": the sentence whose attention is drawn')
@@ -344,13 +345,11 @@ def attention_request(body: dict[str, Any], engine: "Engine", limits: Limits) ->
     kind = body.get("kind", "cross")
     if kind not in KINDS:
         raise RequestError(422, f"kind must be one of {', '.join(KINDS)}, got {json.dumps(kind)}")
-    m = engine.cfg.model
-    n = m.encoder_layers if kind == "encoder" else m.decoder_layers
+    n = cfg.model.encoder_layers if kind == "encoder" else cfg.model.decoder_layers
     layer = int_field(body, "layer", -1, -(2**31), 2**31)
     if not -n <= layer < n:
         side = "encoder" if kind == "encoder" else "decoder"
         raise RequestError(422, f"layer {layer}: the {side} has {n} layers (0..{n - 1}, or -1 for the last)")
-    available = attention_layers(engine)
     if layer % n not in available.get(kind, []):
         what = ", ".join(f"{k} layer {' '.join(map(str, v))}" for k, v in available.items())
         raise RequestError(422, f"this CTranslate2 export gives only {what} (mean over heads): serve the run "
@@ -563,10 +562,10 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     @app.post("/attention")
     async def attention(request: Request) -> dict[str, Any]:
         body = await read_body(request)
-        if not attention_layers(engine):
+        if not info["attention"]:
             raise RequestError(501, "this CTranslate2 export was made before exports kept attention: export the run "
                                     "again (inference.py --export-ctranslate2), or serve the run directory")
-        text, target, kind, layer = attention_request(body, engine, limits)
+        text, target, kind, layer = attention_request(body, engine.cfg, info["attention"], limits)
         return await state["batcher"].call(lambda: attention_map(engine, text, target, kind, layer))
 
     return app

@@ -29,9 +29,9 @@ class Engine(Protocol):
 class TorchEngine:
     """A run's PyTorch model: ``translate(texts, decode)`` as ``utils.translation.translate.translate`` does."""
 
-    def __init__(self, run: LoadedRun, decoder: Engine | None = None) -> None:
+    def __init__(self, run: LoadedRun) -> None:
         self.run, self.cfg = run, run.cfg
-        self.decoder = decoder  # another engine translating with the same model (the server's decoding process)
+        self.decoder: Engine | None = None  # translates for it with the same model (the server's decoding process)
 
     def translate(self, texts: list[str], decode: DecodeConfig) -> list[list[Translation]]:
         if self.decoder is not None:
@@ -60,28 +60,18 @@ class CT2Model:
         self.tokenizer = load_tokenizer(RunDir(export_dir).tokenizer)
         self.translator = ctranslate2.Translator(str(export_dir), device=device, compute_type=compute_type,
                                                  intra_threads=threads)
-        # Freed by ``close``, when this object goes, or at the latest when the interpreter starts to exit (atexit):
+        # Freed when this object goes, or at the latest when the interpreter starts to exit (atexit):
         # a CTranslate2 worker frees each finished job there, and a job holding a Python callback (greedy
         # decoding's ``stop_at_cap``) needs the GIL for that; during finalization Python ends such a thread and
         # the process aborts ("terminate called without an active exception"). Freeing the translator joins its
         # workers while the interpreter still runs.
-        self._free = weakref.finalize(self, self.__dict__.pop, "translator", None)
+        weakref.finalize(self, self.__dict__.pop, "translator", None)
         self.vocab = {t: i for i, t in enumerate(self.tokenizer.id_to_token(list(range(self.tokenizer.vocab_size))))}
         # Every export holds a position table (zeros where the model has none): CTranslate2 cannot go past it.
         marker = json.loads((export_dir / MARKER).read_text())
         self.max_length = int(marker.get("positions") or _max_length(self.cfg) or TABLE_LENGTH)
         # The attention CTranslate2 returns: exports before this entry averaged only the first head.
         self.attention_layers: dict[str, list[int]] = marker.get("attention") or {}
-
-    def close(self) -> None:
-        """Free the translator and join its threads (this object cannot translate afterwards)."""
-        self._free()
-
-    def __enter__(self) -> CT2Model:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def translate(self, texts: list[str], decode: Any) -> list[list[Any]]:
         """Best-first hypotheses (``decode.nbest``) for each text, as ``translate_ids`` gives.
