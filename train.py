@@ -23,15 +23,30 @@ if TYPE_CHECKING:
     from utils.config import Config
 
 
-def distributed_backend() -> str | None:
-    """nccl/gloo when launched by torchrun with more than one process, else None (a plain process)."""
+def distributed_backend(device: str = "auto") -> str | None:
+    """The process group's backend for ``train.device``: None for a plain process; under torchrun (one process
+    too: the process group and rank-0 paths users get with more) NCCL with one GPU per process, else gloo on CPU.
+    ``device="cpu"`` hides the GPUs from this process (ignite would still bind rank r to GPU r). ConfigError, one
+    line, where the machine has GPUs but fewer than torchrun's processes on it, or none and cuda was asked for."""
     import os
 
+    if "TORCHELASTIC_RUN_ID" not in os.environ and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything initialises CUDA in this process
+        return "gloo"
     import torch
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    from utils.config import ConfigError
+
+    gpus = torch.cuda.device_count()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if gpus >= local:
+        return "nccl"
+    if gpus or device == "cuda":
+        raise ConfigError(f"torchrun starts {local} processes on this machine, which has {gpus} GPU(s): one "
+                          f"process per GPU (--nproc_per_node={gpus}), or train.device=cpu for CPU processes")
+    return "gloo"
 
 
 def resolve_config(args: argparse.Namespace, warn: bool = True) -> Config:
@@ -64,13 +79,13 @@ def main() -> int:
     args = parser.parse_args()
     if not args.config and not args.resume:
         parser.error("give --config (a new run) or --resume RUN_DIR")
-    resolve_config(args, warn=False)  # bad input: one line here, before the training stack (ignite) is imported
+    cfg = resolve_config(args, warn=False)  # bad input: one line here, before the training stack (ignite) is imported
 
     import logging
 
     import ignite.distributed as idist
 
-    backend = distributed_backend()
+    backend = distributed_backend(cfg.train.device)
     if backend is None:  # a plain process: the launcher has nothing worth saying
         logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)
     with idist.Parallel(backend=backend) as parallel:

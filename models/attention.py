@@ -14,9 +14,14 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.config import ModelConfig
 from models.positional import AttentionKind, build_attention_pe
+
+#: SDPA's CUDA kernels allowed: all but cuDNN's (bench/speed.py on an H100, bf16 training with batches of varying
+#: shapes: 12k target tok/s with it, 114k without; it compiles a graph per shape).
+CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 LayerCache = dict[str, torch.Tensor]
 
@@ -158,8 +163,10 @@ class MultiHeadAttention(nn.Module):
             if cpu_fp32:  # the CPU flash kernel's bf16 backward is 6x slower than its fp32 one (README)
                 q, k, v = q.float().contiguous(), k.float().contiguous(), v.float().contiguous()
                 mask = mask.float() if mask is not None and mask.dtype != torch.bool else mask
-            # ... and autocast would cast the fp32 inputs back to bf16: off around the kernel
-            with torch.autocast("cpu", enabled=False) if cpu_fp32 else contextlib.nullcontext():
+            # ... and autocast would cast the fp32 inputs back to bf16: off around the kernel. On CUDA not cuDNN's
+            # kernel: it builds a graph for every new shape, and batches of varying lengths make ~10x slower steps.
+            with (torch.autocast("cpu", enabled=False) if cpu_fp32 else
+                  sdpa_kernel(CUDA_SDPA) if q.is_cuda else contextlib.nullcontext()):
                 if tq == 1 and mask is None and q.device.type == "cpu" and not self.training:
                     # One query per row (a cached decoding step): two batched products beat the CPU flash kernel.
                     out = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).softmax(-1) @ v

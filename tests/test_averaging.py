@@ -71,7 +71,7 @@ def test_training_keeps_the_last_k_checkpoints_and_the_cli_averages_them(tmp_pat
     averaged = load_run(run, average=3)
     expected = average_checkpoints(kept)["model"]
     for name, tensor in averaged.model.state_dict().items():
-        assert torch.equal(tensor, expected[name]), name
+        assert torch.equal(tensor.cpu(), expected[name]), name
     assert averaged.checkpoint.name == "average3_step_6-step_10.pt"
     every = tiny_config(tmp_path, max_steps=7, eval_every=100, keep_checkpoints=2, checkpoint_every=3)
     other = create_run_dir(every, tmp_path / "runs2")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from conftest import ROOT, make_tiny_config
@@ -19,15 +20,15 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 
 def write_config(tmp: Path, valid_max_tokens: int | None = None, **train_kw) -> Path:
-    cfg = make_tiny_config(tmp, **train_kw)
+    cfg = make_tiny_config(tmp, **{"device": "cpu", **train_kw})  # gloo CPU processes, GPUs or not
     cfg.data.valid_max_tokens = valid_max_tokens
     path = tmp / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     return path
 
 
-def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def run(cmd: list[str], **env_vars: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env_vars}
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     return res
@@ -35,7 +36,8 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
 
 def test_two_ranks_see_disjoint_batches_and_keep_identical_weights(tmp_path: Path) -> None:
     config = write_config(tmp_path)
-    run([*TORCHRUN, "tests/ddp_worker.py", str(tmp_path), str(config)])
+    # ddp_worker.py starts gloo itself; ignite would still bind rank r to GPU r where there are GPUs
+    run([*TORCHRUN, "tests/ddp_worker.py", str(tmp_path), str(config)], CUDA_VISIBLE_DEVICES="")
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
     assert r0["world"] == r1["world"] == 2
@@ -78,5 +80,30 @@ def test_train_frees_the_ddp_model_before_the_process_group_goes(tmp_path: Path)
     # Left to the garbage collector at interpreter exit, the DDP model's gloo work aborted rank 1
     # ("terminate called without an active exception", SIGABRT) after a finished torchrun training.
     config = write_config(tmp_path, max_steps=2, eval_every=2, valid_bleu_sentences=5)
-    run([*TORCHRUN, "tests/ddp_train_worker.py", str(tmp_path), str(config)])
+    run([*TORCHRUN, "tests/ddp_train_worker.py", str(tmp_path), str(config)], CUDA_VISIBLE_DEVICES="")
     assert [(tmp_path / f"alive{r}.txt").read_text() for r in (0, 1)] == ["0", "0"]
+
+
+def test_the_backend_follows_torchrun_the_device_and_the_gpus(monkeypatch) -> None:
+    """A plain start has no process group; under torchrun (one process too) NCCL with a GPU per process, gloo on
+    CPU (train.device=cpu hides the GPUs), one line where GPUs are fewer than the processes."""
+    import train
+    from utils.config import ConfigError
+
+    for var in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert train.distributed_backend() is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert train.distributed_backend() is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert train.distributed_backend() == "nccl"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="2 processes on this machine, which has 1 GPU"):
+        train.distributed_backend()
+    assert train.distributed_backend("cpu") == "gloo" and os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert train.distributed_backend("auto") == "gloo"
+    with pytest.raises(ConfigError):
+        train.distributed_backend("cuda")

@@ -92,6 +92,7 @@ def test_trains_the_same_weights_as_then(tmp_path: Path) -> None:
     cfg = yaml.safe_load((LEGACY / "config.yaml").read_text())
     cfg["data"]["cache_dir"] = str(tmp_path / "cache")
     cfg["train"]["fused_loss"] = False
+    cfg["train"]["device"] = "cpu"  # the recorded weights are CPU ones (a GPU machine would pick CUDA under auto)
     (tmp_path / "legacy.yaml").write_text(yaml.safe_dump(cfg))
     proc = subprocess.run([sys.executable, "train.py", "--config", str(tmp_path / "legacy.yaml"), "--runs",
                            str(tmp_path / "runs")], cwd=ROOT, capture_output=True, text=True, timeout=600)

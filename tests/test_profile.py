@@ -15,9 +15,27 @@ from utils.training.loop import train
 from utils.training.profile import PHASES, phase_table, phase_times
 
 
-def event(name: str, total: float, self_us: float | None = None, parent: SimpleNamespace | None = None):
+def event(name: str, total: float, self_us: float | None = None, parent: SimpleNamespace | None = None,
+          thread: int = 1, start: float = 0.0):
     return SimpleNamespace(name=name, cpu_time_total=total,
-                           self_cpu_time_total=total if self_us is None else self_us, cpu_parent=parent)
+                           self_cpu_time_total=total if self_us is None else self_us, cpu_parent=parent,
+                           thread=thread, time_range=SimpleNamespace(start=start, end=start + total))
+
+
+def test_the_backward_run_on_the_autograd_thread_counts_in_the_backward_split() -> None:
+    """On CUDA the autograd engine runs the backward on a device thread: its operators have no phase mark above
+    them, and count by time in the step's ``phase:backward``; that thread's events outside it count nowhere."""
+    step = event("ProfilerStep*", 100_000)
+    bwd = event("phase:backward", 25_000, 25_000, parent=step, start=60_000)
+    node = event("autograd::engine::evaluate_function: MmBackward0", 15_000, 1_000, thread=2, start=61_000)
+    mm_grad = event("aten::mm", 14_000, parent=node, thread=2, start=61_500)
+    sdpa_grad = event("aten::_scaled_dot_product_efficient_attention_backward", 5_000, thread=2, start=77_000)
+    later = event("aten::mm", 3_000, thread=2, start=95_000)  # after the backward: not the step's backward
+    ms = phase_times([step, bwd, node, mm_grad, sdpa_grad, later], steps=1)
+    assert ms["backward: matmuls"] == pytest.approx(14.0)
+    assert ms["backward: attention"] == pytest.approx(5.0)
+    assert ms["backward: elementwise, autograd"] == pytest.approx(25.0 - 14.0 - 5.0)  # the node's own, the wait
+    assert sum(ms.values()) == pytest.approx(100.0)
 
 
 def test_phase_times_assigns_operators_to_their_phase_and_kind() -> None:

@@ -57,7 +57,12 @@ def phase_times(events: Iterable[Any], steps: int) -> dict[str, float]:
 
     ``steps``: the number of optimizer steps recorded. Each outermost ``phase:`` mark counts whole in its phase;
     within ``phase:forward`` and ``phase:backward`` the self times (µs) of the operators below go to their kind
-    (``SPLIT``; see the module). "other" is the recorded steps' time outside every mark."""
+    (``SPLIT``; see the module), and so do those of other threads during ``phase:backward`` (on CUDA the autograd
+    engine runs the backward on a thread of its own). "other" is the recorded steps' time outside every mark."""
+    events = list(events)
+    steps_thread = {e.thread for e in events if e.name.startswith("ProfilerStep")}
+    backward = [(e.time_range.start, e.time_range.end) for e in events
+                if e.name == MARK + "backward" and e.thread in steps_thread]
     us = dict.fromkeys(PHASES, 0.0)
     step_us = 0.0
     for e in events:
@@ -66,6 +71,8 @@ def phase_times(events: Iterable[Any], steps: int) -> dict[str, float]:
             continue
         chain = [a.name for a in _ancestors(e)]
         marks = [n[len(MARK):] for n in chain if n.startswith(MARK)]
+        if not marks and e.thread not in steps_thread and any(a <= e.time_range.start < b for a, b in backward):
+            marks = ["backward"]  # the autograd engine's device thread (CUDA): the backward it runs for the step
         if e.name.startswith(MARK):
             if not marks:
                 name = e.name[len(MARK):]
