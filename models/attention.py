@@ -19,8 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from models.config import ModelConfig
 from models.positional import AttentionKind, build_attention_pe
 
-#: SDPA's CUDA kernels allowed: all but cuDNN's (bench/speed.py on an H100, bf16 training with batches of varying
-#: shapes: 12k target tok/s with it, 114k without; it compiles a graph per shape).
+#: SDPA's CUDA kernels allowed: all but cuDNN's, which builds a graph per new shape (on an H100, bf16 training with
+#: batches of varying shapes: 12k target tok/s with it, 114k without in bench/sdpa_backends.py; train.py 3.34x).
 CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 LayerCache = dict[str, torch.Tensor]
