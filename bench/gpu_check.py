@@ -66,7 +66,7 @@ def check_decoding(run_dir: Path, device: str, src_texts: list[str]) -> dict:
     ids = encode_sources(tok, src_texts, model.max_length, strict=False)
     ids = [s for s in ids if s]
     width = max(map(len, ids))
-    src = torch.tensor([s + [tok.pad_id] * (width - len(s)) for s in ids], device=next(model.parameters()).device)
+    src = torch.tensor([s + [tok.pad_id] * (width - len(s)) for s in ids], device=model.device)
     with torch.no_grad():
         cached = greedy_search(model, src, bos=tok.bos_id, eos=tok.eos_id)
         full = greedy_search(model, src, bos=tok.bos_id, eos=tok.eos_id, use_cache=False)
@@ -87,6 +87,7 @@ def logged_losses(run_dir: Path) -> list[float]:
 
 
 def run_variant(name: str, overrides: list[str], args: argparse.Namespace, runs: Path) -> dict:
+    from utils.cli import LOG_FORMAT
     from utils.config import ConfigError, load_config
     from utils.run.layout import RunDir
     from utils.run.store import create_run_dir
@@ -106,8 +107,8 @@ def run_variant(name: str, overrides: list[str], args: argparse.Namespace, runs:
     corpus, tokenizer = prepare(cfg)
     run_dir = create_run_dir(cfg, runs)
     tokenizer.save(RunDir(run_dir).tokenizer)
-    log_file = logging.FileHandler(RunDir(run_dir).log)  # as train.py keeps it: the losses are read back from it
-    log_file.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    log_file = logging.FileHandler(RunDir(run_dir).log, encoding="utf-8")  # train.py's log: losses read back
+    log_file.setFormatter(LOG_FORMAT)
     logging.getLogger().addHandler(log_file)
     try:
         metrics = train(cfg, run_dir, corpus=corpus)
