@@ -15,7 +15,9 @@ machine cannot bias the comparison. Each (variant, seed) is a normal run directo
 study is resumable and idempotent: run the same command again and finished runs and evaluations are
 skipped, a run killed mid-training is resumed from its last checkpoint. A run that another study in the
 same ``--runs`` folder already finished with exactly the same config (seed and budget included) is linked,
-not trained again: ``all-encodings`` reuses ``seed-table``'s sinusoidal, learnable and RoPE runs. With
+not trained again: ``all-encodings`` reuses ``seed-table``'s sinusoidal, learnable and RoPE runs (``--no-link``
+trains them again: a config does not pin the code, e.g. runs from another commit whose loss sums in another
+order; comparisons are exactly paired only among runs trained by the same code). With
 several GPUs, one process per device. Writes ``results.json`` (every number), ``report.md`` (tables,
 figures, significance in words), ``figures/*.png`` and ``tb/`` (TensorBoard HParams: compare the runs in
 the HParams tab).
@@ -451,6 +453,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1,
                         help="without GPUs: runs (and scorings) at a time on the CPU, each with its share of the "
                              "cores (default 1)")
+    parser.add_argument("--no-link", action="store_true",
+                        help="train every run of this study, even one another study in --runs finished with the "
+                             "same config (its code may differ: e.g. a baseline trained by an older commit)")
     parser.add_argument("--train-only", action="store_true",
                         help="train (or resume) every run, then stop: a pilot, or scoring left to later")
     args = parser.parse_args()
@@ -535,7 +540,7 @@ def main() -> int:
     todo = []
     for job in jobs:
         run = find_run(job.root)
-        if run is None and not job.root.exists():
+        if run is None and not job.root.exists() and not args.no_link:
             expected = load_config(config, [*args.overrides, *job.variant.overrides, f"seed={job.seed}",
                                             *budget_sets]).to_dict()
             other = shared_run(job, study, expected, args.steps, args.tokens)

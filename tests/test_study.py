@@ -217,6 +217,14 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert own_counts != counts["type=bpe"]  # test.py alone counts characters there
     assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs  # nothing of study t was redone
 
+    # --no-link: the same config trained again in this study (e.g. a baseline for runs of a newer commit).
+    fresh = run_study(tmp_path, "--set", "model.attention_pe=none", "--no-link", "--train-only", "--seeds", "1",
+                      grid="tokenizer.type=bpe", name="v")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    assert "1 runs, 0 trained, 1 to train" in fresh.stdout and "linked" not in fresh.stdout
+    own = tmp_path / "study_v" / "runs" / study.slug("type=bpe") / "seed1"
+    assert not own.is_symlink() and len(list(own.glob("demo_2*/checkpoints/last.pt"))) == 1
+
 
 LINEAR = ("--test-variant", "linear:model.rope.scaling=linear,model.rope.factor=2,model.rope.original_max_len=8")
 
