@@ -227,6 +227,9 @@ def measure(name: str, model_path: str | Path, sentences: list[str], clients: li
                 "same_as_cli": same, "requests_per_s": round(got.requests_per_s, 2),
                 "p50_ms": round(1000 * got.percentile(0.50), 1), "p99_ms": round(1000 * got.percentile(0.99), 1),
                 "batches": after["batches"] - before["batches"],
+                "mean_batch": round((after["sentences"] - before["sentences"])
+                                    / max(1, after["batches"] - before["batches"]), 1),
+                "engine_busy": round((after["busy_s"] - before["busy_s"]) / max(got.seconds, 1e-9), 3),
                 "ratio_to_cli": round(got.requests_per_s / cli_rate, 3), "errors": got.errors[:3]})
             print(f"{name}: {n} clients, {got.requests_per_s:.1f} requests/s", file=sys.stderr, flush=True)
     finally:
@@ -236,12 +239,13 @@ def measure(name: str, model_path: str | Path, sentences: list[str], clients: li
 
 def table(results: list[dict], sentences: int, beam: int) -> str:
     lines = [f"{sentences} sentences, one per request, beam {beam}:", "",
-             "| engine | clients | requests/s | p50 ms | p99 ms | server / CLI | batches | same as CLI | "
-             "CLI sentences/s |", "|---|---|---|---|---|---|---|---|---|"]
+             "| engine | clients | requests/s | p50 ms | p99 ms | server / CLI | batches | mean batch | engine busy | "
+             "same as CLI | CLI sentences/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for x in r["loads"]:
             lines.append(f"| {r['engine']} | {x['clients']} | {x['requests_per_s']:.1f} | {x['p50_ms']:.1f} | "
-                         f"{x['p99_ms']:.1f} | {x['ratio_to_cli']:.2f}x | {x['batches']} | "
+                         f"{x['p99_ms']:.1f} | {x['ratio_to_cli']:.2f}x | {x['batches']} | {x['mean_batch']:.1f} | "
+                         f"{100 * x['engine_busy']:.0f}% | "
                          f"{x['same_as_cli']}/{x['requests']} | {r['cli_sentences_per_s']:.1f} |")
     return "\n".join(lines) + "\n"
 

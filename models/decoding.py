@@ -23,6 +23,7 @@ as they finish (their cache rows are dropped). Beam search (as in fairseq / Wu e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from models.transformer import DecoderCache, Seq2SeqTransformer
 
 STOP_RULES = ("bound", "k_finished")
+OnDone = Callable[[int, list["Hypothesis"]], None]  # (sentence index in src, its final n-best list)
 
 
 @dataclass
@@ -89,8 +91,10 @@ def greedy_search(
     max_len_a: float = 1.5,
     max_len_b: int = 10,
     use_cache: bool = True,
+    on_done: OnDone | None = None,
 ) -> list[Hypothesis]:
-    """src ``[B, S]`` -> one hypothesis per sentence (argmax at each step)."""
+    """src ``[B, S]`` -> one hypothesis per sentence (argmax at each step). ``on_done(i, [hypothesis])`` is called
+    for sentence ``i`` as soon as it finishes, before the rest of the batch (a server answers it then)."""
     memory, src_mask = model.encode(src)
     n = src.shape[0]
     cap = max_lengths(src_mask, max_len_a, max_len_b, model)
@@ -115,6 +119,8 @@ def greedy_search(
             for sent, toks, lp in zip(alive[rows].tolist(), prefix[rows, 1:-1].tolist(), logprob[rows].tolist(),
                                       strict=True):
                 done[sent] = Hypothesis(toks, lp, lp)
+                if on_done is not None:
+                    on_done(sent, [done[sent]])
             keep = (~finished).nonzero().squeeze(1)
             alive, prefix, logprob = alive[keep], prefix[keep], logprob[keep]
             memory, src_mask = memory[keep], src_mask[keep]
@@ -150,11 +156,13 @@ def beam_search(
     max_len_b: int = 10,
     use_cache: bool = True,
     stop: str = "bound",
+    on_done: OnDone | None = None,
 ) -> list[list[Hypothesis]]:
     """src ``[B, S]`` -> for each sentence its ``nbest`` best hypotheses, best first.
 
     ``stop``: ``"bound"`` (stop when no alive beam can beat the finished n-best) or ``"k_finished"``
-    (fairseq: stop after K finished hypotheses).
+    (fairseq: stop after K finished hypotheses). ``on_done(i, nbest)`` is called for sentence ``i`` with its final
+    list as soon as it leaves the batch, before the others finish.
     """
     if stop not in STOP_RULES:
         raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, got {stop!r}")
@@ -217,6 +225,10 @@ def beam_search(
         done |= cap[alive] <= step
         done |= ~torch.isfinite(cont_score[:, 0])
         _keep_best_alive(finished, alive, done, prefix, scores, width, step, lenpen)
+        if on_done is not None:
+            for r in done.nonzero().squeeze(1).tolist():
+                sent = int(alive[r])
+                on_done(sent, _best(finished[sent], nbest))
         keep = (~done).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
@@ -236,8 +248,9 @@ def beam_search(
         width = new_width
         step += 1
 
-    results = []
-    for hyps in finished:  # never empty (see _keep_best_alive)
-        hyps.sort(key=lambda h: h.score, reverse=True)
-        results.append(hyps[:nbest])
-    return results
+    return [_best(hyps, nbest) for hyps in finished]  # never empty (see _keep_best_alive)
+
+
+def _best(hyps: list[Hypothesis], nbest: int) -> list[Hypothesis]:
+    """The ``nbest`` highest-scoring hypotheses, best first (a stable sort: ties keep the order they finished in)."""
+    return sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest]

@@ -144,6 +144,40 @@ def test_batch_results_match_single_sentence_decoding(model: Seq2SeqTransformer)
         assert [h.tokens for h in single] == [h.tokens for h in batched[i]]
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_each_sentence_is_reported_once_as_it_leaves_the_batch_with_its_final_list(model: Seq2SeqTransformer,
+                                                                                   beam: int) -> None:
+    src = sources(8)
+    src[1, 2], src[1, 3:] = EOS, PAD  # 2 tokens: its cap (a = 1, b = 0) ends it before the 5-token sentences
+    reported: list[tuple[int, list[Hypothesis]]] = []
+    steps: list[int] = []  # decoder steps run when each sentence was reported
+    calls = 0
+    decode = model.decode
+
+    def counting(*args: object, **kwargs: object) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        return decode(*args, **kwargs)
+
+    model.decode = counting  # type: ignore[method-assign]
+    try:
+        def on_done(i: int, nbest: list[Hypothesis]) -> None:
+            reported.append((i, nbest))
+            steps.append(calls)
+
+        cap = dict(bos=BOS, eos=EOS, max_len_a=1.0, max_len_b=0, on_done=on_done)
+        if beam == 1:
+            results = [[h] for h in greedy_search(model, src, **cap)]
+        else:
+            results = beam_search(model, src, beam=beam, nbest=2, **cap)
+    finally:
+        del model.decode
+    assert sorted(i for i, _ in reported) == list(range(8))  # each sentence once
+    assert all(nbest == results[i] for i, nbest in reported)  # with exactly the list returned at the end
+    short = steps[[i for i, _ in reported].index(1)]
+    assert short <= 3 < max(steps)  # when it ends (2 tokens and EOS), before the batch does
+
+
 def test_decoding_without_the_cache_gives_the_same_hypotheses(model: Seq2SeqTransformer) -> None:
     src = sources(6)
     for cached, uncached in zip(

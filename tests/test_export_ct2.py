@@ -193,7 +193,9 @@ def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Pa
         decode = engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=beam, batch_size=batch_size))
         caps = [int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b) for seq in ids]
         calls.clear()
-        together = engine.translate(lines, decode)
+        reported: dict[int, object] = {}
+        together = engine.translate(lines, decode, on_done=reported.__setitem__)
+        assert reported == dict(enumerate(together))  # each sentence passed on when its call returned
         assert len(set(caps)) > 5
         if beam == 1:
             assert calls == [len(lines)]  # CTranslate2 splits it into batches of batch_size itself

@@ -153,8 +153,10 @@ def test_the_decoding_process_checks_its_weights_and_passes_errors_back(run_dir:
         ProcessDecoder(run.checkpoint, run.step + 1, None, [], "cpu")  # as if the run had trained on meanwhile
     decoder = ProcessDecoder(run.checkpoint, run.step, None, [], "cpu")
     try:
-        ours = decoder.translate(LINES[:3], run.cfg.decode)
+        reported: dict[int, object] = {}
+        ours = decoder.translate(LINES[:3], run.cfg.decode, on_done=reported.__setitem__)
         assert ours == decode(run.model, run.tokenizer, LINES[:3], run.cfg.decode, strict=False)
+        assert reported == dict(enumerate(ours))  # each sentence passed on as the child finished it
         with pytest.raises(RuntimeError, match=r"^ValueError: nbest must be in 1..beam \(0\), got "):
             decoder.translate(["Oui."], run.cfg.decode.model_copy(update={"beam": 0}))  # fails in the child
         alone = decode(run.model, run.tokenizer, LINES[:1], run.cfg.decode, strict=False)
@@ -399,13 +401,36 @@ class BlockingEngine:
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def translate(self, texts: list[str], decode: object) -> list[list[object]]:
+    def translate(self, texts: list[str], decode: object, on_done: object = None) -> list[list[object]]:
+        """Reports nothing to ``on_done`` (as an engine that cannot): the batch is answered at its end."""
         from utils.translation.translate import Translation
 
         self.calls.append((list(texts), decode.beam))  # type: ignore[attr-defined]
         self.entered.set()
         assert self.release.wait(30)
         return [[Translation(t.upper(), -1.0, -2.0, [])] for t in texts]
+
+
+class EarlyEngine(BlockingEngine):
+    """Reports a batch's first text as finished at once, the others when that call's gate opens (long sentences)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates = [threading.Event() for _ in range(4)]  # one per call
+        self.started = [threading.Event() for _ in range(4)]
+
+    def translate(self, texts: list[str], decode: object, on_done: object = None) -> list[list[object]]:
+        from utils.translation.translate import Translation
+
+        call = len(self.calls)
+        result = [[Translation(t.upper(), -1.0, -2.0, [])] for t in texts]
+        self.calls.append((list(texts), decode.beam))  # type: ignore[attr-defined]
+        on_done(0, result[0])  # type: ignore[operator]
+        self.started[call].set()
+        assert self.gates[call].wait(30)
+        for i in range(1, len(texts)):
+            on_done(i, result[i])  # type: ignore[operator]
+        return result
 
 
 @contextmanager
@@ -490,6 +515,26 @@ def test_requests_waiting_together_are_decoded_together_by_decoding_settings() -
     assert [out[0][1]["translations"][0]["translation"] for _, out in threads] == ["A", "C", "D", "E"]
 
 
+def test_a_request_is_answered_when_its_sentences_are_done_while_the_batch_goes_on() -> None:
+    engine = EarlyEngine()
+    with serving(engine, max_batch=8, max_wait_ms=0) as srv:
+        blocker = in_thread(send, srv, {"text": "zéro"})
+        assert engine.started[0].wait(10)  # the worker holds "zéro" (reported, its call still running)
+        short, long = in_thread(send, srv, {"text": "un"}), in_thread(send, srv, {"text": ["deux", "trois"]})
+        wait_for(lambda: get(srv.url, "/health")[1]["waiting"] == 2)
+        engine.gates[0].set()  # "un" and "deux trois" make the next batch, where "un" finishes first
+        assert engine.started[1].wait(10)
+        short[0].join(10)  # answered while its batch still decodes "deux trois"
+        assert short[1][0][0] == 200 and short[1][0][1]["translations"][0]["translation"] == "UN"
+        assert long[0].is_alive() and get(srv.url, "/health")[1]["requests"] == 2
+        engine.gates[1].set()
+        for thread, _ in (long, blocker):
+            thread.join(10)
+        assert [t["translation"] for t in long[1][0][1]["translations"]] == ["DEUX", "TROIS"]
+        assert blocker[1][0][0] == 200 and get(srv.url, "/health")[1]["requests"] == 3
+    assert engine.calls == [(["zéro"], 2), (["un", "deux", "trois"], 2)]
+
+
 def test_an_export_without_attention_answers_501_and_the_model_says_so() -> None:
     engine = BlockingEngine()  # like an export made before exports kept attention: no run, no attention layers
     with serving(engine) as srv:
@@ -535,7 +580,7 @@ def test_load_report_gives_nearest_rank_percentiles_and_ratios_to_the_cli() -> N
     assert (done.percentile(0.5), done.percentile(0.99), done.percentile(1.0)) == (0.05, 0.099, 0.1)
     results = [{"engine": "pytorch", "cli_sentences_per_s": 50.0, "loads": [
         {"clients": 8, "requests": 100, "same_as_cli": 100, "requests_per_s": 25.0, "p50_ms": 50.0, "p99_ms": 99.0,
-         "batches": 20, "ratio_to_cli": 0.5}]}]
+         "batches": 20, "mean_batch": 5.0, "engine_busy": 0.874, "ratio_to_cli": 0.5}]}]
     lines = table(results, 100, 5).splitlines()
     assert lines[0] == "100 sentences, one per request, beam 5:"
-    assert lines[-1] == "| pytorch | 8 | 25.0 | 50.0 | 99.0 | 0.50x | 20 | 100/100 | 50.0 |"
+    assert lines[-1] == "| pytorch | 8 | 25.0 | 50.0 | 99.0 | 0.50x | 20 | 5.0 | 87% | 100/100 | 50.0 |"

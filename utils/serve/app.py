@@ -96,6 +96,7 @@ class _Job:
     texts: list[str]
     key: tuple[int, int, float] | None = None  # (beam, nbest, lenpen) of a translation; None: ``call``
     call: Callable[[], Any] | None = None
+    answered: bool = False  # a translation's n-best lists were handed over (counted once)
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Counters:
     sentences: int = 0
     batches: int = 0  # calls to the engine's translate
     largest_batch: int = 0  # sentences in the largest of them
+    busy_s: float = 0.0  # seconds the engine spent in its calls (translations and attention maps)
     rejected: int = 0  # requests answered 503
 
 
@@ -188,29 +190,62 @@ class Batcher:
                 texts = [t for j in group for t in j.texts]
                 self.counters.batches += 1
                 self.counters.largest_batch = max(self.counters.largest_batch, len(texts))
-                await self._execute(group, lambda texts=texts, decode=decode: self.engine.translate(texts, decode))
+                await self._execute(group, lambda on_done, texts=texts, decode=decode:
+                                    self.engine.translate(texts, decode, on_done))
 
-    async def _execute(self, group: list[_Job], fn: Callable[[], Any]) -> None:
-        """Run ``fn`` in the decoding thread; hand each job its share of the result (or the error)."""
+    async def _execute(self, group: list[_Job], fn: Callable[..., Any]) -> None:
+        """Run ``fn`` in the decoding thread; hand each job its share of the result (or the error). A translation's
+        ``fn(on_done)`` reports each sentence as the engine finishes it: a job is answered as soon as all of its
+        sentences are, while the rest of the batch decodes (its client can send the next request meanwhile)."""
+        loop = asyncio.get_running_loop()
+        began = time.perf_counter()
+        if group[0].call is not None:
+            call = fn
+        else:
+            owner = [k for k, j in enumerate(group) for _ in j.texts]  # the job of each sentence of the batch
+            first = [0]
+            for j in group:
+                first.append(first[-1] + len(j.texts))
+            parts: list[Any] = [None] * first[-1]
+            left = [len(j.texts) for j in group]
+
+            def on_done(i: int, nbest: Any) -> None:  # in the decoding thread
+                parts[i] = nbest
+                k = owner[i]
+                left[k] -= 1
+                if left[k] == 0:
+                    loop.call_soon_threadsafe(self._answer, group[k], parts[first[k]:first[k + 1]])
+
+            def call() -> Any:
+                return fn(on_done)
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self._pool, fn)
-        except Exception as err:  # a failed decode fails the requests it held, not the worker
+            result = await loop.run_in_executor(self._pool, call)
+        except Exception as err:  # a failed decode fails the requests it held (those not answered yet), not the worker
+            self.counters.busy_s += time.perf_counter() - began
             for j in group:
                 if not j.future.done():
                     j.future.set_exception(err)
             return
+        self.counters.busy_s += time.perf_counter() - began
         if group[0].call is not None:
             if not group[0].future.done():
                 group[0].future.set_result(result)
             return
         start = 0
-        for j in group:
-            part = result[start : start + len(j.texts)]
+        for j in group:  # the engine reported every sentence; a job it did not (none should) is answered here
+            if not j.answered:
+                self._answer(j, result[start : start + len(j.texts)])
             start += len(j.texts)
-            self.counters.requests += 1
-            self.counters.sentences += len(j.texts)
-            if not j.future.done():
-                j.future.set_result(part)
+
+    def _answer(self, job: _Job, nbest: list[Any]) -> None:
+        """In the event loop: a translation job's n-best lists are all final."""
+        if job.answered:
+            return
+        job.answered = True
+        self.counters.requests += 1
+        self.counters.sentences += len(job.texts)
+        if not job.future.done():  # its client may have gone
+            job.future.set_result(nbest)
 
 
 # ---------------------------------------------------------------------------------------------- requests

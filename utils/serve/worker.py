@@ -12,7 +12,10 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from utils.translation.engines import OnDone
 
 log = logging.getLogger("serve")
 
@@ -24,8 +27,9 @@ class DecoderError(RuntimeError):
 def _decode_forever(conn: Connection, model_path: str, config: str | None, overrides: list[str], device: str,
                     average: int | None) -> None:
     """The child: load the run, answer ("ok", (checkpoint, step)) or ("error", ...), then translate every (texts,
-    decode) received until the pipe closes (the server's end goes when the server does). A failed batch answers
-    ("error", (exception class name, message, traceback))."""
+    decode) received until the pipe closes (the server's end goes when the server does): ("done", (i, nbest)) for
+    each text as soon as its list is final, then ("ok", None). A failed batch answers ("error", (exception class
+    name, message, traceback))."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server handles it
     try:
         from utils.run.load import load_run
@@ -42,7 +46,9 @@ def _decode_forever(conn: Connection, model_path: str, config: str | None, overr
         except (EOFError, OSError):
             return
         try:
-            conn.send(("ok", translate(run.model, run.tokenizer, texts, decode, strict=False)))
+            translate(run.model, run.tokenizer, texts, decode, strict=False,
+                      on_done=lambda i, nbest: conn.send(("done", (i, nbest))))
+            conn.send(("ok", None))
         except Exception as err:  # noqa: BLE001 - fails this batch's requests, not the process
             conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
 
@@ -98,9 +104,10 @@ class ProcessDecoder:
         except (EOFError, OSError):
             raise self._ended() from None
 
-    def translate(self, texts: list[str], decode: Any) -> list[list[Any]]:
-        """The n-best lists of ``texts``. Errors of the batch come back as the server's own would: an input the
-        model cannot take as ``InputError`` / ``PositionLimitError`` (422), anything else ``RuntimeError``."""
+    def translate(self, texts: list[str], decode: Any, on_done: OnDone | None = None) -> list[list[Any]]:
+        """The n-best lists of ``texts``, ``on_done(i, nbest)`` called for each as the child finishes it. Errors of
+        the batch come back as the server's own would: an input the model cannot take as ``InputError`` /
+        ``PositionLimitError`` (422), anything else ``RuntimeError``."""
         with self._lock:
             # Between batches the pipe holds nothing: readable means its other end closed, the child has ended
             # (is_alive alone can miss that when something else in the process reaped the child).
@@ -113,9 +120,15 @@ class ProcessDecoder:
                 self._conn.send((texts, decode))
             except OSError:  # BrokenPipeError among them
                 raise self._ended() from None
-            status, result = self._receive()
+            results: list[Any] = [None] * len(texts)
+            while (reply := self._receive())[0] == "done":
+                i, nbest = reply[1]
+                results[i] = nbest
+                if on_done is not None:
+                    on_done(i, nbest)
+            status, result = reply
         if status == "ok":
-            return result
+            return results
         name, message, trace = result
         log.error("decoding failed in the decoding process:\n%s", trace.rstrip())
         from models.positional import PositionLimitError

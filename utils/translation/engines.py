@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,13 +18,17 @@ from utils.run.load import LoadedRun
 from utils.translation.export import MARKER, TABLE_LENGTH
 from utils.translation.translate import Translation, encode_sources, encode_target, translate
 
+OnDone = Callable[[int, list[Translation]], None]  # (index in texts, that text's final n-best list)
+
 
 class Engine(Protocol):
-    """What translates: a config and ``translate(texts, decode)`` (n-best lists, best first)."""
+    """What translates: a config and ``translate(texts, decode, on_done)`` (n-best lists, best first; ``on_done``
+    called for each text as soon as its list is final, so a server can answer it before the rest of the batch)."""
 
     cfg: Config
 
-    def translate(self, texts: list[str], decode: DecodeConfig) -> list[list[Translation]]: ...
+    def translate(self, texts: list[str], decode: DecodeConfig,
+                  on_done: OnDone | None = None) -> list[list[Translation]]: ...
 
 
 class TorchEngine:
@@ -33,10 +38,11 @@ class TorchEngine:
         self.run, self.cfg = run, run.cfg
         self.decoder: Engine | None = None  # translates for it with the same model (the server's decoding process)
 
-    def translate(self, texts: list[str], decode: DecodeConfig) -> list[list[Translation]]:
+    def translate(self, texts: list[str], decode: DecodeConfig,
+                  on_done: OnDone | None = None) -> list[list[Translation]]:
         if self.decoder is not None:
-            return self.decoder.translate(texts, decode)
-        return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False)
+            return self.decoder.translate(texts, decode, on_done)
+        return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False, on_done=on_done)
 
 
 class CT2Model:
@@ -73,8 +79,9 @@ class CT2Model:
         # The attention CTranslate2 returns: exports before this entry averaged only the first head.
         self.attention_layers: dict[str, list[int]] = marker.get("attention") or {}
 
-    def translate(self, texts: list[str], decode: Any) -> list[list[Any]]:
-        """Best-first hypotheses (``decode.nbest``) for each text, as ``translate_ids`` gives.
+    def translate(self, texts: list[str], decode: Any, on_done: OnDone | None = None) -> list[list[Any]]:
+        """Best-first hypotheses (``decode.nbest``) for each text, as ``translate_ids`` gives; ``on_done`` for each
+        text when the ``translate_batch`` call that holds it returns.
 
         Each sentence gets exactly its own cap. Greedy: one ``translate_batch`` call for all the texts
         (CTranslate2 sorts them into batches of ``decode.batch_size``) up to the longest cap, a step callback
@@ -84,6 +91,9 @@ class CT2Model:
         for a model whose beams often run to the cap)."""
         ids = encode_sources(self.tokenizer, texts, self.max_length, strict=False)
         results: list[list[Any]] = [[Translation("", 0.0, 0.0, [])] for _ in ids]
+        if on_done is not None:
+            for i in (i for i, seq in enumerate(ids) if not seq):
+                on_done(i, results[i])
         caps = {i: min(max(1, int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b)), self.max_length - 1)
                 for i, seq in enumerate(ids) if seq}
         groups: dict[int, list[int]] = {}
@@ -93,6 +103,8 @@ class CT2Model:
             top = cap or max(caps[i] for i in rows)
             for i, res in zip(rows, self._decode(ids, rows, top, decode, caps), strict=True):
                 results[i] = self._hypotheses(res, decode)
+                if on_done is not None:
+                    on_done(i, results[i])
         return results
 
     def cross_attention(self, text: str, target: str | None, decode: Any) -> tuple[list[int], list[int], str, Any]:

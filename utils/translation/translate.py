@@ -17,7 +17,7 @@ from typing import BinaryIO, TextIO
 
 import torch
 
-from models.decoding import beam_search, greedy_search
+from models.decoding import Hypothesis, beam_search, greedy_search
 from models.transformer import Seq2SeqTransformer
 from tokenizer import Tokenizer
 from utils.config import DecodeConfig
@@ -94,11 +94,16 @@ def translate_ids(
     tokenizer: Tokenizer,
     sources: Sequence[list[int]],
     decode: DecodeConfig,
+    on_done: Callable[[int, list[Translation]], None] | None = None,
 ) -> list[list[Translation]]:
-    """Decode already-encoded sources (eos included); empty sources give one empty translation."""
+    """Decode already-encoded sources (eos included); empty sources give one empty translation.
+    ``on_done(i, nbest)`` is called for source ``i`` as soon as its list is final (the server answers it then)."""
     model.eval()
     results: list[list[Translation]] = [[Translation("", 0.0, 0.0, [])] for _ in sources]
     todo = [i for i, s in enumerate(sources) if s]
+    if on_done is not None:
+        for i in (i for i, s in enumerate(sources) if not s):
+            on_done(i, results[i])
     for batch in _batches([len(sources[i]) for i in todo], decode.batch_size):
         rows = [todo[j] for j in batch]
         width = max(len(sources[i]) for i in rows)
@@ -106,26 +111,33 @@ def translate_ids(
         for r, i in enumerate(rows):
             src[r, : len(sources[i])] = torch.tensor(sources[i])
         src = src.to(model.device)
+        def finished(row: int, hyps: list[Hypothesis], rows: list[int] = rows) -> None:
+            i = rows[row]
+            results[i] = [Translation(tokenizer.decode(h.tokens), h.score, h.logprob, h.tokens) for h in hyps]
+            if on_done is not None:
+                on_done(i, results[i])
+
         common = dict(
-            bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b
+            bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b,
+            on_done=finished,
         )
         if decode.beam == 1:
-            nbest = [[h] for h in greedy_search(model, src, **common)]
+            greedy_search(model, src, **common)
         else:
-            nbest = beam_search(
+            beam_search(
                 model, src, beam=decode.beam, nbest=decode.nbest, lenpen=decode.lenpen, stop=decode.beam_stop, **common
             )
-        for i, hyps in zip(rows, nbest, strict=True):
-            results[i] = [Translation(tokenizer.decode(h.tokens), h.score, h.logprob, h.tokens) for h in hyps]
     return results
 
 
 def translate(
-    model: Seq2SeqTransformer, tokenizer: Tokenizer, texts: Sequence[str], decode: DecodeConfig, strict: bool = True
+    model: Seq2SeqTransformer, tokenizer: Tokenizer, texts: Sequence[str], decode: DecodeConfig, strict: bool = True,
+    on_done: Callable[[int, list[Translation]], None] | None = None,
 ) -> list[list[Translation]]:
-    """Translate sentences; returns the n-best list of each (``decode.nbest`` long, best first)."""
+    """Translate sentences; returns the n-best list of each (``decode.nbest`` long, best first); ``on_done`` as in
+    ``translate_ids``."""
     sources = encode_sources(tokenizer, texts, model.max_length, strict=strict)
-    return translate_ids(model, tokenizer, sources, decode)
+    return translate_ids(model, tokenizer, sources, decode, on_done)
 
 
 # ----------------------------------------------------------------------------------------------
