@@ -520,7 +520,9 @@ def test_a_request_is_answered_when_its_sentences_are_done_while_the_batch_goes_
     with serving(engine, max_batch=8, max_wait_ms=0) as srv:
         blocker = in_thread(send, srv, {"text": "zéro"})
         assert engine.started[0].wait(10)  # the worker holds "zéro" (reported, its call still running)
-        short, long = in_thread(send, srv, {"text": "un"}), in_thread(send, srv, {"text": ["deux", "trois"]})
+        short = in_thread(send, srv, {"text": "un"})
+        wait_for(lambda: get(srv.url, "/health")[1]["waiting"] == 1)
+        long = in_thread(send, srv, {"text": ["deux", "trois"]})
         wait_for(lambda: get(srv.url, "/health")[1]["waiting"] == 2)
         engine.gates[0].set()  # "un" and "deux trois" make the next batch, where "un" finishes first
         assert engine.started[1].wait(10)
