@@ -23,6 +23,7 @@ PyTorch thread pools in one CPU process slow each other down).
 from __future__ import annotations
 
 import argparse
+import gzip
 import http.client
 import json
 import math
@@ -186,8 +187,9 @@ def load(url: str, sentences: list[str], clients: int, extra: dict | None = None
 
 
 def read_sentences(path: Path, n: int) -> list[str]:
-    """The first ``n`` non-empty lines of ``path``, the file repeated if it has fewer."""
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The first ``n`` non-empty lines of ``path`` (gzipped if it ends in .gz), the file repeated if it has fewer."""
+    text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text("utf-8")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return [lines[i % len(lines)] for i in range(n)]
 
 
@@ -264,7 +266,8 @@ def main() -> int:
                              "process) on the other half: the server's own work compared with the CLI's alone")
     parser.add_argument("--in-server", "--in_server", action="store_true",
                         help="also measure the PyTorch server decoding in its own process (--decode-in-server)")
-    parser.add_argument("--input", default=str(ROOT / "data" / "demo" / "test.fr"), help="source sentences")
+    parser.add_argument("--input", default=str(ROOT / "data" / "demo" / "test.fr"),
+                        help="source sentences, one per line (.gz read as gzip)")
     parser.add_argument("--sentences", type=int, default=200, help="requests per load level (default 200)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients")
     parser.add_argument("--beam", type=int, default=5, help="beam size, CLI and server (default 5)")

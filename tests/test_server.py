@@ -529,6 +529,9 @@ def test_a_request_is_answered_when_its_sentences_are_done_while_the_batch_goes_
         short[0].join(10)  # answered while its batch still decodes "deux trois"
         assert short[1][0][0] == 200 and short[1][0][1]["translations"][0]["translation"] == "UN"
         assert long[0].is_alive() and get(srv.url, "/health")[1]["requests"] == 2
+        busy = get(srv.url, "/health")[1]["busy_s"]
+        time.sleep(0.2)  # the call in progress counts in busy_s up to now, its answered requests or not
+        assert 0.2 <= get(srv.url, "/health")[1]["busy_s"] - busy < 5
         engine.gates[1].set()
         for thread, _ in (long, blocker):
             thread.join(10)
@@ -559,6 +562,9 @@ def test_the_load_benchmark_runs_every_engine_and_checks_each_answer(run_dir: Pa
     for r in report["results"]:
         assert r["cli_sentences_per_s"] > 0 and [x["clients"] for x in r["loads"]] == [1, 4]
         assert all(x["same_as_cli"] == x["requests"] == 8 and x["requests_per_s"] > 0 for x in r["loads"])
+        for x in r["loads"]:
+            assert x["mean_batch"] == round(8 / x["batches"], 1) and 0 < x["engine_busy"] <= 1.05, x
+        assert r["loads"][0]["mean_batch"] == 1.0  # one client: one sentence per engine call
     assert res.stdout.count("| pytorch, in server |") == 2 and "8 sentences, one per request, beam 2:" in res.stdout
 
 
@@ -574,6 +580,16 @@ def test_pinning_puts_the_server_side_on_its_cores_and_needs_two(run_dir: Path) 
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].endswith("error: --pin needs at least 2 cores (the load generator "
                                                         "on half, the server on the other half)")
+
+
+def test_the_load_benchmark_reads_plain_and_gzipped_sources_repeating_short_files(tmp_path: Path) -> None:
+    import gzip
+
+    from bench.serve_load import read_sentences
+
+    (tmp_path / "a.fr").write_text("Un.\n\nDeux.\n", encoding="utf-8")
+    (tmp_path / "a.fr.gz").write_bytes(gzip.compress(b"Un.\n\nDeux.\n"))
+    assert read_sentences(tmp_path / "a.fr", 3) == read_sentences(tmp_path / "a.fr.gz", 3) == ["Un.", "Deux.", "Un."]
 
 
 def test_load_report_gives_nearest_rank_percentiles_and_ratios_to_the_cli() -> None:

@@ -107,7 +107,7 @@ class Counters:
     sentences: int = 0
     batches: int = 0  # calls to the engine's translate
     largest_batch: int = 0  # sentences in the largest of them
-    busy_s: float = 0.0  # seconds the engine spent in its calls (translations and attention maps)
+    busy_s: float = 0.0  # seconds the engine has spent in its calls (translations and attention maps), so far
     rejected: int = 0  # requests answered 503
 
 
@@ -123,6 +123,14 @@ class Batcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         self._task: asyncio.Task | None = None
         self._held: _Job | None = None
+        self._busy_since: float | None = None  # when the engine call in progress began
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters now, ``busy_s`` with the call in progress up to now (its requests may be answered already)."""
+        out = asdict(self.counters)
+        if self._busy_since is not None:
+            out["busy_s"] += time.perf_counter() - self._busy_since
+        return out
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="decode-worker")
@@ -198,7 +206,7 @@ class Batcher:
         ``fn(on_done)`` reports each sentence as the engine finishes it: a job is answered as soon as all of its
         sentences are, while the rest of the batch decodes (its client can send the next request meanwhile)."""
         loop = asyncio.get_running_loop()
-        began = time.perf_counter()
+        began = self._busy_since = time.perf_counter()
         if group[0].call is not None:
             call = fn
         else:
@@ -222,11 +230,13 @@ class Batcher:
             result = await loop.run_in_executor(self._pool, call)
         except Exception as err:  # a failed decode fails the requests it held (those not answered yet), not the worker
             self.counters.busy_s += time.perf_counter() - began
+            self._busy_since = None
             for j in group:
                 if not j.future.done():
                     j.future.set_exception(err)
             return
         self.counters.busy_s += time.perf_counter() - began
+        self._busy_since = None
         if group[0].call is not None:
             if not group[0].future.done():
                 group[0].future.set_result(result)
@@ -577,7 +587,7 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         batcher = state["batcher"]
         decoder = getattr(engine, "decoder", None)
         process = {} if decoder is None else {"decoder": {"pid": decoder.pid, "restarts": decoder.restarts}}
-        return {"status": "ok", "engine": info["engine"], "waiting": batcher.waiting, **asdict(batcher.counters),
+        return {"status": "ok", "engine": info["engine"], "waiting": batcher.waiting, **batcher.snapshot(),
                 **process}
 
     @app.get("/model")
