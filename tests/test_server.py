@@ -568,6 +568,18 @@ def test_the_load_benchmark_runs_every_engine_and_checks_each_answer(run_dir: Pa
     assert res.stdout.count("| pytorch, in server |") == 2 and "8 sentences, one per request, beam 2:" in res.stdout
 
 
+def test_the_batch_order_probe_decodes_both_orders_to_the_same_translations(run_dir: Path) -> None:
+    res = subprocess.run([sys.executable, "bench/batch_order.py", "--model_path", str(run_dir), "--sentences", "12",
+                          "--batch", "4", "12", "--beam", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in res.stdout.splitlines() if line.startswith("| 4 ") or
+            line.startswith("| 12 ")]
+    assert [int(r[0]) for r in rows] == [4, 12]
+    for _, arrival, cli, ratio in rows:
+        assert float(arrival) > 0 and float(cli) > 0
+        assert float(ratio.strip().rstrip("x")) == pytest.approx(float(arrival) / float(cli), abs=0.006)
+
+
 def test_pinning_puts_the_server_side_on_its_cores_and_needs_two(run_dir: Path) -> None:
     from bench.serve_load import on_cpus
 

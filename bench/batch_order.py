@@ -1,0 +1,67 @@
+"""What the order of sentences costs a batched decoder: the same sentences decoded in batches of ``B`` taken in
+their order (as a server forms batches from requests as they arrive) and in the CLI's length-sorted batches.
+
+    python bench/batch_order.py --model_path RUN_DIR [--input FILE] [--sentences 384] [--batch 32 64] [--beam 5]
+
+One process, one thread (``torch.set_num_threads(1)``), the run's PyTorch model; both orders decode every
+sentence (a first pass warms up), and must give the same translations. Prints sentences/s for each and their
+ratio: the ceiling of a server whose batches hold ``B`` requests in arrival order, against the CLI's batch
+throughput (``bench/serve_load.py``'s reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/batch_order.py: the repository root first
+
+from bench.common import ROOT  # noqa: E402
+from bench.serve_load import cpu_name, read_sentences  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model_path", "--model-path", required=True, help="run directory")
+    parser.add_argument("--input", default=str(ROOT / "data" / "demo" / "test.fr"),
+                        help="source sentences, one per line (.gz read as gzip)")
+    parser.add_argument("--sentences", type=int, default=384, help="sentences (the file repeated if shorter)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[32, 64], help="batch sizes (default 32 64)")
+    parser.add_argument("--beam", type=int, default=5, help="beam size (default 5)")
+    args = parser.parse_args()
+    if args.sentences < 1 or args.beam < 1 or min(args.batch) < 1:
+        parser.error("--sentences, --beam and --batch must be >= 1")
+    import torch
+
+    from utils.run.load import load_run
+    from utils.translation.translate import translate
+
+    torch.set_num_threads(1)
+    run = load_run(args.model_path, device="cpu")
+    sentences = read_sentences(Path(args.input), args.sentences)
+    decode = run.cfg.decode.model_copy(update=dict(beam=args.beam))
+    translate(run.model, run.tokenizer, sentences[: max(args.batch)], decode, strict=False)  # warm-up
+    print(f"CPU: {cpu_name()}, one thread; {len(sentences)} sentences, beam {args.beam}")
+    print("| batch | in arrival order, sentences/s | length-sorted (the CLI), sentences/s | ratio |")
+    print("|---|---|---|---|")
+    for size in args.batch:
+        dec = decode.model_copy(update=dict(batch_size=size))
+        began = time.perf_counter()
+        arrival = [nbest for i in range(0, len(sentences), size)
+                   for nbest in translate(run.model, run.tokenizer, sentences[i : i + size], dec, strict=False)]
+        in_order = len(sentences) / (time.perf_counter() - began)
+        began = time.perf_counter()
+        cli = translate(run.model, run.tokenizer, sentences, dec, strict=False)  # sorts by length into batches
+        sorted_rate = len(sentences) / (time.perf_counter() - began)
+        if [n[0].text for n in arrival] != [n[0].text for n in cli]:
+            raise SystemExit("error: the two orders gave different translations")
+        print(f"| {size} | {in_order:.1f} | {sorted_rate:.1f} | {in_order / sorted_rate:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    from utils.cli import run_main
+
+    run_main(main)
