@@ -59,6 +59,11 @@ LAYOUT_LITERALS = ['"checkpoints"', '"last.pt"', '"best.pt"', '"config.yaml"', '
 ALLOWED = {("bench/peers.py", '"train.log"'), ("bench/study_report.py", '/ "tb"')}
 
 
+def test_a_run_without_its_tensorboard_folder_has_no_scalars(tmp_path: Path) -> None:
+    # A run copied without tb/ (its curves are then unknown): a study's report reads its curve as empty.
+    assert RunDir(tmp_path).scalars("valid/bleu") == []
+
+
 def test_the_layout_is_spelled_only_in_the_rundir_module() -> None:
     found = []
     for path in sorted(ROOT.rglob("*.py")):

@@ -118,8 +118,11 @@ class RunDir:
 
     def scalars(self, tag: str) -> list[tuple[int, float]]:
         """A TensorBoard scalar of the run (e.g. ``valid/bleu``, ``train/tokens_per_s``): (iteration, value)
-        pairs; empty when the run never logged it."""
+        pairs; empty when the run never logged it (or has no ``tb/``: a copy made without it)."""
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        if not self.tb.is_dir():
+            return []
 
         quiet = logging.getLogger("tensorboard")  # it warns "No path found after <the last event file>"
         level = quiet.level
