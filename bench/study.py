@@ -421,6 +421,9 @@ def select_variants(preset: Preset, asked: str) -> tuple[list[Variant], dict[str
     family = preset.family
     if family:
         family = {**family, "systems": [s for s in family["systems"] if s.split("+")[0] in labels]}
+        if not family["systems"]:  # none of the declared contrasts: the same endpoint for newcomers, not that family
+            family["declared"] = ("exploratory: none of the preset's declared contrasts among --variants; each chosen "
+                                  "variant against the baseline, on the declared endpoint")
     return variants, family
 
 
@@ -488,6 +491,9 @@ def main() -> int:
                         (args.jobs, "--jobs")):
         if value is not None and value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
+    if args.seeds < 2 and not args.train_only:  # refused before anything runs, not at the report after the scoring
+        parser.error("scoring and the report need --seeds 2 or more (seeds are the blocks of every test); "
+                     "train a pilot with --train-only")
     for flag, items in (("--set", args.overrides), ("--grid", args.grid)):  # what the study decides per run
         for item in items:
             key = item.partition("=")[0].strip()

@@ -300,6 +300,12 @@ def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_pa
     res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--steps must be >= 1, got 0" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "8", "--seeds", "1",
+                          "--runs", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr and not (tmp_path / "study_seed-table").exists()
+    assert res.stderr.strip().splitlines()[-1].endswith(
+        "error: scoring and the report need --seeds 2 or more (seeds are the blocks of every test); train a pilot "
+        "with --train-only")
 
 
 def test_a_run_without_a_resume_point_is_started_again(tmp_path: Path) -> None:
@@ -437,6 +443,9 @@ def test_variants_select_part_of_a_preset_and_its_family() -> None:
     assert [v.label for v in variants] == ["sinusoidal", "learnable", "alibi", "rope"]  # the baseline always kept
     assert family["systems"] == ["learnable", "rope", "rope+ntk", "rope+yarn", "alibi"]
     assert family["metric"] == preset.family["metric"] and len(preset.family["systems"]) == 6  # preset untouched
+    newcomers = study.select_variants(preset, "sinusoidal+shape,kerple_log,fire,decoder-nope")[1]
+    assert newcomers["systems"] == [] and newcomers["declared"].startswith("exploratory: none of the preset's")
+    assert family["declared"] == preset.family["declared"]  # the pre-registered selection keeps its declaration
     with pytest.raises(ConfigError, match=r"^--variants rpoe: not a variant; variants: sinusoidal, learnable, "):
         study.select_variants(preset, "rope,rpoe")
     res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "10", "--variants",
