@@ -116,7 +116,9 @@ class Analysis:
             return [own[self.buckets[q.split][q.bucket]]], [1.0]
         factor = shift_factor(q.split) // shift_factor(q.base_split or q.split)
         x1 = self.stats[system][q.base_split][q.decoder][q.metric][k]
-        return [unit_stats(x1, factor, own.shape[0]), own], [1.0, -1.0]
+        # The xK pairs whose x1 sentences were scored (all of them, unless --max-sentences cut both splits alike).
+        units = min(own.shape[0], x1.shape[0] // factor)
+        return [unit_stats(x1, factor, units), own[:units]], [1.0, -1.0]
 
     def bootstrap(self, system: str, q: Quantity, base: str | None = None) -> dict[str, Any] | None:
         if self.stats is None:

@@ -144,3 +144,26 @@ def test_drop_units_carry_their_x1_sentences():
     drop = lambda h: metric.corpus_score(h, [REFS]).score - metric.corpus_score(  # noqa: E731
         concatenate_pairs(h, REFS, 4)[0], [concatenate_pairs(h, REFS, 4)[1]]).score
     assert out["delta"] == pytest.approx(drop(HYP_A) - drop(HYP_B))
+
+
+def test_a_drop_uses_the_xk_pairs_whose_x1_sentences_were_scored():
+    """With --max-sentences N both splits are cut to N sentences: N x1 sentences hold N/4 x4 pairs' worth, so the
+    drop is computed over those pairs (a full study scores every x1 sentence: every pair counts)."""
+    from sacrebleu.metrics import CHRF
+
+    from bench.study_analysis import Analysis, Quantity
+    from data.sources import concatenate_pairs
+
+    metric = CHRF()
+    x4_hyp, x4_ref = concatenate_pairs(HYP_A, REFS, 4)
+    n = len(x4_hyp)
+    cut = 4 * (n - 1)  # the x1 split scored short of the last pair's four sentences
+    stats = {"a": {"t": {"beam5": {"chrF": [sentence_stats(metric, HYP_A[:cut], REFS[:cut])]}},
+                   "t.x4": {"beam5": {"chrF": [sentence_stats(metric, x4_hyp, x4_ref)]}}}}
+    scores = {"a": {s: {"beam5": {"chrF": [0.0], "BLEU": [0.0]}} for s in ("t", "t.x4")}}
+    q = Quantity("drop", "t.x4", "chrF", "beam5", base_split="t")
+    (x1, x4), coefs = Analysis(scores, stats, "a", 10)._parts("a", q, 0)
+    assert x1.shape[0] == x4.shape[0] == n - 1 and coefs == [1.0, -1.0]
+    expected = metric.corpus_score(HYP_A[:cut], [REFS[:cut]]).score - metric.corpus_score(
+        x4_hyp[: n - 1], [x4_ref[: n - 1]]).score
+    assert Analysis(scores, stats, "a", 10).seeds("a", q) == [pytest.approx(expected)]
