@@ -23,6 +23,7 @@ No ``from __future__ import annotations`` here: FastAPI reads the endpoints' ``R
 """
 
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -211,9 +212,7 @@ class Batcher:
             call = fn
         else:
             owner = [k for k, j in enumerate(group) for _ in j.texts]  # the job of each sentence of the batch
-            first = [0]
-            for j in group:
-                first.append(first[-1] + len(j.texts))
+            first = [0, *itertools.accumulate(len(j.texts) for j in group)]
             parts: list[Any] = [None] * first[-1]
             left = [len(j.texts) for j in group]
 
@@ -229,14 +228,13 @@ class Batcher:
         try:
             result = await loop.run_in_executor(self._pool, call)
         except Exception as err:  # a failed decode fails the requests it held (those not answered yet), not the worker
-            self.counters.busy_s += time.perf_counter() - began
-            self._busy_since = None
             for j in group:
                 if not j.future.done():
                     j.future.set_exception(err)
             return
-        self.counters.busy_s += time.perf_counter() - began
-        self._busy_since = None
+        finally:
+            self.counters.busy_s += time.perf_counter() - began
+            self._busy_since = None
         if group[0].call is not None:
             if not group[0].future.done():
                 group[0].future.set_result(result)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from utils.translation.engines import OnDone
+    from utils.translation.translate import OnDone
 
 log = logging.getLogger("serve")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,9 +15,7 @@ from utils.config import Config, DecodeConfig, load_config
 from utils.run.layout import RunDir
 from utils.run.load import LoadedRun
 from utils.translation.export import MARKER, TABLE_LENGTH
-from utils.translation.translate import Translation, encode_sources, encode_target, translate
-
-OnDone = Callable[[int, list[Translation]], None]  # (index in texts, that text's final n-best list)
+from utils.translation.translate import OnDone, Translation, encode_sources, encode_target, translate
 
 
 class Engine(Protocol):

@@ -39,6 +39,9 @@ class Translation:
     tokens: list[int]
 
 
+OnDone = Callable[[int, list[Translation]], None]  # (index of a source, its final n-best list)
+
+
 def _batches(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
     """Indices grouped into batches of similar length (longest first), for little padding."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -94,7 +97,7 @@ def translate_ids(
     tokenizer: Tokenizer,
     sources: Sequence[list[int]],
     decode: DecodeConfig,
-    on_done: Callable[[int, list[Translation]], None] | None = None,
+    on_done: OnDone | None = None,
 ) -> list[list[Translation]]:
     """Decode already-encoded sources (eos included); empty sources give one empty translation.
     ``on_done(i, nbest)`` is called for source ``i`` as soon as its list is final (the server answers it then)."""
@@ -132,7 +135,7 @@ def translate_ids(
 
 def translate(
     model: Seq2SeqTransformer, tokenizer: Tokenizer, texts: Sequence[str], decode: DecodeConfig, strict: bool = True,
-    on_done: Callable[[int, list[Translation]], None] | None = None,
+    on_done: OnDone | None = None,
 ) -> list[list[Translation]]:
     """Translate sentences; returns the n-best list of each (``decode.nbest`` long, best first); ``on_done`` as in
     ``translate_ids``."""
