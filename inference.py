@@ -58,6 +58,14 @@ def main() -> int:
     serving.add_argument("--decode-in-server", "--decode_in_server", action="store_true",
                          help="a PyTorch run decodes in the server's process (default: in a process of its own, "
                               "so that decoding and the HTTP work do not share one GIL; twice the model's memory)")
+    serving.add_argument("--batching", choices=["continuous", "static"],
+                         help="continuous: a request joins the decoding in flight between two decoder steps "
+                              "(iteration-level batching; the default for a PyTorch run in its decoding process); "
+                              "static: requests waiting together are decoded as one batch (the only choice for a "
+                              "CTranslate2 export or --decode-in-server)")
+    serving.add_argument("--join", type=float, default=0.5,
+                         help="continuous batching: waiting sentences start together once they number this share "
+                              "of those decoding, nothing decodes, or the oldest has waited 8 steps (default 0.5)")
     from utils.serve.app import Limits
 
     for name, value in vars(Limits()).items():
@@ -171,16 +179,22 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
     from utils.serve.app import serve as serve_http
 
     sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
+    if args.join < 0:
+        raise ConfigError(f"--join must be >= 0, got {args.join}")
     engine = load_engine(parser, args, overrides)
     run = getattr(engine, "run", None)
+    if args.batching == "continuous" and (run is None or args.decode_in_server):
+        raise ConfigError("--batching continuous needs a PyTorch run decoding in its own process "
+                          f"({'not --decode-in-server' if run is not None else 'not a CTranslate2 export'})")
     if run is not None and not args.decode_in_server:  # a PyTorch run: decoding in a process of its own
         from utils.serve.worker import DecoderError, ProcessDecoder
 
         try:
             engine.decoder = ProcessDecoder(run.checkpoint, run.step, args.config, overrides, str(run.model.device),
-                                            args.average, run.run_dir)
+                                            args.average, run.run_dir, join=args.join)
         except DecoderError as err:
             raise ConfigError(str(err)) from None
+        engine.continuous = args.batching != "static"
     serve_http(engine, args.model_path, sock, limits)
     return 0
 

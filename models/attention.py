@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +68,8 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """Cross-attention of ``g`` rows per sentence (its beams) against the sentence's one K/V.
 
-        q ``[n*g, H, Tq, Dh]``, k/v ``[n, H, S, Dh]``, key_mask ``[n, S]`` -> ``[n*g, Tq, D]``: the beams
+        q ``[n*g, H, Tq, Dh]``, k/v ``[n, H, S, Dh]``, key_mask ``[n, S]`` -> ``[n*g, Tq, D]`` (before
+        ``out_proj``): the beams
         become extra queries of their sentence, so K/V are neither copied per beam nor reordered with them.
         """
         b, h, tq, dh = q.shape
@@ -76,8 +78,7 @@ class MultiHeadAttention(nn.Module):
         q = q.view(n, g, h, tq, dh).transpose(1, 2).reshape(n, h, g * tq, dh)
         mask = None if key_mask is None else key_mask[:, None, None, :]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
-        out = out.view(n, h, g, tq, dh).permute(0, 2, 3, 1, 4).reshape(b, tq, h * dh)
-        return self.out_proj(out)
+        return out.view(n, h, g, tq, dh).permute(0, 2, 3, 1, 4).reshape(b, tq, h * dh)
 
     def forward(
         self,
@@ -97,9 +98,41 @@ class MultiHeadAttention(nn.Module):
         appended to the cached ones (incremental decoding). Cross-attention: keys/values come from
         ``memory`` (positions ``k_pos``), computed once and kept in ``cache``.
         """
-        b, tq, d = x.shape
+        out, weights = self._attend(self._project(x), memory=memory, key_mask=key_mask, causal=causal, q_pos=q_pos,
+                                    k_pos=k_pos, cache=cache, need_weights=need_weights)
+        return self.out_proj(out), weights
+
+    def forward_parts(self, x: torch.Tensor, rows: list[int], parts: list[dict[str, Any]]) -> torch.Tensor:
+        """Several independent batches in one call: x ``[sum(rows), Tq, D]`` -> ``[sum(rows), Tq, D]``.
+
+        The projections run once over all rows; attention runs per part (``parts[i]``: the keyword arguments
+        of ``forward`` for the next ``rows[i]`` rows: their own positions, cache, memory and mask). Orca's
+        selective batching (Yu et al. 2022, section 4.2): a decoding step of batches at different lengths.
+        """
+        projected = self._project(x).split(rows)
+        return self.out_proj(torch.cat([self._attend(p, **kw)[0] for p, kw in zip(projected, parts, strict=True)]))
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[B, T, D]`` -> q ``[B, T, D]`` (cross) or q, k, v fused ``[B, T, 3D]`` (self)."""
+        return self.q_proj(x) if self.kind == "cross" else self.qkv_proj(x)
+
+    def _attend(
+        self,
+        projected: torch.Tensor,
+        *,
+        memory: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``_project``'s output ``[B, Tq, n*D]`` -> (attention output ``[B, Tq, D]`` before ``out_proj``, weights)."""
+        b, tq, _ = projected.shape
+        d = self.n_heads * self.head_dim
         if self.kind == "cross":
-            (q,) = self._heads(self.q_proj(x), 1)
+            (q,) = self._heads(projected, 1)
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
             else:
@@ -108,7 +141,7 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
             if k_pos is None:
-                k_pos = torch.arange(k.shape[2], device=x.device)
+                k_pos = torch.arange(k.shape[2], device=q.device)
             if k.shape[0] != b:  # beam search: g = b / sentences consecutive rows share one sentence's K/V
                 if self.pe is None and not need_weights:
                     return self._grouped_cross(q, k, v, key_mask), None
@@ -118,7 +151,7 @@ class MultiHeadAttention(nn.Module):
             if self.pe is not None:
                 q, k = self.pe.rotate(q, k, q_pos, k_pos)
         else:
-            q, k, v = self._heads(self.qkv_proj(x), 3)
+            q, k, v = self._heads(projected, 3)
             if self.pe is not None:
                 q, k = self.pe.rotate(q, k, q_pos, q_pos)  # keys are stored already rotated
             if cache is not None:
@@ -126,7 +159,7 @@ class MultiHeadAttention(nn.Module):
                     k = torch.cat((cache["k"], k), dim=2)
                     v = torch.cat((cache["v"], v), dim=2)
                 cache["k"], cache["v"] = k, v
-            k_pos = torch.arange(k.shape[2], device=x.device) if cache is not None else q_pos
+            k_pos = torch.arange(k.shape[2], device=q.device) if cache is not None else q_pos
             if cache is not None and tq == 1:
                 causal = False  # one new query after the cached keys: nothing to mask (SDPA runs mask-free)
 
@@ -175,5 +208,4 @@ class MultiHeadAttention(nn.Module):
                         q, k, v, attn_mask=None if use_causal else mask, dropout_p=dropout, is_causal=use_causal
                     )
             out = out.to(dtype)
-        out = out.transpose(1, 2).reshape(b, tq, d)
-        return self.out_proj(out), weights
+        return out.transpose(1, 2).reshape(b, tq, d), weights

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.transformer import DecoderCache, Seq2SeqTransformer
+from models.transformer import Seq2SeqTransformer, StepPart
 
 STOP_RULES = ("bound", "k_finished")
 OnDone = Callable[[int, list["Hypothesis"]], None]  # (sentence index in src, its final n-best list)
@@ -58,27 +58,104 @@ def max_lengths(src_mask: torch.Tensor, a: float, b: int, model: Seq2SeqTransfor
     return cap
 
 
-def _step_logprobs(
-    model: Seq2SeqTransformer,
-    prefix: torch.Tensor,
-    memory: torch.Tensor,
-    src_mask: torch.Tensor,
-    cache: DecoderCache | None,
-    eos: int,
-    force_eos: torch.Tensor,
-) -> torch.Tensor:
-    """Log-probabilities ``[N, V]`` of the token after ``prefix [N, t]``; rows in ``force_eos`` may only emit EOS.
-
-    With a cache only the last token is run; without one the whole prefix is (for comparison).
-    """
-    step_input = prefix[:, -1:] if cache is not None else prefix
-    logits = model.decode(step_input, memory, src_mask, cache=cache)[:, -1]
+def _logprobs(logits: torch.Tensor, eos: int, force_eos: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities ``[N, V]`` from a step's logits ``[N, V]``; rows in ``force_eos`` may only emit EOS."""
     logp = F.log_softmax(logits.float(), dim=-1)
     if force_eos.any():
         forced = torch.full_like(logp[0], float("-inf"))
         forced[eos] = 0.0
         logp = torch.where(force_eos[:, None], logp + forced, logp)
     return logp
+
+
+class Search:
+    """A batch being decoded, one token per ``advance``: it encodes its sources when made, ``step_part()`` gives
+    the model's input for the next step, ``advance(logits)`` takes that step's logits ``[N, V]``. ``run()`` decodes
+    it alone; ``decode_together`` steps several at once (``Seq2SeqTransformer.decode_step``), so a batch can start
+    while others are halfway (a server's iteration-level batching). Sentences leave the batch when they finish,
+    reported to ``on_done(i, nbest)`` at once."""
+
+    def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float,
+                 max_len_b: int, use_cache: bool, on_done: OnDone | None) -> None:
+        self.model, self.eos, self.on_done = model, eos, on_done
+        self.memory, self.src_mask = model.encode(src)
+        self.n = src.shape[0]
+        self.cap = max_lengths(self.src_mask, max_len_a, max_len_b, model)
+        self.alive = torch.arange(self.n, device=src.device)  # original sentence index of each alive sentence
+        self.prefix = torch.full((self.n, 1), bos, dtype=torch.long, device=src.device)
+        self.cache = model.new_cache() if use_cache else None
+        self.step = 0
+
+    @property
+    def running(self) -> bool:
+        return self.alive.numel() > 0
+
+    def step_part(self) -> StepPart:
+        """The next step's input for ``Seq2SeqTransformer.decode_step`` (cached decoding only)."""
+        assert self.cache is not None, "decoding together needs the key/value cache"
+        return StepPart(self.prefix[:, -1:], self.memory, self.src_mask, self.cache)
+
+    def logits(self) -> torch.Tensor:
+        """This batch's next-step logits ``[N, V]``, decoded alone (with a cache only the last token is run; without
+        one the whole prefix is, for comparison)."""
+        step_input = self.prefix[:, -1:] if self.cache is not None else self.prefix
+        return self.model.decode(step_input, self.memory, self.src_mask, cache=self.cache)[:, -1]
+
+    def advance(self, logits: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        while self.running:
+            self.advance(self.logits())
+
+
+@torch.no_grad()
+def decode_together(model: Seq2SeqTransformer, searches: list[Search]) -> None:
+    """One step of every running search in ``searches``, their matrix products shared (``decode_step``)."""
+    running = [s for s in searches if s.running]
+    if running:
+        for search, logits in zip(running, model.decode_step([s.step_part() for s in running]), strict=True):
+            search.advance(logits)
+
+
+class GreedySearch(Search):
+    """Argmax at each step; ``hypotheses`` holds one hypothesis per sentence once it is done."""
+
+    def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float = 1.5,
+                 max_len_b: int = 10, use_cache: bool = True, on_done: OnDone | None = None) -> None:
+        super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
+                         on_done=on_done)
+        self.logprob = torch.zeros(self.n, device=src.device)
+        self.done: list[Hypothesis | None] = [None] * self.n
+
+    @property
+    def hypotheses(self) -> list[Hypothesis]:
+        return [h for h in self.done if h is not None]
+
+    def advance(self, logits: torch.Tensor) -> None:
+        eos = self.eos
+        at_cap = self.cap[self.alive] <= self.step
+        logp = _logprobs(logits, eos, at_cap)
+        best, token = logp.max(dim=-1)
+        # At its cap a sentence ends whatever the scores say (NaN scores never pick EOS by argmax).
+        token = torch.where(at_cap, torch.full_like(token, eos), token)
+        best = torch.where(at_cap, logp[:, eos], best)
+        self.logprob = self.logprob + best
+        finished = token == eos
+        self.prefix = torch.cat((self.prefix, token[:, None]), dim=1)
+        if finished.any():  # only the rows that end now leave Python-side
+            rows = finished.nonzero().squeeze(1)
+            for sent, toks, lp in zip(self.alive[rows].tolist(), self.prefix[rows, 1:-1].tolist(),
+                                      self.logprob[rows].tolist(), strict=True):
+                self.done[sent] = Hypothesis(toks, lp, lp)
+                if self.on_done is not None:
+                    self.on_done(sent, [self.done[sent]])
+            keep = (~finished).nonzero().squeeze(1)
+            self.alive, self.prefix, self.logprob = self.alive[keep], self.prefix[keep], self.logprob[keep]
+            self.memory, self.src_mask = self.memory[keep], self.src_mask[keep]
+            if self.cache is not None:
+                self.cache.reorder(keep)
+        self.step += 1
 
 
 @torch.no_grad()
@@ -95,39 +172,10 @@ def greedy_search(
 ) -> list[Hypothesis]:
     """src ``[B, S]`` -> one hypothesis per sentence (argmax at each step). ``on_done(i, [hypothesis])`` is called
     for sentence ``i`` as soon as it finishes, before the rest of the batch (a server answers it then)."""
-    memory, src_mask = model.encode(src)
-    n = src.shape[0]
-    cap = max_lengths(src_mask, max_len_a, max_len_b, model)
-    alive = torch.arange(n, device=src.device)  # original sentence index of each row
-    prefix = torch.full((n, 1), bos, dtype=torch.long, device=src.device)
-    logprob = torch.zeros(n, device=src.device)
-    done: list[Hypothesis | None] = [None] * n
-    cache = model.new_cache() if use_cache else None
-    step = 0
-    while alive.numel():
-        at_cap = cap[alive] <= step
-        logp = _step_logprobs(model, prefix, memory, src_mask, cache, eos, at_cap)
-        best, token = logp.max(dim=-1)
-        # At its cap a sentence ends whatever the scores say (NaN scores never pick EOS by argmax).
-        token = torch.where(at_cap, torch.full_like(token, eos), token)
-        best = torch.where(at_cap, logp[:, eos], best)
-        logprob = logprob + best
-        finished = token == eos
-        prefix = torch.cat((prefix, token[:, None]), dim=1)
-        if finished.any():  # only the rows that end now leave Python-side
-            rows = finished.nonzero().squeeze(1)
-            for sent, toks, lp in zip(alive[rows].tolist(), prefix[rows, 1:-1].tolist(), logprob[rows].tolist(),
-                                      strict=True):
-                done[sent] = Hypothesis(toks, lp, lp)
-                if on_done is not None:
-                    on_done(sent, [done[sent]])
-            keep = (~finished).nonzero().squeeze(1)
-            alive, prefix, logprob = alive[keep], prefix[keep], logprob[keep]
-            memory, src_mask = memory[keep], src_mask[keep]
-            if cache is not None:
-                cache.reorder(keep)
-        step += 1
-    return [h for h in done if h is not None]
+    search = GreedySearch(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
+                          on_done=on_done)
+    search.run()
+    return search.hypotheses
 
 
 def _keep_best_alive(finished: list[list[Hypothesis]], alive: torch.Tensor, done: torch.Tensor,
@@ -140,6 +188,100 @@ def _keep_best_alive(finished: list[list[Hypothesis]], alive: torch.Tensor, done
         if not finished[sent]:
             lp = float(scores[r, 0])
             finished[sent].append(Hypothesis(prefix[r * width, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen)))
+
+
+class BeamSearch(Search):
+    """Beam search (module docstring); ``nbest_lists`` holds each sentence's ``nbest`` best once all are done."""
+
+    def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, beam: int = 5,
+                 nbest: int = 1, lenpen: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
+                 use_cache: bool = True, stop: str = "bound", on_done: OnDone | None = None) -> None:
+        if stop not in STOP_RULES:
+            raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, got {stop!r}")
+        if not 1 <= nbest <= beam:
+            raise ValueError(f"nbest must be in 1..beam ({beam}), got {nbest}")
+        super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
+                         on_done=on_done)
+        device = src.device
+        self.beam, self.nbest, self.lenpen, self.stop = beam, nbest, lenpen, stop
+        self.finished: list[list[Hypothesis]] = [[] for _ in range(self.n)]
+        self.n_finished = torch.zeros(self.n, dtype=torch.long, device=device)
+        # The nbest-th best finished score of each sentence (-inf until it has nbest), and the most the
+        # length penalty can divide an alive beam's log-prob by (at the cap; at the next length if alpha < 0).
+        self.kth_best = torch.full((self.n,), float("-inf"), device=device)
+        self.bound_lp = length_penalty(self.cap.float() + 1, lenpen)
+        self.width = 1  # beams per alive sentence: 1 at the first step (all beams would be identical)
+        self.scores = torch.zeros(self.n, 1, device=device)  # [n_alive, width] summed log-probs
+
+    @property
+    def nbest_lists(self) -> list[list[Hypothesis]]:
+        return [_best(hyps, self.nbest) for hyps in self.finished]  # never empty (see _keep_best_alive)
+
+    def advance(self, logits: torch.Tensor) -> None:
+        beam, nbest, lenpen, stop, step, width = self.beam, self.nbest, self.lenpen, self.stop, self.step, self.width
+        alive, finished, prefix = self.alive, self.finished, self.prefix
+        n_alive = alive.numel()
+        force = (self.cap[alive] <= step).repeat_interleave(width)
+        logp = _logprobs(logits, self.eos, force)
+        vocab = logp.shape[-1]
+        cand = (self.scores[:, :, None] + logp.view(n_alive, width, vocab)).view(n_alive, width * vocab)
+        top_score, top_idx = cand.topk(min(2 * beam, width * vocab), dim=-1)  # [n_alive, 2K]
+        top_beam, top_tok = top_idx // vocab, top_idx % vocab
+        is_eos = top_tok == self.eos
+
+        # Set aside EOS candidates ranked among the top K.
+        eos_rows, eos_cols = (is_eos[:, :beam] & torch.isfinite(top_score[:, :beam])).nonzero(as_tuple=True)
+        if eos_rows.numel():
+            rows = (eos_rows * width + top_beam[eos_rows, eos_cols]).tolist()
+            lps = top_score[eos_rows, eos_cols].tolist()
+            for r, row, lp in zip(eos_rows.tolist(), rows, lps, strict=True):
+                sent = int(alive[r])
+                if stop == "k_finished" and len(finished[sent]) >= beam:
+                    continue
+                hyps = finished[sent]
+                hyps.append(Hypothesis(prefix[row, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen)))
+                self.n_finished[sent] += 1
+                if len(hyps) >= nbest:
+                    self.kth_best[sent] = sorted((h.score for h in hyps), reverse=True)[nbest - 1]
+
+        # The best K non-EOS candidates continue.
+        cont_score, cont_rank = top_score.masked_fill(is_eos, float("-inf")).topk(min(beam, top_score.shape[1]), dim=-1)
+        cont_beam = top_beam.gather(1, cont_rank)
+        cont_tok = top_tok.gather(1, cont_rank)
+
+        if stop == "k_finished":
+            done = self.n_finished[alive] >= beam
+        else:
+            if lenpen >= 0:
+                best_possible = cont_score[:, 0] / self.bound_lp[alive]
+            else:
+                best_possible = cont_score[:, 0] / length_penalty(step + 2, lenpen)
+            done = best_possible <= self.kth_best[alive]
+        done |= self.cap[alive] <= step
+        done |= ~torch.isfinite(cont_score[:, 0])
+        _keep_best_alive(finished, alive, done, prefix, self.scores, width, step, lenpen)
+        if self.on_done is not None:
+            for r in done.nonzero().squeeze(1).tolist():
+                sent = int(alive[r])
+                self.on_done(sent, _best(finished[sent], nbest))
+        keep = (~done).nonzero().squeeze(1)
+        self.step += 1
+        if keep.numel() == 0:
+            self.alive = alive[keep]
+            return
+        rows = (keep[:, None] * width + cont_beam[keep]).view(-1)  # rows of the current batch to carry on
+        self.prefix = torch.cat((prefix[rows], cont_tok[keep].view(-1, 1)), dim=1)
+        self.scores = cont_score[keep]
+        # Source state stays one row per sentence (its beams share it): it changes only when sentences leave.
+        leaving = keep.numel() < n_alive
+        if leaving:
+            self.memory, self.src_mask = self.memory[keep], self.src_mask[keep]
+        if self.cache is not None:
+            self.cache.reorder(rows, cross=False)
+            if leaving:
+                self.cache.reorder_cross(keep)
+        self.alive = alive[keep]
+        self.width = cont_beam.shape[1]
 
 
 @torch.no_grad()
@@ -164,91 +306,10 @@ def beam_search(
     (fairseq: stop after K finished hypotheses). ``on_done(i, nbest)`` is called for sentence ``i`` with its final
     list as soon as it leaves the batch, before the others finish.
     """
-    if stop not in STOP_RULES:
-        raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, got {stop!r}")
-    if not 1 <= nbest <= beam:
-        raise ValueError(f"nbest must be in 1..beam ({beam}), got {nbest}")
-    device = src.device
-    memory, src_mask = model.encode(src)
-    n = src.shape[0]
-    cap = max_lengths(src_mask, max_len_a, max_len_b, model)
-    finished: list[list[Hypothesis]] = [[] for _ in range(n)]
-    n_finished = torch.zeros(n, dtype=torch.long, device=device)
-    # The nbest-th best finished score of each sentence (-inf until it has nbest), and the most the
-    # length penalty can divide an alive beam's log-prob by (at the cap; at the next length if alpha < 0).
-    kth_best = torch.full((n,), float("-inf"), device=device)
-    bound_lp = length_penalty(cap.float() + 1, lenpen)
-    alive = torch.arange(n, device=device)  # sentence index of each alive sentence
-    width = 1  # beams per alive sentence: 1 at the first step (all beams would be identical)
-    scores = torch.zeros(n, 1, device=device)  # [n_alive, width] summed log-probs
-    prefix = torch.full((n, 1), bos, dtype=torch.long, device=device)  # [n_alive*width, step+1]
-    cache = model.new_cache() if use_cache else None
-    step = 0
-    while alive.numel():
-        n_alive = alive.numel()
-        force = (cap[alive] <= step).repeat_interleave(width)
-        logp = _step_logprobs(model, prefix, memory, src_mask, cache, eos, force)
-        vocab = logp.shape[-1]
-        cand = (scores[:, :, None] + logp.view(n_alive, width, vocab)).view(n_alive, width * vocab)
-        top_score, top_idx = cand.topk(min(2 * beam, width * vocab), dim=-1)  # [n_alive, 2K]
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab
-        is_eos = top_tok == eos
-
-        # Set aside EOS candidates ranked among the top K.
-        eos_rows, eos_cols = (is_eos[:, :beam] & torch.isfinite(top_score[:, :beam])).nonzero(as_tuple=True)
-        if eos_rows.numel():
-            rows = (eos_rows * width + top_beam[eos_rows, eos_cols]).tolist()
-            lps = top_score[eos_rows, eos_cols].tolist()
-            for r, row, lp in zip(eos_rows.tolist(), rows, lps, strict=True):
-                sent = int(alive[r])
-                if stop == "k_finished" and len(finished[sent]) >= beam:
-                    continue
-                hyps = finished[sent]
-                hyps.append(Hypothesis(prefix[row, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen)))
-                n_finished[sent] += 1
-                if len(hyps) >= nbest:
-                    kth_best[sent] = sorted((h.score for h in hyps), reverse=True)[nbest - 1]
-
-        # The best K non-EOS candidates continue.
-        cont_score, cont_rank = top_score.masked_fill(is_eos, float("-inf")).topk(min(beam, top_score.shape[1]), dim=-1)
-        cont_beam = top_beam.gather(1, cont_rank)
-        cont_tok = top_tok.gather(1, cont_rank)
-
-        if stop == "k_finished":
-            done = n_finished[alive] >= beam
-        else:
-            if lenpen >= 0:
-                best_possible = cont_score[:, 0] / bound_lp[alive]
-            else:
-                best_possible = cont_score[:, 0] / length_penalty(step + 2, lenpen)
-            done = best_possible <= kth_best[alive]
-        done |= cap[alive] <= step
-        done |= ~torch.isfinite(cont_score[:, 0])
-        _keep_best_alive(finished, alive, done, prefix, scores, width, step, lenpen)
-        if on_done is not None:
-            for r in done.nonzero().squeeze(1).tolist():
-                sent = int(alive[r])
-                on_done(sent, _best(finished[sent], nbest))
-        keep = (~done).nonzero().squeeze(1)
-        if keep.numel() == 0:
-            break
-        new_width = cont_beam.shape[1]
-        rows = (keep[:, None] * width + cont_beam[keep]).view(-1)  # rows of the current batch to carry on
-        prefix = torch.cat((prefix[rows], cont_tok[keep].view(-1, 1)), dim=1)
-        scores = cont_score[keep]
-        # Source state stays one row per sentence (its beams share it): it changes only when sentences leave.
-        leaving = keep.numel() < n_alive
-        if leaving:
-            memory, src_mask = memory[keep], src_mask[keep]
-        if cache is not None:
-            cache.reorder(rows, cross=False)
-            if leaving:
-                cache.reorder_cross(keep)
-        alive = alive[keep]
-        width = new_width
-        step += 1
-
-    return [_best(hyps, nbest) for hyps in finished]  # never empty (see _keep_best_alive)
+    search = BeamSearch(model, src, bos=bos, eos=eos, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a,
+                        max_len_b=max_len_b, use_cache=use_cache, stop=stop, on_done=on_done)
+    search.run()
+    return search.nbest_lists
 
 
 def _best(hyps: list[Hypothesis], nbest: int) -> list[Hypothesis]:

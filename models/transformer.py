@@ -100,6 +100,16 @@ class DecoderLayer(nn.Module):
         x = self.res3.outer(x, self.ff(self.res3.inner(x)))
         return x, w_self, w_cross
 
+    def forward_parts(self, x: torch.Tensor, rows: list[int], parts: list[StepPart], layer: int) -> torch.Tensor:
+        """One cached step of several independent batches (``Seq2SeqTransformer.decode_step``): x ``[sum(rows), 1,
+        D]``; linear layers over all rows at once, attention per part with its own positions and caches."""
+        self_parts = [dict(causal=True, q_pos=p.pos, cache=p.cache.layers[layer][0]) for p in parts]
+        x = self.res1.outer(x, self.self_attn.forward_parts(self.res1.inner(x), rows, self_parts))
+        cross_parts = [dict(memory=p.memory, key_mask=p.src_mask, q_pos=p.pos, k_pos=p.src_pos,
+                            cache=p.cache.layers[layer][1]) for p in parts]
+        x = self.res2.outer(x, self.cross_attn.forward_parts(self.res2.inner(x), rows, cross_parts))
+        return self.res3.outer(x, self.ff(self.res3.inner(x)))
+
 
 @dataclass
 class DecoderCache:
@@ -129,6 +139,24 @@ class DecoderCache:
 def _select_rows(cache: LayerCache, index: torch.Tensor) -> None:
     for key in cache:
         cache[key] = cache[key].index_select(0, index)
+
+
+@dataclass
+class StepPart:
+    """One batch of a shared decoding step: its new tokens ``[N, 1]``, encoder memory ``[n, S, D]`` and mask ``[n, S]``
+    (n = N, or N / beams when a sentence's beams share one memory row) and its own cache."""
+
+    tokens: torch.Tensor
+    memory: torch.Tensor
+    src_mask: torch.Tensor
+    cache: DecoderCache
+    pos: torch.Tensor = field(init=False)
+    src_pos: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        device = self.tokens.device
+        self.pos = torch.arange(self.cache.length, self.cache.length + 1, device=device)
+        self.src_pos = torch.arange(self.memory.shape[1], device=device)
 
 
 @dataclass
@@ -248,6 +276,23 @@ class Seq2SeqTransformer(nn.Module):
             cache.length += tgt.shape[1]
         x = self.decoder_norm(x if keep is None else x[keep])
         return F.linear(x, self.output_weight) if output else x
+
+    def decode_step(self, parts: list[StepPart]) -> list[torch.Tensor]:
+        """One cached decoding step of several independent batches at once -> each part's logits ``[N_i, V]``.
+
+        Iteration-level batching (Orca, Yu et al. 2022): batches begun at different times, each at its own
+        position with its own cache, share the step's matrix products (embedding, projections, feed-forward,
+        output layer: over all rows at once); attention and the positional encodings run per part, as
+        ``decode`` runs them for that part alone. So a server can start new sentences at every step instead of
+        waiting for a batch to end. Eval mode only (no dropout, no augmented positions).
+        """
+        rows = [p.tokens.shape[0] for p in parts]
+        x = torch.cat([self.tgt_pe(self.tgt_embed(p.tokens) * self.embed_scale, p.pos) for p in parts])
+        for i, layer in enumerate(self.decoder):
+            x = layer.forward_parts(x, rows, parts, i)
+        for p in parts:
+            p.cache.length += 1
+        return list(F.linear(self.decoder_norm(x[:, -1]), self.output_weight).split(rows))
 
     @property
     def output_weight(self) -> torch.Tensor:

@@ -254,3 +254,41 @@ def test_a_huge_length_cap_does_not_overflow_to_one_token() -> None:
     model = Seq2SeqTransformer(ModelConfig(d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=32), V, PAD)
     cap = max_lengths(sources(2) != PAD, 1e30, 10, model)
     assert cap.tolist() == [2**31, 2**31]  # it used to wrap around to a negative number, then 1
+
+
+def test_searches_begun_at_different_steps_and_stepped_together_give_each_ones_own_results(
+        model: Seq2SeqTransformer) -> None:
+    """Iteration-level batching: a beam search (beam 3, 2-best), a greedy search and a beam-5 search start two and
+    four steps apart and share every step after (``decode_together``); each returns exactly the hypotheses and
+    scores it returns alone, and reports each sentence once as it leaves."""
+    from models.decoding import BeamSearch, GreedySearch, decode_together
+
+    src = sources(12)
+    a_src, b_src, c_src = src[:5], src[5:9, :5], src[9:]
+    b_src[:, -1] = EOS
+    alone_a = beam_search(model, a_src, bos=BOS, eos=EOS, beam=3, nbest=2)
+    alone_b = greedy_search(model, b_src, bos=BOS, eos=EOS)
+    alone_c = beam_search(model, c_src, bos=BOS, eos=EOS, beam=5, nbest=1, lenpen=1.0)
+    reported: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+    a = BeamSearch(model, a_src, bos=BOS, eos=EOS, beam=3, nbest=2, on_done=lambda i, _: reported["a"].append(i))
+    searches = [a]
+    steps = 0
+    while any(s.running for s in searches) or len(searches) < 3:
+        if steps == 2:
+            searches.append(GreedySearch(model, b_src, bos=BOS, eos=EOS, on_done=lambda i, _: reported["b"].append(i)))
+        if steps == 4:
+            searches.append(BeamSearch(model, c_src, bos=BOS, eos=EOS, beam=5, lenpen=1.0,
+                                       on_done=lambda i, _: reported["c"].append(i)))
+        decode_together(model, searches)
+        steps += 1
+    b, c = searches[1], searches[2]
+    assert isinstance(b, GreedySearch) and isinstance(c, BeamSearch)
+    assert steps > 6  # all three were running together for a while
+    for together, alone in ((a.nbest_lists, alone_a), (c.nbest_lists, alone_c)):
+        assert [[h.tokens for h in nb] for nb in together] == [[h.tokens for h in nb] for nb in alone]
+        for nb, nb_alone in zip(together, alone, strict=True):
+            assert [h.score for h in nb] == pytest.approx([h.score for h in nb_alone], abs=1e-5)
+    assert [h.tokens for h in b.hypotheses] == [h.tokens for h in alone_b]
+    assert [h.logprob for h in b.hypotheses] == pytest.approx([h.logprob for h in alone_b], abs=1e-5)
+    assert {k: sorted(v) for k, v in reported.items()} == {"a": list(range(5)), "b": list(range(4)),
+                                                           "c": list(range(3))}

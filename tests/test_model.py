@@ -97,6 +97,40 @@ def test_cached_incremental_decoding_equals_full(input_pe: str, attention_pe: st
     assert_incremental_equals_full(make_model(input_pe, attention_pe))
 
 
+def steps_alone(model: Seq2SeqTransformer, src: torch.Tensor, tgt: torch.Tensor) -> list[torch.Tensor]:
+    """Each step's logits ``[B, V]`` of teacher-forced ``tgt`` decoded through the cache, this batch alone."""
+    memory, src_mask = model.encode(src)
+    cache = model.new_cache()
+    return [model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache)[:, -1] for t in range(tgt.shape[1])]
+
+
+@pytest.mark.parametrize("input_pe,attention_pe", list(itertools.product(INPUT, ATTENTION)))
+def test_a_step_shared_by_batches_at_different_positions_equals_each_alone(input_pe: str, attention_pe: str) -> None:
+    """``decode_step`` (iteration-level batching): batch B joins batch A's decoding 3 steps late, with other source
+    lengths; sharing the step's matrix products changes no batch's logits, at any position, for every encoding."""
+    from models.transformer import StepPart
+
+    model = make_model(input_pe, attention_pe)
+    src_a, tgt_a = batch(1)
+    src_b, tgt_b = batch(2)
+    src_b, tgt_b = src_b[:2, :5], tgt_b[:2, :4]
+    alone_a, alone_b = steps_alone(model, src_a, tgt_a), steps_alone(model, src_b, tgt_b)
+    mem_a, mask_a = model.encode(src_a)
+    mem_b, mask_b = model.encode(src_b)
+    cache_a, cache_b = model.new_cache(), model.new_cache()
+    for t in range(tgt_a.shape[1]):
+        parts = [StepPart(tgt_a[:, t : t + 1], mem_a, mask_a, cache_a)]
+        joined = 0 <= t - 3 < tgt_b.shape[1]
+        if joined:
+            parts.append(StepPart(tgt_b[:, t - 3 : t - 2], mem_b, mask_b, cache_b))
+        logits = model.decode_step(parts)
+        assert [x.shape for x in logits] == [(3, 40)] + [(2, 40)] * joined
+        torch.testing.assert_close(logits[0], alone_a[t], atol=1e-5, rtol=1e-5)
+        if joined:
+            torch.testing.assert_close(logits[1], alone_b[t - 3], atol=1e-5, rtol=1e-5)
+    assert (cache_a.length, cache_b.length) == (7, 4)
+
+
 @pytest.mark.parametrize("input_pe,attention_pe", list(itertools.product(INPUT, ATTENTION)))
 def test_forward_backward_and_explicit_path_matches_fused(input_pe: str, attention_pe: str) -> None:
     model = make_model(input_pe, attention_pe)

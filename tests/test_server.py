@@ -165,13 +165,146 @@ def test_the_decoding_process_checks_its_weights_and_passes_errors_back(run_dir:
         decoder.close()
 
 
+def test_the_continuous_decoder_answers_each_request_as_translate_does(run_dir: Path) -> None:
+    """Iteration-level batching on a trained model: requests of three decoding settings start at different steps
+    and share steps; each sentence is reported once, with the n-best list ``translate`` gives it alone."""
+    from utils.run.load import load_run
+    from utils.translation.continuous import ContinuousDecoder, Request
+    from utils.translation.translate import encode_sources, translate
+
+    run = load_run(run_dir, device="cpu")
+    settings = [run.cfg.decode, run.cfg.decode.model_copy(update={"beam": 1}),
+                run.cfg.decode.model_copy(update={"nbest": 2, "lenpen": 1.0})]
+    texts = [LINES[:8], LINES[8:12], LINES[12:15]]
+    alone = [translate(run.model, run.tokenizer, t, d, strict=False) for t, d in zip(texts, settings, strict=True)]
+    decoder = ContinuousDecoder(run.model, run.tokenizer, join=0)  # every request starts at the next step
+    got: list[dict[int, list]] = [{}, {}, {}]
+
+    def request(k: int) -> Request:
+        sources = encode_sources(run.tokenizer, texts[k], run.model.max_length, strict=False)
+        return Request(sources, settings[k], got[k].__setitem__, lambda err: pytest.fail(str(err)))
+
+    decoder.add([request(0)])
+    for step in range(200):
+        if step == 2:
+            decoder.add([request(1), request(2)])
+        if not decoder.busy:
+            break
+        decoder.step()
+    assert decoder.batches == 3 and decoder.sentence_steps / decoder.steps > len(texts[0]) / 2
+    for k in range(3):
+        assert sorted(got[k]) == list(range(len(texts[k])))
+        for i, nbest in got[k].items():
+            assert [h.text for h in nbest] == [h.text for h in alone[k][i]]
+            assert [h.score for h in nbest] == pytest.approx([h.score for h in alone[k][i]], abs=1e-4)
+
+
+def test_the_continuous_decoder_starts_waiting_requests_together_and_survives_a_failed_step(
+        run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from utils.run.load import load_run
+    from utils.translation.continuous import ContinuousDecoder, Request
+    from utils.translation.translate import encode_sources
+
+    run = load_run(run_dir, device="cpu")
+    decoder = ContinuousDecoder(run.model, run.tokenizer, join=0.5, join_after=3)
+    done: list[tuple[int, int]] = []
+    errors: list[tuple[int, str]] = []
+
+    def request(k: int, lines: list[str]) -> Request:
+        return Request(encode_sources(run.tokenizer, lines, run.model.max_length, strict=False), run.cfg.decode,
+                       lambda i, _: done.append((k, i)), lambda err: errors.append((k, str(err))))
+
+    decoder.add([request(0, LINES[:8])])
+    decoder.step()  # nothing decoded: request 0 starts at once
+    assert (decoder.in_flight, decoder.waiting) == (8, [])
+    decoder.add([request(1, LINES[8:9])])  # 1 waiting < 0.5 x 8 decoding: it waits ...
+    decoder.step()
+    decoder.step()
+    assert decoder.waiting and decoder.batches == 1
+    decoder.add([request(2, LINES[9:13])])  # ... until 5 wait (>= 0.5 x 8) and start together, as one batch
+    decoder.step()
+    assert not decoder.waiting and decoder.batches == 2 and decoder.in_flight == 13 - len(done)
+
+    def broken(parts: object) -> None:
+        raise RuntimeError("the step failed")
+
+    monkeypatch.setattr(run.model, "decode_step", broken)
+    decoder.step()  # every request in flight fails once; none is reported done afterwards
+    assert sorted(errors) == [(0, "the step failed"), (1, "the step failed"), (2, "the step failed")]
+    assert (decoder.in_flight, decoder.searches, decoder.busy) == (0, [], False)
+    monkeypatch.undo()
+    decoder.add([request(3, LINES[:2])])
+    while decoder.busy:
+        decoder.step()
+    assert sorted(i for k, i in done if k == 3) == [0, 1] and len(errors) == 3
+
+
+def test_the_decoding_process_decodes_jobs_together_and_fails_only_the_bad_one(run_dir: Path) -> None:
+    from utils.run.load import load_run
+    from utils.serve.worker import ProcessDecoder
+    from utils.translation.translate import translate as decode
+
+    run = load_run(run_dir, device="cpu")
+    decoder = ProcessDecoder(run.checkpoint, run.step, None, [], "cpu", join=0)
+    try:
+        results: list[dict[int, object]] = [{}, {}, {}]
+        errors: list[tuple[int, BaseException]] = []
+        finished = threading.Semaphore(0)
+
+        def callbacks(k: int, n: int) -> tuple:
+            def on_done(i: int, nbest: object) -> None:
+                results[k][i] = nbest
+                if len(results[k]) == n:
+                    finished.release()
+
+            def on_error(err: BaseException) -> None:
+                errors.append((k, err))
+                finished.release()
+            return on_done, on_error
+
+        decoder.submit(LINES[:6], run.cfg.decode, *callbacks(0, 6))
+        decoder.submit(["Oui."], run.cfg.decode.model_copy(update={"beam": 0}), *callbacks(1, 1))  # refused
+        decoder.submit(LINES[6:9], run.cfg.decode, *callbacks(2, 3))
+        for _ in range(3):
+            assert finished.acquire(timeout=60)
+        assert [k for k, _ in errors] == [1] and isinstance(errors[0][1], RuntimeError)
+        assert str(errors[0][1]).startswith("ValueError: nbest must be in 1..beam (0)")
+        for k, lines in ((0, LINES[:6]), (2, LINES[6:9])):
+            expected = decode(run.model, run.tokenizer, lines, run.cfg.decode, strict=False)
+            assert [[h.text for h in results[k][i]] for i in range(len(lines))] == [[h.text for h in nb]
+                                                                                      for nb in expected]
+        batches, steps, sentence_steps = decoder.stats
+        assert batches == 2 and steps > 0 and sentence_steps > steps  # the two good jobs shared steps
+        assert decoder.restarts == 0
+    finally:
+        decoder.close()
+
+
 def test_decode_in_server_keeps_the_model_in_the_server_process(run_dir: Path, expected: dict[str, list[str]],
                                                                  tmp_path: Path) -> None:
     srv = start_server(run_dir, tmp_path / "in.log", *LIMITS, "--decode-in-server", env=ENV)
     try:
-        assert get(srv.url, "/model")[1]["decoding"] == "server process" and "decoder" not in get(srv.url, "/health")[1]
+        model = get(srv.url, "/model")[1]
+        assert (model["decoding"], model["batching"]) == ("server process", "static")
+        assert "decoder" not in get(srv.url, "/health")[1]
         answer = translate(srv, text=LINES[:8])
         assert [t["translation"] for t in answer["translations"]] == expected["beam2"][:8]
+    finally:
+        assert srv.stop() in (0, -15)
+
+
+def test_static_batching_in_the_decoding_process_answers_as_the_cli(run_dir: Path, expected: dict[str, list[str]],
+                                                                    tmp_path: Path) -> None:
+    """``--batching static``: waiting requests decoded as one batch each time (no decoder steps shared)."""
+    srv = start_server(run_dir, tmp_path / "static.log", *LIMITS, "--batching", "static", env=ENV)
+    try:
+        model = get(srv.url, "/model")[1]
+        assert (model["decoding"], model["batching"]) == ("own process", "static")
+        sentences = [LINES[i % len(LINES)] for i in range(40)]
+        done = load(srv.url, sentences, clients=8)
+        assert done.errors == [] and done.answers == [expected["beam2"][i % len(LINES)] for i in range(40)]
+        health = get(srv.url, "/health")[1]
+        assert health["steps"] == 0 and 0 < health["batches"] < 40 and health["sentences"] == 40
     finally:
         assert srv.stop() in (0, -15)
 
@@ -187,6 +320,9 @@ def test_200_requests_from_8_clients_are_all_answered_and_batched_together(serve
     assert after["requests"] - before["requests"] == 200 and after["sentences"] - before["sentences"] == 200
     assert after["batches"] - before["batches"] < 200 and after["largest_batch"] > 1  # requests decoded together
     assert after["rejected"] == 0 and after["waiting"] == 0
+    # continuous batching (the default here): requests joined the decoding in flight, several sentences per step
+    steps = after["steps"] - before["steps"]
+    assert steps > 0 and (after["step_sentences"] - before["step_sentences"]) / steps > 1.5
 
 
 BAD_REQUESTS = [  # (method, path, body, status, message part)
@@ -387,6 +523,11 @@ def test_serve_command_line_errors_are_one_line(run_dir: Path, server: Server) -
     res = cli("--model_path", str(run_dir), "--serve", "--port", str(server.port))  # taken by the shared server
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert f"cannot listen on 127.0.0.1:{server.port}" in res.stderr.strip().splitlines()[-1]
+    res = cli("--model_path", str(run_dir), "--serve", "--port", "0", "--decode-in-server", "--batching", "continuous")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "error: --batching continuous needs a PyTorch run decoding in its own process (not --decode-in-server)")
+    res = cli("--model_path", str(run_dir), "--serve", "--port", "0", "--join", "-1")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == "error: --join must be >= 0, got -1.0"
 
 
 # ---------------------------------------------------------------------------------------------- in-process
@@ -568,16 +709,18 @@ def test_the_load_benchmark_runs_every_engine_and_checks_each_answer(run_dir: Pa
     assert res.stdout.count("| pytorch, in server |") == 2 and "8 sentences, one per request, beam 2:" in res.stdout
 
 
-def test_the_batch_order_probe_decodes_both_orders_to_the_same_translations(run_dir: Path) -> None:
+def test_the_batch_order_probe_decodes_every_order_to_the_same_translations(run_dir: Path) -> None:
     res = subprocess.run([sys.executable, "bench/batch_order.py", "--model_path", str(run_dir), "--sentences", "12",
                           "--batch", "4", "12", "--beam", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [line.split("|")[1:-1] for line in res.stdout.splitlines() if line.startswith("| 4 ") or
             line.startswith("| 12 ")]
     assert [int(r[0]) for r in rows] == [4, 12]
-    for _, arrival, cli, ratio in rows:
-        assert float(arrival) > 0 and float(cli) > 0
+    for size, arrival, cli, continuous, ratio, continuous_ratio, per_step in rows:
+        assert float(arrival) > 0 and float(cli) > 0 and float(continuous) > 0
         assert float(ratio.strip().rstrip("x")) == pytest.approx(float(arrival) / float(cli), abs=0.006)
+        assert float(continuous_ratio.strip().rstrip("x")) == pytest.approx(float(continuous) / float(cli), abs=0.006)
+        assert 1 <= float(per_step) <= int(size)  # B clients: at most B sentences decode at once
 
 
 def test_pinning_puts_the_server_side_on_its_cores_and_needs_two(run_dir: Path) -> None:

@@ -98,6 +98,8 @@ class _Job:
     key: tuple[int, int, float] | None = None  # (beam, nbest, lenpen) of a translation; None: ``call``
     call: Callable[[], Any] | None = None
     answered: bool = False  # a translation's n-best lists were handed over (counted once)
+    parts: list[Any] | None = None  # continuous batching: the n-best lists received so far
+    left: int = 0  # continuous batching: sentences not received yet
 
 
 @dataclass
@@ -106,19 +108,27 @@ class Counters:
 
     requests: int = 0
     sentences: int = 0
-    batches: int = 0  # calls to the engine's translate
-    largest_batch: int = 0  # sentences in the largest of them
+    batches: int = 0  # calls to the engine's translate (continuous batching: batches started by the decoder)
+    largest_batch: int = 0  # sentences in the largest of them (continuous batching: the most in flight at once)
+    steps: int = 0  # continuous batching: decoder steps run
+    step_sentences: int = 0  # continuous batching: over those steps, the sum of the sentences decoding
     busy_s: float = 0.0  # seconds the engine has spent in its calls (translations and attention maps), so far
     rejected: int = 0  # requests answered 503
 
 
 class Batcher:
-    """One decoding worker fed by a bounded queue: translation requests that wait together are decoded in one
-    ``translate`` call (grouped by beam, n-best and length penalty); other work (attention maps) runs alone.
-    The blocking calls run in one thread of their own, so the model is only ever used by that thread."""
+    """One decoding worker fed by a bounded queue. Static batching: translation requests that wait together are
+    decoded in one ``translate`` call (grouped by beam, n-best and length penalty). Continuous batching (an engine
+    with ``continuous`` set: a PyTorch run's decoding process): each request is handed to the decoding in flight
+    (``engine.submit``) as soon as it fits under ``max_batch`` sentences, and joins it between two decoder steps
+    (``utils/translation/continuous.py``). Other work (attention maps) runs alone. The blocking calls run in one
+    thread of their own, so the server's model is only ever used by that thread."""
 
     def __init__(self, engine: "Engine", limits: Limits) -> None:
         self.engine, self.limits = engine, limits
+        self.continuous = bool(getattr(engine, "continuous", False))
+        self._in_flight = 0  # continuous batching: sentences handed to the decoder and not answered
+        self._room = asyncio.Event()  # set when sentences in flight are answered
         self.counters = Counters()
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(limits.max_queue)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
@@ -131,6 +141,8 @@ class Batcher:
         out = asdict(self.counters)
         if self._busy_since is not None:
             out["busy_s"] += time.perf_counter() - self._busy_since
+        if self.continuous:
+            out["batches"], out["steps"], out["step_sentences"] = self.engine.stats  # type: ignore[attr-defined]
         return out
 
     def start(self) -> None:
@@ -174,6 +186,9 @@ class Batcher:
                 if not job.future.done():
                     await self._execute([job], lambda job=job: job.call())
                 continue
+            if self.continuous:
+                await self._join(job)
+                continue
             jobs, size = [job], len(job.texts)
             waited = False
             while size < self.limits.max_batch:
@@ -202,12 +217,63 @@ class Batcher:
                 await self._execute(group, lambda on_done, texts=texts, decode=decode:
                                     self.engine.translate(texts, decode, on_done))
 
+    async def _join(self, job: _Job) -> None:
+        """Continuous batching: hand ``job`` to the decoding in flight once it fits under ``max_batch`` sentences; its
+        n-best lists come back one by one (``_received``) from the decoder's reader thread."""
+        while self._in_flight and self._in_flight + len(job.texts) > self.limits.max_batch:
+            self._room.clear()
+            await self._room.wait()
+        if job.future.done():  # its client went away while it waited
+            return
+        loop = asyncio.get_running_loop()
+        beam, nbest, lenpen = job.key  # type: ignore[misc]
+        decode = self.engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
+        job.parts, job.left = [None] * len(job.texts), len(job.texts)
+        if not self._in_flight:
+            self._busy_since = time.perf_counter()
+        self._in_flight += job.left
+        self.counters.largest_batch = max(self.counters.largest_batch, self._in_flight)
+
+        def submit() -> None:  # in the decoding thread: a decoding process that ended is started again there
+            self.engine.submit(job.texts, decode,  # type: ignore[attr-defined]
+                               lambda i, nbest: loop.call_soon_threadsafe(self._received, job, i, nbest),
+                               lambda err: loop.call_soon_threadsafe(self._received, job, None, err))
+        try:
+            await loop.run_in_executor(self._pool, submit)
+        except Exception as err:  # noqa: BLE001 - the request fails, not the worker
+            self._received(job, None, err)
+
+    def _received(self, job: _Job, i: int | None, result: Any) -> None:
+        """In the event loop: sentence ``i`` of a continuously batched job is final (``result`` its n-best list), or
+        the job failed (``i`` None, ``result`` the exception)."""
+        if job.left == 0:  # failed before, or answered
+            return
+        done = job.left if i is None else 1
+        job.left -= done
+        self._in_flight -= done
+        if not self._in_flight and self._busy_since is not None:
+            self.counters.busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+        self._room.set()
+        if i is None:
+            job.left = 0
+            if not job.future.done():
+                job.future.set_exception(result)
+            return
+        job.parts[i] = result  # type: ignore[index]
+        if job.left == 0:
+            self._answer(job, job.parts)  # type: ignore[arg-type]
+
     async def _execute(self, group: list[_Job], fn: Callable[..., Any]) -> None:
         """Run ``fn`` in the decoding thread; hand each job its share of the result (or the error). A translation's
         ``fn(on_done)`` reports each sentence as the engine finishes it: a job is answered as soon as all of its
         sentences are, while the rest of the batch decodes (its client can send the next request meanwhile)."""
         loop = asyncio.get_running_loop()
-        began = self._busy_since = time.perf_counter()
+        began = time.perf_counter()
+        # Continuous batching counts the time sentences are in flight (_join); a call beside them is not added again.
+        counted = not self.continuous
+        if counted:
+            self._busy_since = began
         if group[0].call is not None:
             call = fn
         else:
@@ -233,8 +299,9 @@ class Batcher:
                     j.future.set_exception(err)
             return
         finally:
-            self.counters.busy_s += time.perf_counter() - began
-            self._busy_since = None
+            if counted:
+                self.counters.busy_s += time.perf_counter() - began
+                self._busy_since = None
         if group[0].call is not None:
             if not group[0].future.done():
                 group[0].future.set_result(result)
@@ -487,6 +554,7 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
     return {
         "name": cfg.name, "engine": kind, "model_path": str(model_path),
         "decoding": "own process" if decoder is not None else "server process",
+        "batching": "continuous" if getattr(engine, "continuous", False) else "static",
         "attention": attention_layers(engine) or None,
         "encoding": {"name": encoding_name(cfg), "input_pe": m.input_pe, "attention_pe": m.attention_pe,
                      "cross_attention_pe": m.cross_attention_pe, "places": m.encodings()},

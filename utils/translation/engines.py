@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,13 +34,26 @@ class TorchEngine:
 
     def __init__(self, run: LoadedRun) -> None:
         self.run, self.cfg = run, run.cfg
-        self.decoder: Engine | None = None  # translates for it with the same model (the server's decoding process)
+        #: Translates for it with the same model (the server's decoding process, ``utils.serve.worker``).
+        self.decoder: Any = None
+        #: Whether requests go to ``submit`` (iteration-level batching in the decoder) rather than ``translate``.
+        self.continuous = False
 
     def translate(self, texts: list[str], decode: DecodeConfig,
                   on_done: OnDone | None = None) -> list[list[Translation]]:
         if self.decoder is not None:
             return self.decoder.translate(texts, decode, on_done)
         return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False, on_done=on_done)
+
+    def submit(self, texts: list[str], decode: DecodeConfig, on_done: OnDone,
+               on_error: Callable[[BaseException], None]) -> None:
+        """Continuous batching: ``texts`` join the decoder's decoding in flight; results come to the callbacks."""
+        self.decoder.submit(texts, decode, on_done, on_error)
+
+    @property
+    def stats(self) -> tuple[int, int, int]:
+        """The decoder's (batches started, decoder steps, sentence-steps)."""
+        return self.decoder.stats
 
 
 class CT2Model:

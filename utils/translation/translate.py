@@ -17,7 +17,7 @@ from typing import BinaryIO, TextIO
 
 import torch
 
-from models.decoding import Hypothesis, beam_search, greedy_search
+from models.decoding import BeamSearch, GreedySearch, Hypothesis, Search
 from models.transformer import Seq2SeqTransformer
 from tokenizer import Tokenizer
 from utils.config import DecodeConfig
@@ -91,6 +91,28 @@ def encode_target(tokenizer: Tokenizer, text: str, max_length: int | None) -> li
     return ids
 
 
+def translations(tokenizer: Tokenizer, hyps: Sequence[Hypothesis]) -> list[Translation]:
+    """A sentence's hypotheses as text."""
+    return [Translation(tokenizer.decode(h.tokens), h.score, h.logprob, h.tokens) for h in hyps]
+
+
+def make_search(model: Seq2SeqTransformer, tokenizer: Tokenizer, sources: Sequence[list[int]], decode: DecodeConfig,
+                on_done: Callable[[int, list[Hypothesis]], None]) -> Search:
+    """One batch of non-empty ``sources`` (eos included, right-padded) encoded and ready to decode as ``decode``
+    says (beam 1: greedy); ``on_done(row, hypotheses)`` for each as it finishes."""
+    width = max(len(s) for s in sources)
+    src = torch.full((len(sources), width), tokenizer.pad_id, dtype=torch.long)
+    for r, seq in enumerate(sources):
+        src[r, : len(seq)] = torch.tensor(seq)
+    src = src.to(model.device)
+    common = dict(bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b,
+                  on_done=on_done)
+    if decode.beam == 1:
+        return GreedySearch(model, src, **common)
+    return BeamSearch(model, src, beam=decode.beam, nbest=decode.nbest, lenpen=decode.lenpen, stop=decode.beam_stop,
+                      **common)
+
+
 @torch.no_grad()
 def translate_ids(
     model: Seq2SeqTransformer,
@@ -109,27 +131,14 @@ def translate_ids(
             on_done(i, results[i])
     for batch in _batches([len(sources[i]) for i in todo], decode.batch_size):
         rows = [todo[j] for j in batch]
-        width = max(len(sources[i]) for i in rows)
-        src = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
-        for r, i in enumerate(rows):
-            src[r, : len(sources[i])] = torch.tensor(sources[i])
-        src = src.to(model.device)
+
         def finished(row: int, hyps: list[Hypothesis], rows: list[int] = rows) -> None:
             i = rows[row]
-            results[i] = [Translation(tokenizer.decode(h.tokens), h.score, h.logprob, h.tokens) for h in hyps]
+            results[i] = translations(tokenizer, hyps)
             if on_done is not None:
                 on_done(i, results[i])
 
-        common = dict(
-            bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b,
-            on_done=finished,
-        )
-        if decode.beam == 1:
-            greedy_search(model, src, **common)
-        else:
-            beam_search(
-                model, src, beam=decode.beam, nbest=decode.nbest, lenpen=decode.lenpen, stop=decode.beam_stop, **common
-            )
+        make_search(model, tokenizer, [sources[i] for i in rows], decode, finished).run()
     return results
 
 
