@@ -1,12 +1,14 @@
 """What the order of sentences costs a batched decoder: the same sentences decoded in batches of ``B`` taken in
 their order (as a server forms batches from requests as they arrive), in the CLI's length-sorted batches, and by
 ``B`` clients that each send their next sentence when the last one is translated, decoded with iteration-level
-batching (``utils/translation/continuous.py``: a sentence joins at the next decoder step, as the server does).
+batching (``utils/translation/continuous.py``: sentences join the decoding in flight between two decoder steps,
+as the server's do).
 
     python bench/batch_order.py --model_path RUN_DIR [--input FILE] [--sentences 384] [--batch 32 64] [--beam 5]
+        [--join 0.5]
 
-One process, one thread (``torch.set_num_threads(1)``), the run's PyTorch model; both orders decode every
-sentence (a first pass warms up), and must give the same translations. Prints sentences/s for each and their
+One process, one thread (``torch.set_num_threads(1)``), the run's PyTorch model; each of the three decodes every
+sentence (a first pass warms up), and must give the same translations. Prints sentences/s for each and the
 ratio to the sorted batches: the ceiling of a server with ``B`` clients, without its HTTP work, against the CLI's
 batch throughput (``bench/serve_load.py``'s reference).
 """

@@ -12,7 +12,8 @@ into ``<out>/ct2`` first):
 - the server: a fresh ``inference.py --serve`` process, one warm-up request, then for each number of concurrent
   clients every sentence sent once as its own ``POST /translate`` (one line per request; each client a thread
   with one keep-alive connection): requests/s over the wall time, p50 and p99 latency, and the server's
-  requests / batches (how much micro-batching merged).
+  batches and mean batch (sentences per engine call with static batching; with continuous batching, the default
+  for a PyTorch run, the sentences decoding at each decoder step).
 
 Every server answer is checked against the CLI's output line for the same sentence (counted as ``same``).
 Prints one Markdown table (ratios against the CLI of the same engine, measured in the same run) and writes
@@ -229,14 +230,22 @@ def measure(name: str, model_path: str | Path, sentences: list[str], clients: li
                 "same_as_cli": same, "requests_per_s": round(got.requests_per_s, 2),
                 "p50_ms": round(1000 * got.percentile(0.50), 1), "p99_ms": round(1000 * got.percentile(0.99), 1),
                 "batches": after["batches"] - before["batches"],
-                "mean_batch": round((after["sentences"] - before["sentences"])
-                                    / max(1, after["batches"] - before["batches"]), 1),
+                "mean_batch": mean_batch(before, after),
                 "engine_busy": round((after["busy_s"] - before["busy_s"]) / max(got.seconds, 1e-9), 3),
                 "ratio_to_cli": round(got.requests_per_s / cli_rate, 3), "errors": got.errors[:3]})
             print(f"{name}: {n} clients, {got.requests_per_s:.1f} requests/s", file=sys.stderr, flush=True)
     finally:
         server.stop()
     return result
+
+
+def mean_batch(before: dict, after: dict) -> float:
+    """Sentences decoded together, between two ``/health`` readings: per engine call (static batching), or per
+    decoder step, the sentences decoding at that step (continuous batching)."""
+    steps = after.get("steps", 0) - before.get("steps", 0)
+    if steps > 0:
+        return round((after["step_sentences"] - before["step_sentences"]) / steps, 1)
+    return round((after["sentences"] - before["sentences"]) / max(1, after["batches"] - before["batches"]), 1)
 
 
 def table(results: list[dict], sentences: int, beam: int) -> str:
@@ -266,6 +275,9 @@ def main() -> int:
                              "process) on the other half: the server's own work compared with the CLI's alone")
     parser.add_argument("--in-server", "--in_server", action="store_true",
                         help="also measure the PyTorch server decoding in its own process (--decode-in-server)")
+    parser.add_argument("--static", action="store_true",
+                        help="also measure the PyTorch server with static batching (--batching static) beside its "
+                             "default, continuous batching")
     parser.add_argument("--input", default=str(ROOT / "data" / "demo" / "test.fr"),
                         help="source sentences, one per line (.gz read as gzip)")
     parser.add_argument("--sentences", type=int, default=200, help="requests per load level (default 200)")
@@ -283,6 +295,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     sentences = read_sentences(Path(args.input), args.sentences)
     engines: list[tuple[str, str | Path, tuple[str, ...]]] = [("pytorch", args.model_path, ())]
+    if args.static:
+        engines.append(("pytorch, static", args.model_path, ("--batching", "static")))
     if args.in_server:
         engines.append(("pytorch, in server", args.model_path, ("--decode-in-server",)))
     if args.ct2 == "auto":

@@ -1,9 +1,9 @@
 """Iteration-level (continuous) batching of translation requests, for a server.
 
 A static batch decodes until its last sentence ends: requests that arrive meanwhile wait, and the batch shrinks
-as its sentences finish. Here a request added between two decoder steps starts at the next one, as a batch of
-its own (requests added together that decode alike form one batch) beside the batches already decoding, and
-every step runs all of them at once (``models.decoding.decode_together``: the matrix products over all rows,
+as its sentences finish. Here requests added while others decode start a few steps later at most, as a batch of
+their own (the requests waiting together that decode alike form one batch) beside the batches already decoding,
+and every step runs all of them at once (``models.decoding.decode_together``: the matrix products over all rows,
 attention per batch at its own positions; Orca, Yu et al. 2022). Each sentence is reported as soon as it is done,
 with the n-best list ``translate`` gives it.
 """
