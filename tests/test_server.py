@@ -274,7 +274,9 @@ def test_the_decoding_process_decodes_jobs_together_and_fails_only_the_bad_one(r
             assert [[h.text for h in results[k][i]] for i in range(len(lines))] == [[h.text for h in nb]
                                                                                       for nb in expected]
         batches, steps, sentence_steps = decoder.stats
-        assert batches == 2 and steps > 0 and sentence_steps > steps  # the two good jobs shared steps
+        # The good jobs started as one batch (read together) or two (the second joined a step later); the refused one
+        # started none.
+        assert batches in (1, 2) and steps > 0 and sentence_steps > steps
         assert decoder.restarts == 0
     finally:
         decoder.close()
