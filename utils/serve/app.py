@@ -134,6 +134,7 @@ class Batcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         self._task: asyncio.Task | None = None
         self._held: _Job | None = None
+        self._joining: _Job | None = None  # continuous batching: taken from the queue, waiting for room
         self._busy_since: float | None = None  # when the engine call in progress began
 
     def snapshot(self) -> dict[str, Any]:
@@ -159,7 +160,7 @@ class Batcher:
 
     @property
     def waiting(self) -> int:
-        return self._queue.qsize() + (self._held is not None)
+        return self._queue.qsize() + (self._held is not None) + (self._joining is not None)
 
     def _submit(self, job: _Job) -> asyncio.Future:
         try:
@@ -220,9 +221,11 @@ class Batcher:
     async def _join(self, job: _Job) -> None:
         """Continuous batching: hand ``job`` to the decoding in flight once it fits under ``max_batch`` sentences; its
         n-best lists come back one by one (``_received``) from the decoder's reader thread."""
+        self._joining = job  # still waiting (/health)
         while self._in_flight and self._in_flight + len(job.texts) > self.limits.max_batch:
             self._room.clear()
             await self._room.wait()
+        self._joining = None
         if job.future.done():  # its client went away while it waited
             return
         loop = asyncio.get_running_loop()
