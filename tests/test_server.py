@@ -282,6 +282,30 @@ def test_the_decoding_process_decodes_jobs_together_and_fails_only_the_bad_one(r
         decoder.close()
 
 
+def test_a_decoding_process_killed_mid_job_fails_the_jobs_it_held_and_the_next_one_starts_a_new_one(
+        run_dir: Path) -> None:
+    from utils.run.load import load_run
+    from utils.serve.worker import DecoderError, ProcessDecoder
+
+    run = load_run(run_dir, device="cpu")
+    decoder = ProcessDecoder(run.checkpoint, run.step, None, [], "cpu")
+    try:
+        first_done, failed = threading.Event(), threading.Event()
+        errors: list[BaseException] = []
+        pid = decoder.pid
+        decoder.submit(LINES * 4, run.cfg.decode, lambda i, nbest: first_done.set(),
+                       lambda err: (errors.append(err), failed.set()))
+        assert first_done.wait(60)  # the job is decoding: some sentences are back, the longer ones are not
+        os.kill(pid, signal.SIGKILL)
+        assert failed.wait(30)
+        assert len(errors) == 1 and isinstance(errors[0], DecoderError)
+        assert str(errors[0]) == "the decoding process ended (exit code -9)"
+        again = decoder.translate(LINES[:2], run.cfg.decode)  # a new child answers
+        assert len(again) == 2 and decoder.restarts == 1 and decoder.pid != pid
+    finally:
+        decoder.close()
+
+
 def test_decode_in_server_keeps_the_model_in_the_server_process(run_dir: Path, expected: dict[str, list[str]],
                                                                  tmp_path: Path) -> None:
     srv = start_server(run_dir, tmp_path / "in.log", *LIMITS, "--decode-in-server", env=ENV)

@@ -133,16 +133,17 @@ class ProcessDecoder:
                                f"{self._expected[0]} (step {self._expected[1]}): the run changed; restart the server")
         self.stats = (0, 0, 0)  # a new child counts from zero
         self._jobs, self._ended_child = {}, threading.Event()
-        threading.Thread(target=self._read, args=(self._conn, self._jobs, self._ended_child),
+        threading.Thread(target=self._read, args=(self._conn, self._jobs, self._ended_child, self._proc),
                          name="fr2en-decode-reader", daemon=True).start()
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid
 
-    def _ended(self) -> DecoderError:
-        self._proc.join(timeout=1)  # reaped, so that its exit code is known
-        return DecoderError(f"the decoding process ended (exit code {self._proc.exitcode})")
+    def _ended(self, proc: Any = None) -> DecoderError:
+        proc = proc or self._proc
+        proc.join(timeout=1)  # reaped, so that its exit code is known
+        return DecoderError(f"the decoding process ended (exit code {proc.exitcode})")
 
     def _receive(self) -> tuple[str, Any]:
         try:
@@ -150,7 +151,7 @@ class ProcessDecoder:
         except (EOFError, OSError):
             raise self._ended() from None
 
-    def _read(self, conn: Connection, jobs: dict[int, _Job], ended: threading.Event) -> None:
+    def _read(self, conn: Connection, jobs: dict[int, _Job], ended: threading.Event, proc: Any) -> None:
         """A child's reader thread: hand each reply to its job's callbacks; when the child ends, fail the jobs it
         still held."""
         while True:
@@ -176,7 +177,7 @@ class ProcessDecoder:
             held = list(jobs.values())
             jobs.clear()
         if held:
-            err = self._ended()
+            err = self._ended(proc)
             for job in held:
                 job.on_error(err)
 
