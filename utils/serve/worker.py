@@ -82,10 +82,9 @@ def _decode_forever(conn: Connection, model_path: str, config: str | None, overr
 
 @dataclass
 class _Job:
-    texts: int  # how many
     on_done: OnDone
     on_error: Callable[[BaseException], None]
-    left: int = 0
+    left: int  # texts not reported yet
 
 
 class ProcessDecoder:
@@ -196,7 +195,7 @@ class ProcessDecoder:
                 log.warning("the decoding process had ended (exit code %s); starting a new one", self._proc.exitcode)
                 self._start()
             job_id = next(self._ids)
-            self._jobs[job_id] = _Job(len(texts), on_done, on_error, left=len(texts))
+            self._jobs[job_id] = _Job(on_done, on_error, len(texts))
             try:
                 self._conn.send((kind, job_id, texts, decode))
             except OSError:  # BrokenPipeError among them: the reader fails the job when it sees the end
@@ -208,12 +207,14 @@ class ProcessDecoder:
         results: list[Any] = [None] * len(texts)
         finished = threading.Event()
         failure: list[BaseException] = []
+        left = [len(texts)]
 
         def done(i: int, nbest: Any) -> None:
             results[i] = nbest
             if on_done is not None:
                 on_done(i, nbest)
-            if all(r is not None for r in results):
+            left[0] -= 1
+            if left[0] == 0:
                 finished.set()
 
         def error(err: BaseException) -> None:
