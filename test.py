@@ -94,7 +94,7 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
         by_length = scores_by_length(hyps, refs, scored.source_lengths, cfg.eval.length_buckets,
                                      cfg.tokenizer.lowercase)
         entry = {
-            **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "beam": beam,
+            **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "step": run.step, "beam": beam,
             "lenpen": decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),
             "max_sentences": args.max_sentences, "overrides": list(args.overrides), "by_source_length": by_length,
         }

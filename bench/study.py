@@ -304,6 +304,20 @@ def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
     return bool(tokens) and int(state.get("tokens_seen", {}).get("tokens", 0)) >= tokens
 
 
+def scored_step(run: Path, checkpoint: str, steps: int | None) -> int:
+    """The training step of the checkpoint a study scores; ConfigError if it is ``last`` and not exactly the
+    step budget (a run trained past it, or stopped short, is not the model the study declares)."""
+    from utils.run.checkpoint import load_checkpoint
+
+    trainer = load_checkpoint(RunDir(run).checkpoint(checkpoint)).get("trainer")
+    step = int(trainer.get("iteration", 0)) if isinstance(trainer, dict) else 0
+    budget = steps * run_cfg(run).train.accumulate if steps else None
+    if checkpoint == "last" and budget is not None and step != budget:
+        raise ConfigError(f"{RunDir(run).checkpoint(checkpoint)} is at step {step}, not the study's budget of "
+                          f"{budget}: not the model this study scores")
+    return step
+
+
 @dataclass
 class Job:
     variant: Variant
@@ -459,8 +473,12 @@ def main() -> int:
     parser.add_argument("--no-link", action="store_true",
                         help="train every run of this study, even one another study in --runs finished with the "
                              "same config (its code may differ: e.g. a baseline trained by an older commit)")
-    parser.add_argument("--train-only", action="store_true",
-                        help="train (or resume) every run, then stop: a pilot, or scoring left to later")
+    stage = parser.add_mutually_exclusive_group()
+    stage.add_argument("--train-only", action="store_true",
+                       help="train (or resume) every run, then stop: a pilot, or scoring left to later")
+    stage.add_argument("--score-only", action="store_true",
+                       help="score and report runs already trained to the budget (e.g. by a pinned worktree); "
+                            "refuse, training nothing, if one is not")
     args = parser.parse_args()
 
     family: dict[str, Any] = {}
@@ -538,10 +556,6 @@ def main() -> int:
     spec_file = study / "study.json"
     if spec_file.is_file():
         spec = merge_spec(json.loads(spec_file.read_text()), spec, study)
-    from utils.io import atomic_write_text
-
-    atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
-
     # 1. Train what is not trained yet (resuming killed runs).
     todo = []
     for job in jobs:
@@ -557,6 +571,13 @@ def main() -> int:
             continue
         todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
                      job.root / "study.log"))
+    if args.score_only and todo:
+        raise ConfigError(f"--score-only: {len(todo)} of {len(jobs)} runs are not trained to the budget "
+                          f"({', '.join(key.removeprefix('train ') for key, _, _ in todo)}); nothing was trained "
+                          "or scored: train them first (--train-only)")
+    from utils.io import atomic_write_text
+
+    atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
     print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
     run_commands(todo, devices, jobs=args.jobs)
     if args.train_only:
@@ -573,10 +594,11 @@ def main() -> int:
     for job in jobs:
         run = runs[job.key]
         assert run is not None
+        step = scored_step(run, args.checkpoint, args.steps)
         for tag, extra in [(None, []), *job.variant.tests.items()]:
             files = file_tag(tag, args.max_sentences)
             beams = [str(beam) for beam in DECODERS.values()  # the decoders not yet scored, in one test.py
-                     if not all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra)
+                     if not all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra, step)
                                 for split, n in sizes.items())]
             if not beams:
                 continue

@@ -54,7 +54,11 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
                     for seed in seeds:
                         js = eval_file(runs[by_key[(label, seed)].key], split, beam, checkpoint,
                                        file_tag(tag, max_sentences))
-                        per_seed.append((json.loads(js.read_text()), _read_lines(js.with_suffix(".hyp"))))
+                        scores, hyps = json.loads(js.read_text()), _read_lines(js.with_suffix(".hyp"))
+                        if len(hyps) != scores["n_sentences"]:
+                            raise ValueError(f"{js.with_suffix('.hyp')}: {len(hyps)} hypotheses for the "
+                                             f"{scores['n_sentences']} sentences test.py scored")
+                        per_seed.append((scores, hyps))
                     hypotheses.setdefault(name, {}).setdefault(split, {})[decoder] = [h for _, h in per_seed]
                     signatures = {"signature": per_seed[0][0]["bleu_signature"],
                                   "chrf_signature": per_seed[0][0]["chrf_signature"]}
@@ -97,6 +101,9 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
                 row = entry["splits"][split][decoder]
                 if hypotheses is not None:
                     hyps = hypotheses[name][split][decoder]
+                    if len({len(h) for h in hyps}) != 1 or len(hyps[0]) > len(references[split]):
+                        raise ValueError(f"{name}, {split}, {decoder}: {[len(h) for h in hyps]} hypotheses per seed "
+                                         f"for {len(references[split])} references")
                     refs = references[split][: len(hyps[0])]
                     per = {m: [sentence_stats(metric, h, refs) for h in hyps] for m, metric in metrics.items()}
                     stats.setdefault(name, {}).setdefault(split, {})[decoder] = per  # type: ignore[union-attr]
@@ -162,7 +169,7 @@ def _buckets(hyps: list[list[str]], refs: list[str], lengths: list[int], edges: 
     out = []
     for rows in zip(*per_seed, strict=True):
         row: dict[str, Any] = {"bucket": rows[0]["bucket"], "n": rows[0]["n"]}
-        for metric in ("bleu", "chrf"):
+        for metric in ("bleu", "chrf", "length_ratio"):
             values = [r[metric] for r in rows if r["n"]]
             row[metric] = values
             row[f"{metric}_mean_std"] = mean_std(values) if values else None
@@ -187,6 +194,18 @@ def _p(x: float | None) -> str:
     return "-" if x is None else ("< 0.0001" if x < 1e-4 else f"{x:.4f}")
 
 
+def _len(results: dict[str, Any], test: dict[str, Any]) -> str:
+    """``0.97 / 0.99``: the mean hypothesis/reference length ratio of the system and of what it is compared with,
+    on the test's split (a drop's xK split), its decoder."""
+    q = test["quantity"]
+
+    def ratio(name: str) -> str:
+        values = results["systems"][name]["splits"][q["split"]][q["decoder"]].get("length_ratio")
+        return f"{sum(values) / len(values):.2f}" if values else "-"
+
+    return f"{ratio(test['system'])} / {ratio(test.get('against') or results['baseline'])}"
+
+
 def _primary_lines(results: dict[str, Any]) -> list[str]:
     from bench.study_analysis import Family
 
@@ -194,26 +213,34 @@ def _primary_lines(results: dict[str, Any]) -> list[str]:
     fam, pw = pr["family"], pr["power"]
     base = results["baseline"]
     quantities = list(dict.fromkeys(t["label"] for t in pr["tests"]))
-    out = ["## Primary analysis", "", f"The family: {fam.get('declared', Family().declared)}.", "",
+    declared = fam.get("declared", Family().declared)
+    heading = "## Main analysis (exploratory)" if declared.startswith("exploratory") else "## Primary analysis"
+    out = [heading, "", f"The family: {declared}.", "",
            f"Contrasts: each of {', '.join(dict.fromkeys(t['system'] for t in pr['tests']))} minus **{base}**, on "
            f"{len(quantities)} quantities ({'; '.join(quantities)}): a family of **{pr['size']} tests**, Holm's "
            f"correction at α = {fam['alpha']}. Each quantity is the mean over seeds of the per-seed difference "
            "(the seed is a block: the same tokenizer and batch order for every system). Seed-level test: the "
            "contrast of a two-way ANOVA without interaction (system × seed block), residual df "
            f"{pr['anova'][0]['df'] if pr['anova'] else '-'}. Test-set test: a paired bootstrap of the same quantity "
-           f"({results['bootstrap_samples']} resamples of the test units, every seed's statistics kept apart). "
-           "Resolved: both reject after Holm and agree in sign.", ""]
+           f"({results['bootstrap_samples']} resamples of the test units, every seed's statistics kept apart; "
+           "two-sided: the resampled differences shifted to mean 0 against the observed one; sacreBLEU's own rule, "
+           "about half of it, is `p_value_sacrebleu` in results.json). Resolved: both reject after Holm and agree "
+           "in sign. The paired t-test over seeds is shown beside them as a check. A drop is score(x1) - score(xK): "
+           "a positive Δ on a drop means the system loses more with length than what it is compared with. len: "
+           "the hypothesis/reference length ratio on the quantity's split (a drop's xK split), system / baseline.",
+           ""]
     if not pr["bootstrap_available"]:
         out += ["The hypotheses of these runs were not published, so the test-set bootstrap cannot be computed: "
                 "only the seed-level test is shown, and **nothing is called resolved** on it alone.", ""]
-    out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | bootstrap 95 % CI | bootstrap p "
-            "| p Holm | resolved |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p | bootstrap 95 % CI "
+            "| bootstrap p | p Holm | len | resolved |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in pr["tests"]:
         b = t["bootstrap"]
         ci = f"[{b['ci95'][0]:+.2f}, {b['ci95'][1]:+.2f}]" if b else "-"
         out.append(f"| {t['system']} | {t['label']} | {', '.join(f'{d:+.2f}' for d in t['per_seed_delta'])} | "
-                   f"{t['delta']:+.2f} | {_p(t['seed_test']['p_value'])} | {_p(t['seed_test']['p_holm'])} | {ci} | "
-                   f"{_p(b['p_value']) if b else '-'} | {_p(b.get('p_holm')) if b else '-'} | "
+                   f"{t['delta']:+.2f} | {_p(t['seed_test']['p_value'])} | {_p(t['seed_test']['p_holm'])} | "
+                   f"{_p(t.get('paired_t', {}).get('p_value'))} | {ci} | {_p(b['p_value']) if b else '-'} | "
+                   f"{_p(b.get('p_holm')) if b else '-'} | {_len(results, t)} | "
                    f"{'**yes**' if t['resolved'] else 'no'} |")
     out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**", ""]
     if pw["power_at_smallest_effect"] is not None:
@@ -243,13 +270,16 @@ def _exploratory_lines(results: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     out = ["## Exploratory tests (not part of the family: unadjusted p, no claim rests on them)", "",
-           "| system | against | quantity | Δ mean | Δ per seed | seed test p | bootstrap p |",
-           "|---|---|---|---|---|---|---|"]
+           "Seed test: the blocked ANOVA over every system (a test-time variant against its own models: the paired "
+           "t-test); bootstrap p two-sided; len: hypothesis/reference length ratio, system / what it is compared "
+           "with.", "",
+           "| system | against | quantity | Δ mean | Δ per seed | seed test p | bootstrap p | len |",
+           "|---|---|---|---|---|---|---|---|"]
     for t in rows:
         b = t["bootstrap"]
         out.append(f"| {t['system']} | {t.get('against', results['baseline'])} | {t['label']} | {t['delta']:+.2f} | "
                    f"{', '.join(f'{d:+.2f}' for d in t['per_seed_delta'])} | {_p(t['seed_test']['p_value'])} | "
-                   f"{_p(b['p_value']) if b else '-'} |")
+                   f"{_p(b['p_value']) if b else '-'} | {_len(results, t)} |")
     return [*out, ""]
 
 
@@ -263,15 +293,21 @@ def _bucket_lines(results: dict[str, Any], metric: str = "chrf") -> list[str]:
         out += [f"### {split}", "", "| system | " + " | ".join(f"{r['bucket']} (n={r['n']})" for r in rows) + " |",
                 "|---|" + "---|" * len(rows)]
         for name, entry in results["systems"].items():
-            cells = [fmt_mean_std(r[f"{metric}_mean_std"]) if r["n"] else "-"
-                     for r in entry["splits"][split]["beam5"]["by_source_length"]]
+            cells = [_bucket_cell(r, metric) for r in entry["splits"][split]["beam5"]["by_source_length"]]
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
     if not out:
         return []
-    return [f"## {'chrF' if metric == 'chrf' else 'BLEU'} by source length, beam 5 (mean ± std over seeds)", "",
-            f"Source length in {results.get('length_unit', 'source tokens')}, the same buckets for every system.", "",
-            *out]
+    return [f"## {'chrF' if metric == 'chrf' else 'BLEU'} by source length, beam 5 (exploratory; mean ± std over "
+            "seeds)", "", f"Source length in {results.get('length_unit', 'source tokens')}, the same buckets for every "
+            "system; len: the mean hypothesis/reference length ratio of the bucket.", "", *out]
+
+
+def _bucket_cell(row: dict[str, Any], metric: str) -> str:
+    if not row["n"]:
+        return "-"
+    ratio = row.get("length_ratio_mean_std")
+    return fmt_mean_std(row[f"{metric}_mean_std"]) + (f" · len {ratio[0]:.2f}" if ratio else "")
 
 
 def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None:
@@ -298,10 +334,17 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
            "(primary) and BLEU (signatures below); tables give the mean ± standard deviation over the seeds, each "
            "seed's value, and the hypothesis/reference length ratio (len).", ""]
     out += _primary_lines(results)
-    out += ["## chrF, beam 5 (each seed)", "", *_score_table(results, "chrF", "beam5"), "",
-            "## BLEU, beam 5 (secondary; each seed)", "", *_score_table(results, "BLEU", "beam5"), "",
+    fam = results["primary"]["family"]
+    drops = [f"{x1} → {xk}" for xk, x1 in fam.get("drops", {}).items()]
+    scope = ", ".join(fam.get("splits") or results["splits"])
+    if drops:
+        scope += f" and the drops {', '.join(drops)} (computed from these columns)"
+    out += ["## chrF, beam 5 (each seed)", "", f"In the family above: {scope}, for its systems; every other column "
+            "and system is exploratory.", "",
+            *_score_table(results, "chrF", "beam5"), "",
+            "## BLEU, beam 5 (secondary, exploratory; each seed)", "", *_score_table(results, "BLEU", "beam5"), "",
             "## chrF, greedy (exploratory)", "", *_score_table(results, "chrF", "greedy"), ""]
-    out += _bucket_lines(results)
+    out += _bucket_lines(results) + _bucket_lines(results, "bleu")
     out += _exploratory_lines(results)
     att = results.get("attention_tests", {})
     if att:

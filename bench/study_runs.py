@@ -28,16 +28,18 @@ def file_tag(tag: str | None, max_sentences: int | None) -> str | None:
     return ".".join(x for x in (f"n{max_sentences}" if max_sentences else None, tag) if x) or None
 
 
-def eval_current(path: Path, sentences: int, overrides: list[str]) -> bool:
+def eval_current(path: Path, sentences: int, overrides: list[str], step: int) -> bool:
     """Whether test.py's scores at ``path`` exist and are what this study asks for: ``sentences`` scored
-    under the inference ``overrides`` (a test variant whose settings changed is scored again)."""
+    under the inference ``overrides`` (a test variant whose settings changed is scored again) from the checkpoint
+    of training step ``step`` (a run trained on after it was scored, or scores that do not say, are scored again)."""
     if not path.is_file():
         return False
     try:
         scores = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return scores.get("n_sentences") == sentences and scores.get("overrides", []) == overrides
+    return (scores.get("n_sentences") == sentences and scores.get("overrides", []) == overrides
+            and scores.get("step") == step)
 
 
 

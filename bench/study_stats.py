@@ -195,9 +195,11 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
     quantity (one part, coefficient 1: a corpus score; two parts x1 and x4 over the same units, coefficients
     +1 and -1: the drop). One resample of unit indices is drawn per sample and applied to every seed, part
     and system, so the resampled statistic is exactly ``delta`` on another test set of the same size.
-    p-value as sacreBLEU's paired bootstrap computes it (``_compute_p_value`` of the resampled absolute
-    differences, centred on their mean, against the observed absolute difference); exactly 1 for an observed
-    delta of 0 (identical systems are no difference).
+    ``p_value``: two-sided, the resampled differences shifted to mean 0 (the null) against the observed one,
+    ``(#{|d_b - mean(d)| >= |delta|} + 1) / (samples + 1)``. ``p_value_sacrebleu``: sacreBLEU's paired bootstrap
+    rule (``_compute_p_value`` of the absolute differences centred on their mean), which for a normal bootstrap
+    distribution is about half the two-sided p, a one-sided test. Both exactly 1 for an observed delta of 0
+    (identical systems are no difference).
     ``seed`` (default ``$SACREBLEU_SEED`` or 12345) makes it repeatable."""
     from sacrebleu.significance import _compute_p_value
 
@@ -227,10 +229,15 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
     observed = s_full - b_full
     diffs = s_res - b_res
     distance = np.abs(diffs)
-    p = 1.0 if observed == 0 else float(_compute_p_value(distance - distance.mean(), abs(observed)))
+    if observed == 0:
+        p = p_sacrebleu = 1.0
+    else:
+        p = float((np.sum(np.abs(diffs - diffs.mean()) >= abs(observed)) + 1) / (samples + 1))
+        p_sacrebleu = float(_compute_p_value(distance - distance.mean(), abs(observed)))
     low, high = np.percentile(diffs, [2.5, 97.5])
-    return {"delta": observed, "p_value": p, "ci95": [float(low), float(high)], "samples": samples, "seed": seed,
-            "units": units, "test": "paired bootstrap of the mean per-seed difference"}
+    return {"delta": observed, "p_value": p, "p_value_sacrebleu": p_sacrebleu, "ci95": [float(low), float(high)],
+            "samples": samples, "seed": seed, "units": units,
+            "test": "paired bootstrap of the mean per-seed difference, two-sided"}
 
 
 def resolved(seed_p: float | None, bootstrap_p: float | None, seed_delta: float, bootstrap_delta: float,

@@ -45,6 +45,8 @@ def test_scores_by_length_buckets() -> None:
     assert [r["bucket"] for r in rows] == ["0-9", "10-19", "20-59", "60+"]
     assert [r["n"] for r in rows] == [1, 1, 1, 1]
     assert rows[1]["bleu"] == pytest.approx(0.0) and rows[2]["bleu"] == pytest.approx(100.0)
+    long_out = scores_by_length(["a b c d e f", "x"], ["a b c", "p q"], [3, 12], [10])
+    assert [r["length_ratio"] for r in long_out] == pytest.approx([2.0, 0.5])  # 13a tokens, hypothesis/reference
     empty = scores_by_length(hyps, refs, [3, 3, 3, 3], [10, 20])
     assert empty[1] == {"bucket": "10-19", "n": 0}
 

@@ -94,6 +94,13 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
                           "--set", "train.eval_every=4"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert pre.returncode == 0, pre.stderr
+    # --score-only scores what a pinned worktree trained: with runs short of the budget it trains nothing.
+    refused = run_study(tmp_path, *LINEAR, "--score-only")
+    assert refused.returncode == 2 and [x for x in refused.stderr.splitlines() if "Traceback" in x or "error" in x] == [
+        "error: --score-only: 4 of 4 runs are not trained to the budget (attention_pe=none seed 1, attention_pe=none "
+        "seed 2, attention_pe=rope seed 1, attention_pe=rope seed 2); nothing was trained or scored: train them "
+        "first (--train-only)"]
+    assert not (root / "study.json").exists() and len(list(root.glob("runs/*/seed*/demo_2*"))) == 1
     res = run_study(tmp_path, *LINEAR)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "4 runs, 0 trained, 4 to train" in res.stdout and f"study t: report in {root / 'report.md'}" in res.stdout
@@ -110,6 +117,12 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     one = json.loads(next(p for p in runs if "rope" in str(p) and "seed1" in str(p)).joinpath(
         "eval", "test.best.beam5.n12.json").read_text())
     assert rope["bleu"][0] == pytest.approx(one["bleu"])  # the report's numbers are test.py's
+    scored = next(p for p in runs if "rope" in str(p) and "seed1" in str(p))
+    assert one["step"] == load_checkpoint(scored / "checkpoints" / "best.pt")["trainer"]["iteration"]
+    # --checkpoint last scores exactly the budget's model: a run past it (or short of it) is refused.
+    assert study.scored_step(scored, "last", 8) == 8 and study.scored_step(scored, "best", 4) == one["step"]
+    with pytest.raises(ConfigError, match=r"last.pt is at step 8, not the study's budget of 4: not the model"):
+        study.scored_step(scored, "last", 4)
     # The primary family (the default: every system against the baseline, chrF, beam 5), seeds as blocks.
     primary = results["primary"]
     tests = {t["system"]: t for t in primary["tests"]}
@@ -169,7 +182,21 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
 
     report = (root / "report.md").read_text()
     assert "## Primary analysis" in report and "**0 of 3 resolved.**" in report or "of 3 resolved.**" in report
-    assert "| system | quantity | Δ per seed | Δ mean | seed test p | p Holm |" in report
+    assert "| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p | bootstrap 95 % CI " \
+        "| bootstrap p | p Holm | len | resolved |" in report
+    rope_row = next(line for line in report.splitlines() if line.startswith("| attention_pe=rope | chrF test (beam"))
+    paired = rope_test["paired_t"]["p_value"]
+    lens = [sum(results["systems"][n]["splits"]["test"]["beam5"]["length_ratio"]) / 2
+            for n in ("attention_pe=rope", "attention_pe=none")]
+    assert f"| {paired:.4f} |" in rope_row and rope_row.endswith(f"| {lens[0]:.2f} / {lens[1]:.2f} | no |")
+    for heading in ("## chrF by source length, beam 5 (exploratory", "## BLEU by source length, beam 5 (exploratory",
+                    "## BLEU, beam 5 (secondary, exploratory; each seed)"):
+        assert heading in report, heading
+    from bench.study_report import _primary_lines
+
+    newcomers = {**results, "primary": {**primary, "family": {**primary["family"], "declared": "exploratory: x"}}}
+    assert _primary_lines(newcomers)[0] == "## Main analysis (exploratory)"
+    assert _primary_lines(results)[0] == "## Primary analysis"
     assert "| attention_pe=rope | chrF test (beam 5) |" in report and "Power (noncentral t" in report
     att_row = next(line for line in report.splitlines() if line.startswith("| attention_pe=rope | ") and "(p " in line)
     assert att_row.count("(p ") == 7 and "p: paired t-test over seeds against attention_pe=none" in report
@@ -191,7 +218,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert vis.returncode == 0, vis.stderr
     assert (tmp_path / "vis" / "attention_cross_layer_0.png").stat().st_size > 1000
 
-    again = run_study(tmp_path, *LINEAR)
+    again = run_study(tmp_path, *LINEAR, "--score-only")
     assert again.returncode == 0 and "4 runs, 4 trained, 0 to train" in again.stdout
     assert "  test " not in again.stdout  # every evaluation was already there
     assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs
@@ -347,13 +374,17 @@ def test_test_variants_name_a_variant_or_all_of_them() -> None:
 
 def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences_and_settings(tmp_path: Path) -> None:
     scores = tmp_path / "test.best.beam5.json"
-    assert not study_runs.eval_current(scores, 1670, [])
-    scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 1670}))  # written before test.py recorded --set
-    assert study_runs.eval_current(scores, 1670, []) and not study_runs.eval_current(scores, 12, [])
-    assert not study_runs.eval_current(scores, 1670, ["model.rope.scaling=linear"])
+    assert not study_runs.eval_current(scores, 1670, [], 8)
+    scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 1670, "step": 8}))  # before test.py recorded --set
+    assert study_runs.eval_current(scores, 1670, [], 8) and not study_runs.eval_current(scores, 12, [], 8)
+    assert not study_runs.eval_current(scores, 1670, ["model.rope.scaling=linear"], 8)
+    scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 12, "overrides": ["model.rope.factor=2"], "step": 8}))
+    assert study_runs.eval_current(scores, 12, ["model.rope.factor=2"], 8)
+    assert not study_runs.eval_current(scores, 12, ["model.rope.factor=8"], 8)  # the test variant changed: score again
+    # Scores of another checkpoint (the run trained on after it was scored), or that do not say which: again.
+    assert not study_runs.eval_current(scores, 12, ["model.rope.factor=2"], 16)
     scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 12, "overrides": ["model.rope.factor=2"]}))
-    assert study_runs.eval_current(scores, 12, ["model.rope.factor=2"])
-    assert not study_runs.eval_current(scores, 12, ["model.rope.factor=8"])  # the test variant changed: score again
+    assert not study_runs.eval_current(scores, 12, ["model.rope.factor=2"], 8)
     # A study scoring the first N sentences keeps its files apart (also in runs it shares with another study).
     assert study_runs.file_tag(None, None) is None and study_runs.file_tag("linear", None) == "linear"
     assert study_runs.file_tag(None, 12) == "n12" and study_runs.file_tag("linear", 12) == "n12.linear"

@@ -98,8 +98,31 @@ def test_bootstrap_with_one_seed_is_sacrebleus_paired_bootstrap():
     _, scores = PairedTest([("baseline", HYP_A), ("system", HYP_B)], {"chrF": CHRF()}, [REFS], test_type="bs",
                            n_samples=500)()  # baseline first; sacreBLEU's seed 12345 draws the same sentences
     ref_p = scores["chrF2"][1].p_value
-    assert ours["p_value"] == pytest.approx(ref_p)
+    assert ours["p_value_sacrebleu"] == pytest.approx(ref_p)
     assert ours["delta"] == pytest.approx(scores["chrF2"][1].score - scores["chrF2"][0].score)
+
+
+def test_bootstrap_p_value_is_two_sided_recomputed_from_resampled_corpus_scores():
+    """The decision p: the resampled differences shifted to mean 0 against the observed one, on both sides.
+    Recomputed here from sacreBLEU's corpus scores of the resampled sentences (the same draws), not from the
+    statistics the function sums; sacreBLEU's own rule is about half of it (one-sided)."""
+    from sacrebleu.metrics import CHRF
+
+    metric = CHRF()
+    refs, hyp_a = REFS * 4, HYP_A * 4
+    hyp_b = [b if i % 3 else a for i, (a, b) in enumerate(zip(hyp_a, HYP_B * 4, strict=True))]  # B on 2 in 3
+    a, b = sentence_stats(metric, hyp_a, refs), sentence_stats(metric, hyp_b, refs)
+    samples = 300
+    ours = bootstrap_quantity(metric, [[b]], [[a]], [1.0], samples=samples, seed=7)
+    observed = metric.corpus_score(hyp_b, [refs]).score - metric.corpus_score(hyp_a, [refs]).score
+    idx = np.random.default_rng(7).choice(len(refs), size=(samples, len(refs)), replace=True)
+    diffs = np.array([metric.corpus_score([hyp_b[i] for i in row], [[refs[i] for i in row]]).score
+                      - metric.corpus_score([hyp_a[i] for i in row], [[refs[i] for i in row]]).score for row in idx])
+    two_sided = (np.sum(np.abs(diffs - diffs.mean()) >= abs(observed)) + 1) / (samples + 1)
+    assert ours["delta"] == pytest.approx(observed)
+    assert ours["p_value"] == pytest.approx(two_sided)
+    assert 0.01 < ours["p_value"] < 0.9  # a case where the two rules differ
+    assert ours["p_value"] > 1.5 * ours["p_value_sacrebleu"]
 
 
 def test_bootstrap_resamples_the_mean_of_the_per_seed_differences_not_a_pooled_corpus():

@@ -73,7 +73,7 @@ def bucket_label(lo: int, hi: int | None) -> str:
 def scores_by_length(
     hypotheses: list[str], references: list[str], lengths: list[int], edges: list[int], lowercase: bool = False
 ) -> list[dict[str, float | int | str]]:
-    """Corpus sacreBLEU and chrF of the sentences in each source-length bucket.
+    """Corpus sacreBLEU, chrF and hypothesis/reference length ratio of the sentences in each source-length bucket.
 
     ``edges`` [e1, e2, ...] make buckets [0, e1), [e1, e2), ..., [e_last, inf); empty buckets are
     reported with n = 0 and no scores. Lengths are source subword tokens (what ``data.max_train_len``
@@ -87,7 +87,8 @@ def scores_by_length(
         row: dict[str, float | int | str] = {"bucket": bucket_label(lo, hi), "n": len(idx)}
         if idx:
             hyps, refs = [hypotheses[j] for j in idx], [references[j] for j in idx]
-            row["bleu"] = BLEU(lowercase=lowercase).corpus_score(hyps, [refs]).score
+            bleu = BLEU(lowercase=lowercase).corpus_score(hyps, [refs])
+            row["bleu"], row["length_ratio"] = bleu.score, bleu.sys_len / max(bleu.ref_len, 1)
             row["chrf"] = CHRF(lowercase=lowercase).corpus_score(hyps, [refs]).score
         rows.append(row)
     return rows
