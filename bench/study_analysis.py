@@ -193,11 +193,13 @@ def _holm(tests: list[dict[str, Any]], alpha: float) -> None:
 
 
 def exploratory(analysis: Analysis, systems: list[str], splits: list[str], family: Family,
-                bucket_from: int | None, own: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                bucket_from: int | None, own: dict[str, str] | None = None,
+                declared: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Everything else, unadjusted and labelled exploratory: each split's score in both metrics and decoders,
     every drop to a length-shifted split, the buckets of sentences longer than ``bucket_from`` tokens, and each
     test-time variant against its own trained models (``own``: system -> trained system; the same models, so
-    the seed-level test is the paired t-test)."""
+    the seed-level test is the paired t-test). A contrast already in the ``declared`` family is left out (one
+    test per quantity: the family's)."""
     contrasts = [s for s in systems if s != analysis.baseline]
     quantities = [Quantity("score", s, m, d) for d in DECODERS for m in METRICS for s in splits]
     if analysis.stats is not None:
@@ -213,6 +215,7 @@ def exploratory(analysis: Analysis, systems: list[str], splits: list[str], famil
                     lo = int(label.split("-")[0].rstrip("+"))
                     if lo >= bucket_from and len(idx) >= 30:
                         quantities.append(Quantity("bucket", split, family.metric, family.decoder, bucket=label))
+    primary_keys = {(t["system"], t["against"], t["label"]) for t in declared or []}
     rows = []
     for q in quantities:
         rows += analysis.test(q, systems, contrasts)[0]
@@ -220,7 +223,7 @@ def exploratory(analysis: Analysis, systems: list[str], splits: list[str], famil
         for split in splits:
             q = Quantity("score", split, family.metric, family.decoder)
             rows += analysis.test(q, [trained, name], [name], base=trained)[0]
-    return rows
+    return [r for r in rows if (r["system"], r["against"], r["label"]) not in primary_keys]
 
 
 def attention_tests(attention: dict[str, list[float]], baseline: str, alpha: float) -> dict[str, Any]:

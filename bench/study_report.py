@@ -122,10 +122,12 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
     with_attention = [n for n in names if "attention" in systems[n]]
     attention = {f"{n}|{kind}.{stat}": _attention_runs(systems[n]["attention"], kind, stat)
                  for n in with_attention for kind, stat in ATTENTION_STATS}
+    declared = primary(analysis, fam, names, splits)
     return {"baseline": baseline, "seeds": seeds, "splits": splits, "systems": systems, "bootstrap_samples": samples,
-            "alpha": fam.alpha, "primary": primary(analysis, fam, names, splits),
+            "alpha": fam.alpha, "primary": declared,
             "exploratory": exploratory(analysis, names, splits, fam, train_len,
-                                       {n: e["variant"] for n, e in systems.items() if e.get("test_variant")}),
+                                       {n: e["variant"] for n, e in systems.items() if e.get("test_variant")},
+                                       declared["tests"]),
             "attention_tests": attention_tests(attention, baseline, fam.alpha) if baseline in with_attention else {}}
 
 

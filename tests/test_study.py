@@ -151,6 +151,8 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert linear["splits"]["test"]["beam5"]["bleu"][0] == pytest.approx(json.loads(next(
         p for p in runs if "rope" in str(p) and "seed1" in str(p)).joinpath(
         "eval", "test.best.beam5.n12.linear.json").read_text())["bleu"])
+    keys = {(t["system"], t["against"], t["label"]) for t in primary["tests"]}  # each contrast tested once
+    assert keys and not keys & {(t["system"], t["against"], t["label"]) for t in results["exploratory"]}
     own = [t for t in results["exploratory"] if t["system"] == "attention_pe=rope+linear"
            and t["against"] == "attention_pe=rope"]
     assert len(own) == 1 and own[0]["seed_test"]["df"] == 1  # the same models: the paired t-test
@@ -304,6 +306,22 @@ def test_a_difference_is_resolved_only_when_both_tests_pass_holm_and_agree() -> 
     # Holm: the smallest p times 3, then the running maximum.
     raw = sorted(t["seed_test"]["p_value"] for t in out["tests"])
     assert min(t["seed_test"]["p_holm"] for t in out["tests"]) == pytest.approx(3 * raw[0])
+
+
+def test_a_declared_contrast_is_tested_once_not_again_among_the_exploratory() -> None:
+    """One test per quantity: chrF beam 5 of each system is the family's; the exploratory tests keep the rest
+    (BLEU, greedy), each contrast once."""
+    from bench.study_analysis import Analysis, Family, exploratory, primary
+
+    scores = {"base": [20.0, 30.0, 25.0], "a": [23.1, 32.9, 28.0], "b": [21.0, 29.5, 27.5]}
+    table = {n: {"t": {d: {"chrF": v, "BLEU": v} for d in ("beam5", "greedy")}} for n, v in scores.items()}
+    analysis = Analysis(table, None, "base", 100)
+    declared = primary(analysis, Family(), list(scores), ["t"])["tests"]
+    rows = exploratory(analysis, list(scores), ["t"], Family(), None, None, declared)
+    assert {(t["system"], t["label"]) for t in declared} == {("a", "chrF t (beam 5)"), ("b", "chrF t (beam 5)")}
+    rest = (("BLEU", "beam 5"), ("chrF", "greedy"), ("BLEU", "greedy"))
+    assert sorted((t["system"], t["label"]) for t in rows) == sorted(
+        (s, f"{m} t ({d})") for s in ("a", "b") for m, d in rest)
 
 
 def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_path: Path) -> None:
