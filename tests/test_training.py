@@ -132,12 +132,20 @@ def test_ctrl_c_saves_last_checkpoint_and_resume_continues(tmp_path: Path, tiny_
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     saved = state["trainer"]["iteration"]
     assert saved > 0
+    first = json.loads((run / "summary.json").read_text())
+    assert (first["steps"], first["run_steps"], first["resumed_from_step"]) == (saved, saved, 0)
     # Resume for two more steps: it starts from the saved iteration, not from zero.
     res = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--set", f"train.max_steps={saved + 2}"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr
     assert f"step {saved}" in res.stderr  # "resumed from ... at epoch E, step N"
     assert load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] == saved + 2
+    # summary.json says what this process trained and what the run holds: 2 steps here, saved + 2 in all.
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["steps"], summary["resumed_from_step"], summary["run_steps"]) == (2, saved, saved + 2)
+    assert summary["run_target_tokens"] == load_checkpoint(run / "checkpoints" / "last.pt")["tokens_seen"]["tokens"]
+    assert 0 < summary["target_tokens"] < summary["run_target_tokens"]
+    assert f"trained 2 optimizer steps (resumed at step {saved}: {saved + 2} in the run)" in res.stderr
 
 
 def test_resume_refuses_a_model_change_and_a_missing_checkpoint(tmp_path: Path, tiny_config) -> None:

@@ -107,6 +107,7 @@ class Recipe:
         self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1))
         self.totals = Totals(window_since=time.perf_counter())
         self.seen = TokenCount()
+        self.resumed_at = 0  # the iteration a resumed run started this process from
         self.last_eval_iteration = -1
         self.stop_code = 0
         self.tb: TensorboardLogger | None = None
@@ -355,6 +356,7 @@ class Recipe:
             raise CheckpointError(f"{self.rd.last} cannot resume this run: "
                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         trainer, t = self.trainer, self.t
+        self.resumed_at = trainer.state.iteration
         log.info("resumed from %s at epoch %d, step %d", self.rd.last, trainer.state.epoch, trainer.state.iteration)
         tokens = self.seen.tokens
         if t.max_target_tokens is not None and self.world > 1:
@@ -367,14 +369,20 @@ class Recipe:
                             "nothing to train (raise that budget with --set to continue)")
 
     def summary(self, wall: float) -> dict[str, Any]:
-        """The closing summary (every rank's tokens), logged and written to ``summary.json`` by rank 0."""
+        """The closing summary (every rank's tokens), logged and written to ``summary.json`` by rank 0: ``steps``,
+        ``target_tokens`` and the speeds are this process's; ``run_steps`` and ``run_target_tokens`` the run's since
+        its start (more after a resume, from ``resumed_from_step``)."""
         totals = self.totals
         train_s = max(wall - totals.eval_s, 1e-9)
         tokens = int(idist.all_reduce(totals.tokens)) if self.world > 1 else totals.tokens
+        seen = int(idist.all_reduce(self.seen.tokens)) if self.world > 1 else self.seen.tokens
         metrics = self.evaluator.state.metrics if self.evaluator.state else {}
         summary = {
             "steps": totals.steps // self.t.accumulate,
             "target_tokens": tokens,
+            "run_steps": self.trainer.state.iteration // self.t.accumulate,
+            "run_target_tokens": seen,
+            "resumed_from_step": self.resumed_at // self.t.accumulate,
             "train_seconds": round(train_s, 3),
             "eval_seconds": round(totals.eval_s, 3),
             "target_tokens_per_s": round(tokens / train_s, 1),
@@ -382,9 +390,11 @@ class Recipe:
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this process
             "encodings": self.cfg.model.encodings(),  # where each positional encoding acts
         }
-        log.info("trained %d optimizer steps, %d target tokens in %.0f s (%.0f target tokens/s; %.0f s validating; "
-                 "peak memory %.0f MB)" + SUMMARY_MARK + "%s", summary["steps"], summary["target_tokens"], train_s,
-                 summary["target_tokens_per_s"], totals.eval_s, summary["peak_rss_mb"], json.dumps(summary))
+        resumed = (f" (resumed at step {summary['resumed_from_step']}: {summary['run_steps']} in the run)"
+                   if self.resumed_at else "")
+        log.info("trained %d optimizer steps%s, %d target tokens in %.0f s (%.0f target tokens/s; %.0f s validating; "
+                 "peak memory %.0f MB)" + SUMMARY_MARK + "%s", summary["steps"], resumed, summary["target_tokens"],
+                 train_s, summary["target_tokens_per_s"], totals.eval_s, summary["peak_rss_mb"], json.dumps(summary))
         if self.rank == 0:  # the same summary for the benchmarks, without parsing the log
             self.rd.write_summary(summary)
         return summary
