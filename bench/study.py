@@ -271,6 +271,18 @@ def find_run(root: Path, poll: float = 2.0) -> Path | None:
     return runs[-1] if runs else None
 
 
+def training_elsewhere(root: Path) -> int | None:
+    """The pid of another process training a run under ``root`` (a seed folder), else None."""
+    from utils.run.store import run_locked_by
+
+    if not root.is_dir():
+        return None
+    for run in (p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        if (pid := run_locked_by(run)) is not None:
+            return pid
+    return None
+
+
 def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | None, tokens: int | None) -> Path | None:
     """A seed folder of another study in the same runs folder whose finished run has exactly the config this
     job would train (e.g. seed-table's runs inside all-encodings): link it instead of training it again."""
@@ -310,11 +322,11 @@ def scored_step(run: Path, checkpoint: str, steps: int | None) -> int:
     from utils.run.checkpoint import load_checkpoint
 
     trainer = load_checkpoint(RunDir(run).checkpoint(checkpoint)).get("trainer")
-    step = int(trainer.get("iteration", 0)) if isinstance(trainer, dict) else 0
-    budget = steps * run_cfg(run).train.accumulate if steps else None
-    if checkpoint == "last" and budget is not None and step != budget:
-        raise ConfigError(f"{RunDir(run).checkpoint(checkpoint)} is at step {step}, not the study's budget of "
-                          f"{budget}: not the model this study scores")
+    step = int(trainer.get("iteration", 0)) if isinstance(trainer, dict) else 0  # iterations, as test.py records
+    accumulate = run_cfg(run).train.accumulate
+    if checkpoint == "last" and steps and step != steps * accumulate:
+        raise ConfigError(f"{RunDir(run).checkpoint(checkpoint)} is at step {step // accumulate}, not the study's "
+                          f"budget of {steps}: not the model this study scores")
     return step
 
 
@@ -559,6 +571,9 @@ def main() -> int:
     # 1. Train what is not trained yet (resuming killed runs).
     todo = []
     for job in jobs:
+        if args.score_only and (pid := training_elsewhere(job.root)) is not None:  # refused below, without waiting
+            todo.append((f"train {job.key} (pid {pid} trains it)", [], job.root / "study.log"))
+            continue
         run = find_run(job.root)
         if run is None and not job.root.exists() and not args.no_link:
             expected = load_config(config, [*args.overrides, *job.variant.overrides, f"seed={job.seed}",
@@ -568,6 +583,8 @@ def main() -> int:
                 print(f"  {job.key}: the same run is in {other}, linked", flush=True)
                 continue
         if run is not None and training_done(run, args.steps, args.tokens):
+            if not args.train_only:  # a run past the budget is refused now, not after the others trained
+                scored_step(run, args.checkpoint, args.steps)
             continue
         todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
                      job.root / "study.log"))
@@ -591,10 +608,11 @@ def main() -> int:
     sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in base_cfg.data.test}
     todo = []
     runs = {job.key: find_run(job.root) for job in jobs}
+    steps: dict[str, int] = {}
     for job in jobs:
         run = runs[job.key]
         assert run is not None
-        step = scored_step(run, args.checkpoint, args.steps)
+        step = steps[job.key] = scored_step(run, args.checkpoint, args.steps)
         for tag, extra in [(None, []), *job.variant.tests.items()]:
             files = file_tag(tag, args.max_sentences)
             beams = [str(beam) for beam in DECODERS.values()  # the decoders not yet scored, in one test.py
@@ -612,7 +630,7 @@ def main() -> int:
 
     # 3. Attention statistics, aggregation, report.
     for job in jobs:
-        compute_attention(runs[job.key], args.checkpoint, args.attention_sentences)
+        compute_attention(runs[job.key], args.checkpoint, args.attention_sentences, steps[job.key])
     from bench.study_report import aggregate, write_report
 
     results = aggregate(jobs, runs, corpus, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap,

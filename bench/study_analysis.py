@@ -217,13 +217,15 @@ def exploratory(analysis: Analysis, systems: list[str], splits: list[str], famil
                         quantities.append(Quantity("bucket", split, family.metric, family.decoder, bucket=label))
     primary_keys = {(t["system"], t["against"], t["label"]) for t in declared or []}
     rows = []
-    for q in quantities:
-        rows += analysis.test(q, systems, contrasts)[0]
+    for q in quantities:  # the ANOVA over every system; a declared contrast's tests are not computed again
+        rest = [c for c in contrasts if (c, analysis.baseline, q.label) not in primary_keys]
+        rows += analysis.test(q, systems, rest)[0] if rest else []
     for name, trained in (own or {}).items():
         for split in splits:
             q = Quantity("score", split, family.metric, family.decoder)
-            rows += analysis.test(q, [trained, name], [name], base=trained)[0]
-    return [r for r in rows if (r["system"], r["against"], r["label"]) not in primary_keys]
+            if (name, trained, q.label) not in primary_keys:
+                rows += analysis.test(q, [trained, name], [name], base=trained)[0]
+    return rows
 
 
 def attention_tests(attention: dict[str, list[float]], baseline: str, alpha: float) -> dict[str, Any]:

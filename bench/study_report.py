@@ -198,11 +198,14 @@ def _p(x: float | None) -> str:
 
 def _len(results: dict[str, Any], test: dict[str, Any]) -> str:
     """``0.97 / 0.99``: the mean hypothesis/reference length ratio of the system and of what it is compared with,
-    on the test's split (a drop's xK split), its decoder."""
+    on the test's split (a drop's xK split; a bucket's sentences), its decoder."""
     q = test["quantity"]
 
     def ratio(name: str) -> str:
-        values = results["systems"][name]["splits"][q["split"]][q["decoder"]].get("length_ratio")
+        row = results["systems"][name]["splits"][q["split"]][q["decoder"]]
+        if q["kind"] == "bucket":  # the bucket's own sentences
+            row = next((b for b in row.get("by_source_length", []) if b["bucket"] == q["bucket"]), {})
+        values = row.get("length_ratio")
         return f"{sum(values) / len(values):.2f}" if values else "-"
 
     return f"{ratio(test['system'])} / {ratio(test.get('against') or results['baseline'])}"
@@ -226,10 +229,11 @@ def _primary_lines(results: dict[str, Any]) -> list[str]:
            f"{pr['anova'][0]['df'] if pr['anova'] else '-'}. Test-set test: a paired bootstrap of the same quantity "
            f"({results['bootstrap_samples']} resamples of the test units, every seed's statistics kept apart; "
            "two-sided: the resampled differences shifted to mean 0 against the observed one; sacreBLEU's own rule, "
-           "about half of it, is `p_value_sacrebleu` in results.json). Resolved: both reject after Holm and agree "
-           "in sign. The paired t-test over seeds is shown beside them as a check. A drop is score(x1) - score(xK): "
-           "a positive Δ on a drop means the system loses more with length than what it is compared with. len: "
-           "the hypothesis/reference length ratio on the quantity's split (a drop's xK split), system / baseline.",
+           "a half to a third of it, is `p_value_sacrebleu` in results.json). Resolved: both reject after Holm and "
+           "agree in sign. The paired t-test over seeds is shown beside them as a check. A drop is score(x1) - "
+           "score(xK): a positive Δ on a drop means the system loses more with length than what it is compared "
+           "with. len: the hypothesis/reference length ratio on the quantity's split (a drop's xK split), system / "
+           "baseline.",
            ""]
     if not pr["bootstrap_available"]:
         out += ["The hypotheses of these runs were not published, so the test-set bootstrap cannot be computed: "

@@ -54,10 +54,11 @@ def read_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any]
     return json.loads(out.read_text()) if out.is_file() else None
 
 
-def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any]:
-    """Attention statistics of a run on its first ``sentences`` validation pairs (cached in the run)."""
+def compute_attention(run: Path, checkpoint: str, sentences: int, step: int | None = None) -> dict[str, Any]:
+    """Attention statistics of a run on its first ``sentences`` validation pairs (cached in the run, with the
+    checkpoint's training step: computed again for another ``step``)."""
     cached = read_attention(run, checkpoint, sentences)
-    if cached is not None:
+    if cached is not None and (step is None or cached.get("step") == step):
         return cached
     from data.sources import load_corpus
     from utils.figures.attention_stats import attention_statistics
@@ -74,6 +75,7 @@ def compute_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, A
     if limit is not None:
         tgt = [t[: limit - 1] for t in tgt]
     stats = attention_statistics(loaded.model, loaded.tokenizer.bos_id, list(zip(src, tgt, strict=True))).to_dict()
+    stats["step"] = loaded.step
     atomic_write_text(attention_file(run, checkpoint, sentences), json.dumps(stats) + "\n")
     return stats
 

@@ -4,6 +4,7 @@ report), run twice to show it is idempotent and once more after a killed run to 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -101,6 +102,17 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
         "seed 2, attention_pe=rope seed 1, attention_pe=rope seed 2); nothing was trained or scored: train them "
         "first (--train-only)"]
     assert not (root / "study.json").exists() and len(list(root.glob("runs/*/seed*/demo_2*"))) == 1
+    # A run another process still trains is refused at once, not waited for (it could take hours).
+    from utils.run.store import lock_run, unlock_run
+
+    training = next(killed.glob("demo_2*"))
+    lock_run(training)
+    try:
+        busy = run_study(tmp_path, *LINEAR, "--score-only")
+    finally:
+        unlock_run(training)
+    assert busy.returncode == 2 and f"attention_pe=rope seed 2 (pid {os.getpid()} trains it)" in busy.stderr
+    assert "waiting for pid" not in busy.stdout
     res = run_study(tmp_path, *LINEAR)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "4 runs, 0 trained, 4 to train" in res.stdout and f"study t: report in {root / 'report.md'}" in res.stdout
@@ -254,6 +266,18 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     own = tmp_path / "study_v" / "runs" / study.slug("type=bpe") / "seed1"
     assert not own.is_symlink() and len(list(own.glob("demo_2*/checkpoints/last.pt"))) == 1
 
+    # A run trained past the budget is not the model the study declares: refused before anything is written.
+    past = subprocess.run([sys.executable, "train.py", "--resume", str(runs[0]), "--set", "train.max_steps=10"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert past.returncode == 0, past.stderr
+    spec = (root / "study.json").read_text()
+    refused = run_study(tmp_path, *LINEAR, "--score-only", "--checkpoint", "last")
+    assert refused.returncode == 2 and "test " not in refused.stdout
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: {runs[0] / 'checkpoints' / 'last.pt'} is at step 10, not the study's budget of 8: not the model "
+        "this study scores")
+    assert (root / "study.json").read_text() == spec
+
 
 LINEAR = ("--test-variant", "linear:model.rope.scaling=linear,model.rope.factor=2,model.rope.original_max_len=8")
 
@@ -393,7 +417,7 @@ def test_test_variants_name_a_variant_or_all_of_them() -> None:
 def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences_and_settings(tmp_path: Path) -> None:
     scores = tmp_path / "test.best.beam5.json"
     assert not study_runs.eval_current(scores, 1670, [], 8)
-    scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 1670, "step": 8}))  # before test.py recorded --set
+    scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 1670, "step": 8}))  # no "overrides": none were set
     assert study_runs.eval_current(scores, 1670, [], 8) and not study_runs.eval_current(scores, 12, [], 8)
     assert not study_runs.eval_current(scores, 1670, ["model.rope.scaling=linear"], 8)
     scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 12, "overrides": ["model.rope.factor=2"], "step": 8}))
