@@ -246,6 +246,11 @@ def budget_overrides(steps: int | None, tokens: int | None, eval_every: int) -> 
     return out
 
 
+def run_dirs(root: Path) -> list[Path]:
+    """The run directories in a seed folder (not the ``*_latest`` link), oldest first; none if it does not exist."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
+
+
 def find_run(root: Path, poll: float = 2.0) -> Path | None:
     """The run directory under ``root`` that has a checkpoint (runs killed before their first are removed).
     A run another process still trains in (its lock is held: e.g. the child of a study just killed, finishing
@@ -254,9 +259,7 @@ def find_run(root: Path, poll: float = 2.0) -> Path | None:
 
     from utils.run.store import discard_if_untrained, run_locked_by
 
-    if not root.is_dir():
-        return None
-    runs = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    runs = run_dirs(root)
     for run in runs:
         said = False
         while (pid := run_locked_by(run)) is not None:
@@ -275,12 +278,7 @@ def training_elsewhere(root: Path) -> int | None:
     """The pid of another process training a run under ``root`` (a seed folder), else None."""
     from utils.run.store import run_locked_by
 
-    if not root.is_dir():
-        return None
-    for run in (p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        if (pid := run_locked_by(run)) is not None:
-            return pid
-    return None
+    return next((pid for run in run_dirs(root) if (pid := run_locked_by(run)) is not None), None)
 
 
 def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | None, tokens: int | None) -> Path | None:
@@ -291,8 +289,7 @@ def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | Non
     for other in sorted(study.parent.glob("study_*/runs/*/seed*")):
         if other.is_symlink() or study in other.parents or not other.is_dir():
             continue
-        runs = sorted(p for p in other.iterdir()
-                      if p.is_dir() and not p.is_symlink() and RunDir(p).last.is_file())
+        runs = [p for p in run_dirs(other) if RunDir(p).last.is_file()]
         if not runs:
             continue
         try:
@@ -570,6 +567,7 @@ def main() -> int:
         spec = merge_spec(json.loads(spec_file.read_text()), spec, study)
     # 1. Train what is not trained yet (resuming killed runs).
     todo = []
+    steps: dict[str, int] = {}  # job -> training step of the checkpoint it is scored at
     for job in jobs:
         if args.score_only and (pid := training_elsewhere(job.root)) is not None:  # refused below, without waiting
             todo.append((f"train {job.key} (pid {pid} trains it)", [], job.root / "study.log"))
@@ -584,7 +582,7 @@ def main() -> int:
                 continue
         if run is not None and training_done(run, args.steps, args.tokens):
             if not args.train_only:  # a run past the budget is refused now, not after the others trained
-                scored_step(run, args.checkpoint, args.steps)
+                steps[job.key] = scored_step(run, args.checkpoint, args.steps)
             continue
         todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
                      job.root / "study.log"))
@@ -608,11 +606,12 @@ def main() -> int:
     sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in base_cfg.data.test}
     todo = []
     runs = {job.key: find_run(job.root) for job in jobs}
-    steps: dict[str, int] = {}
     for job in jobs:
         run = runs[job.key]
         assert run is not None
-        step = steps[job.key] = scored_step(run, args.checkpoint, args.steps)
+        if job.key not in steps:  # trained (or linked) just now
+            steps[job.key] = scored_step(run, args.checkpoint, args.steps)
+        step = steps[job.key]
         for tag, extra in [(None, []), *job.variant.tests.items()]:
             files = file_tag(tag, args.max_sentences)
             beams = [str(beam) for beam in DECODERS.values()  # the decoders not yet scored, in one test.py

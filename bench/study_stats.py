@@ -198,8 +198,8 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
     ``p_value``: two-sided, the resampled differences shifted to mean 0 (the null) against the observed one,
     ``(#{|d_b - mean(d)| >= |delta|} + 1) / (samples + 1)``. ``p_value_sacrebleu``: sacreBLEU's paired bootstrap
     rule (``_compute_p_value`` of the absolute differences centred on their mean), which for a normal bootstrap
-    distribution is about half the two-sided p, a one-sided test. Both exactly 1 for an observed delta of 0
-    (identical systems are no difference).
+    distribution is a half to a third of the two-sided p, in effect a one-sided test. Both exactly 1 for an
+    observed delta of 0 (identical systems are no difference).
     ``seed`` (default ``$SACREBLEU_SEED`` or 12345) makes it repeatable."""
     from sacrebleu.significance import _compute_p_value
 
