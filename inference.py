@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from utils.translation.engines import Engine
 
-from utils.cli import add_alias_args, add_run_args, apply_average_args, decode_overrides, run_main, setup_logging
+from utils.cli import (
+    add_alias_args,
+    add_run_args,
+    apply_average_args,
+    apply_threads,
+    decode_overrides,
+    run_main,
+    setup_logging,
+)
 
 
 def main() -> int:
@@ -74,6 +82,7 @@ def main() -> int:
                              help=f"{Limits.HELP[name]} (default {value})")
     args = parser.parse_args()
     setup_logging()
+    threads = apply_threads(parser, args)
 
     from utils.config import ConfigError
 
@@ -121,7 +130,11 @@ def main() -> int:
         print(f"warning: {len(report.bad) - 5} more line(s) could not be read; their output lines are empty",
               file=sys.stderr)
     speed = report.lines / max(report.seconds, 1e-9)
-    print(f"translated {report.lines} sentences in {report.seconds:.1f}s ({speed:.1f} sentences/s)", file=sys.stderr)
+    run = getattr(engine, "run", None)  # a PyTorch run (CTranslate2's threads are its own unless --threads)
+    threads = threads if run is not None and run.model.device.type == "cpu" else args.threads
+    on_cpu = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
+    print(f"translated {report.lines} sentences in {report.seconds:.1f}s ({speed:.1f} sentences/s{on_cpu})",
+          file=sys.stderr)
     return 0
 
 
@@ -141,7 +154,7 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
         try:
             engine = CT2Model(args.model_path, device="cuda" if args.device == "cuda" else "cpu",
-                              compute_type=args.compute_type)
+                              compute_type=args.compute_type, threads=args.threads or 0)
         except ImportError:
             parser.error("this is a CTranslate2 model: pip install '.[export]' to run it")
         except (ValueError, RuntimeError, OSError) as err:  # a compute type or device it lacks, a damaged model

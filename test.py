@@ -20,7 +20,15 @@ import json
 import re
 from typing import Any
 
-from utils.cli import add_alias_args, add_run_args, apply_average_args, decode_overrides, run_main, setup_logging
+from utils.cli import (
+    add_alias_args,
+    add_run_args,
+    apply_average_args,
+    apply_threads,
+    decode_overrides,
+    run_main,
+    setup_logging,
+)
 
 
 def main() -> int:
@@ -35,6 +43,7 @@ def main() -> int:
     parser.add_argument("--tag", help="added to the eval file names (e.g. yarn): keeps variants of a checkpoint apart")
     args = parser.parse_args()
     setup_logging()
+    threads = apply_threads(parser, args)
 
     from utils.run.load import load_run
 
@@ -69,6 +78,7 @@ def main() -> int:
     out_dir = ensure_dir(rd.eval_dir, "the run's eval folder")
     tag = args.tag if args.tag is not None else settings_tag(load_config(rd.config).to_dict(),
                                                              cfg.to_dict(), args.max_sentences)
+    args.threads = threads if run.model.device.type == "cpu" else None  # recorded with each score
     for beam in beams:
         score_splits(run, corpus, names, cfg.decode.model_copy(update={"beam": beam}), tag, args)
     print(f"hypotheses and scores written to {out_dir}")
@@ -96,13 +106,15 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
         entry = {
             **scores.to_dict(), "split": name, "checkpoint": str(run.checkpoint), "step": run.step, "beam": beam,
             "lenpen": decode.lenpen, "seconds": elapsed, "sentences_per_s": n / max(elapsed, 1e-9),
-            "max_sentences": args.max_sentences, "overrides": list(args.overrides), "by_source_length": by_length,
+            "threads": args.threads, "max_sentences": args.max_sentences, "overrides": list(args.overrides),
+            "by_source_length": by_length,
         }
         report[name] = entry
         atomic_write_text(rd.eval_file(name, ckpt, beam, tag, "hyp"), "\n".join(hyps) + "\n")
         atomic_write_text(rd.eval_file(name, ckpt, beam, tag), json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
         decoder = "greedy" if beam == 1 else f"beam {beam}, lenpen {decode.lenpen}"
-        print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s")
+        on_cpu = f", {args.threads} thread{'s' * (args.threads != 1)}" if args.threads else ""
+        print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s{on_cpu}")
         print(f"  sacreBLEU {scores.bleu:.2f}   chrF {scores.chrf:.2f}   nltk BLEU-4 {scores.nltk_bleu4:.2f}")
         print(f"  {scores.bleu_detail}")
         print(f"  {scores.bleu_signature}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -305,6 +307,50 @@ def test_test_py_scores_the_splits_asked_for_each_named_or_says_why_not(run_dir:
     line = error_line(cli("test.py", "--model_path", str(run_dir), "--set", "data.source=text",
                           "--set", f"data.path={folder}", "--set", "data.test=[empty]"))
     assert line == "error: split empty has no sentence pairs: nothing to score"
+
+
+def test_threads_sets_the_decoding_threads_shown_and_recorded(run_dir: Path, tmp_path: Path) -> None:
+    """--threads N is what decoding uses on CPU (more threads than free cores stall each other: README measures 18x
+    slower decoding with two threads beside two training runs), printed with the speed and kept in the score file."""
+    for n in (1, 2):
+        res = cli("test.py", "--model_path", str(run_dir), "--beam", "1", "--split", "test", "--max_sentences", "3",
+                  "--threads", str(n), "--tag", f"t{n}")
+        assert res.returncode == 0, res.stderr
+        line = next(x for x in res.stdout.splitlines() if x.startswith("test: "))
+        assert re.fullmatch(rf"test: 3 sentences, greedy, [0-9.]+ sentences/s, {n} threads?", line), line
+        assert json.loads((run_dir / "eval" / f"test.best.beam1.t{n}.json").read_text())["threads"] == n
+    src = tmp_path / "src.fr"
+    src.write_text("Bonjour le monde.\nMerci.\n", encoding="utf-8")
+    for n in (1, 2):
+        res = cli("inference.py", "--model_path", str(run_dir), "--input", str(src), "--threads", str(n))
+        assert res.returncode == 0 and len(res.stdout.splitlines()) == 2, res.stderr
+        assert re.search(rf"\(\S+ sentences/s, {n} threads?\)$", res.stderr.strip().splitlines()[-1]), res.stderr
+    for script in ("test.py", "inference.py"):
+        assert error_line(cli(script, "--model_path", str(run_dir), "--threads", "0")).endswith(
+            "error: --threads must be >= 1, got 0")
+
+
+def test_threads_reach_the_processes_a_command_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server decodes in a process of its own (spawned): --threads reaches it as OMP_NUM_THREADS."""
+    import argparse
+
+    from utils.cli import add_run_args, apply_threads
+
+    parser = argparse.ArgumentParser()
+    add_run_args(parser)
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        assert apply_threads(parser, parser.parse_args(["--model_path", "x", "--threads", "1"])) == 1
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                               capture_output=True, text=True, timeout=120)
+        assert child.stdout.strip() == "1"
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert apply_threads(parser, parser.parse_args(["--model_path", "x"])) == 1  # no flag: left as it is
+        assert "OMP_NUM_THREADS" not in os.environ
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_scores_under_other_settings_never_overwrite_each_other(run_dir: Path) -> None:

@@ -96,14 +96,30 @@ def apply_average_args(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
     """What every script decoding a trained run takes: --config, --model_path, --lenpen, --batch_size, --average
-    and --save_average, --device, --set."""
+    and --save_average, --device, --threads, --set."""
     parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
     add_alias_args(parser, "model_path", required=True, help="checkpoint .pt or run directory")
     parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
     add_average_args(parser)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads for decoding (default: $OMP_NUM_THREADS, else every core); 1 when other "
+                        "work shares the cores: more threads than free cores stall each other")
     add_set_arg(parser)
+
+
+def apply_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Check --threads and apply it to this process and to the processes it starts (``OMP_NUM_THREADS``: a
+    server's decoding process); the number of threads decoding uses on CPU."""
+    import torch
+
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    return torch.get_num_threads()
 
 
 def run_main(main: Callable[[], int | None]) -> None:
