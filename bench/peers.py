@@ -128,7 +128,8 @@ def decode_ctranslate2(work: Path, run_dir: Path, python: str, data: Path) -> di
         if code != 0 or not lines or not lines[-1].startswith("translated "):
             raise CommandFailed(f"inference.py on the CTranslate2 export failed (exit {code}), see {log}: "
                                 + " | ".join(lines[-3:]))
-        speed = float(lines[-1].rsplit("(", 1)[1].split()[0])  # "translated N sentences in Xs (Y sentences/s)"
+        # "translated N sentences in Xs (Y sentences/s[, T threads])"
+        speed = float(lines[-1].rsplit("(", 1)[1].split()[0])
         result["tests"][name] = score_hyps(bench, name, hyp, speed)
     return result
 

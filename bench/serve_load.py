@@ -200,10 +200,16 @@ def cli_speed(model_path: str | Path, source: Path, beam: int, env: dict[str, st
     res = subprocess.run(project_command("inference.py", "--model_path", model_path, "--input", source, "--beam",
                                          str(beam)), cwd=ROOT, capture_output=True, text=True, check=True, env=env,
                          preexec_fn=on_cpus(cpus))
-    speed = re.search(r"\(([\d.]+) sentences/s\)", res.stderr)
+    return res.stdout.split("\n")[:-1], cli_rate(res.stderr)
+
+
+def cli_rate(stderr: str) -> float:
+    """The sentences/s of ``inference.py --input``'s closing line, "translated N sentences in Xs (Y sentences/s[, T
+    threads])" (not of a progress line, "N lines translated (Y sentences/s)"); RuntimeError without one."""
+    speed = re.search(r"^translated \d+ sentences in [\d.]+s \(([\d.]+) sentences/s", stderr, re.M)
     if speed is None:
-        raise RuntimeError(f"no speed line from inference.py: {res.stderr.strip()[-300:]}")
-    return res.stdout.split("\n")[:-1], float(speed.group(1))
+        raise RuntimeError(f"no speed line from inference.py: {stderr.strip()[-300:]}")
+    return float(speed.group(1))
 
 
 def measure(name: str, model_path: str | Path, sentences: list[str], clients: list[int], beam: int,

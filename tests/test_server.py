@@ -768,6 +768,16 @@ def test_pinning_puts_the_server_side_on_its_cores_and_needs_two(run_dir: Path) 
                                                         "on half, the server on the other half)")
 
 
+def test_the_load_benchmark_reads_the_cli_rate_from_its_closing_line() -> None:
+    from bench.serve_load import cli_rate
+
+    assert cli_rate("2,000 lines translated (9.0 sentences/s)\ntranslated 2500 sentences in 250.0s "
+                    "(10.0 sentences/s, 1 thread)\n") == 10.0  # the closing line's, not the progress line's
+    assert cli_rate("translated 8 sentences in 0.5s (16.0 sentences/s)\n") == 16.0  # a CTranslate2 export's
+    with pytest.raises(RuntimeError, match="no speed line from inference.py: 4 lines translated"):
+        cli_rate("4 lines translated (8.0 sentences/s)\n")
+
+
 def test_the_load_benchmark_reads_plain_and_gzipped_sources_repeating_short_files(tmp_path: Path) -> None:
     import gzip
 
