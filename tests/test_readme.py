@@ -63,3 +63,34 @@ def test_readme_demo_commands_run_as_written(tmp_path: Path) -> None:
     assert len(list(runs.glob("demo_2*"))) == 2 and latest == max(runs.glob("demo_2*"))
     (averaged,) = (latest / "checkpoints").glob("average5_step_*.pt")  # the last 5 of the run's periodic ones
     assert (latest / "eval" / f"test.{averaged.stem}.beam5.json").is_file()
+
+
+def _shell_commands(text: str) -> list[str]:
+    """The commands of the ```bash blocks in ``text``, continuation lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    return [line.strip() for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_the_study_queue_runs_readmes_study_commands_at_their_pinned_commits() -> None:
+    """bench/study_queue.sh chains the four study commands README gives (train, score; study, candidates): the
+    same flags and the same pinned commits, so the script and the pre-registration cannot drift apart."""
+    script = (ROOT / "bench" / "study_queue.sh").read_text()
+    var = dict(re.findall(r'^([A-Z_]+)=("[^"]*"|\S+)', script, re.M))
+    words = {k: v.strip('"').replace("$RUNS", "RUNS").split() for k, v in var.items()}
+    readme = (ROOT / "README.md").read_text()
+    assert f"git worktree add --detach ../study-wt {var['TRAIN_COMMIT']}" in readme
+    assert f"git worktree add --detach ../score-wt {var['SCORE_COMMIT']}" in readme
+    commands = [c.split("bench/study.py", 1) for c in _shell_commands(readme) if "--preset train-short-test-long" in c]
+    found = {(where.split("&&")[0].strip(), tuple(sorted(flags.replace("../study-runs", "RUNS").split())))
+             for where, flags in commands}
+    common = words["COMMON"]
+    for wt, name, extra in (("study-wt", "STUDY", ["--train-only"]),
+                            ("score-wt", "STUDY", ["--bootstrap", "10000", "--score-only"]),
+                            ("study-wt", "CANDS", ["--train-only"])):
+        assert (f"cd ../{wt}", tuple(sorted(words[name] + common + extra))) in found, (wt, name)
+    for step in ("$STUDY $COMMON --train-only", "$STUDY $COMMON --bootstrap 10000 --score-only",
+                 "$CANDS $COMMON --train-only", "$CANDS $COMMON --bootstrap 10000 --score-only"):
+        assert step in script
+    assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "study_queue.sh")]).returncode == 0
+    for commit in (var["TRAIN_COMMIT"], var["SCORE_COMMIT"]):
+        assert subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"]).returncode == 0
