@@ -66,14 +66,31 @@ def test_torchrun_train_writes_one_run_from_rank_zero(tmp_path: Path) -> None:
     assert res.stdout.count("run directory:") == 1
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert state["trainer"]["iteration"] == 3
-    # The summary's tokens (and tokens/s) are the run's, both ranks together, not rank 0's share.
+    # The summary's tokens (and tokens/s) are the run's, both ranks together, not rank 0's share; the checkpoint
+    # keeps that count, so a resumed run goes on from it (max_target_tokens, run_target_tokens).
     summary = read_summary((run_dir / "train.log").read_text())
-    rank0 = state["tokens_seen"]["tokens"]
-    assert 0 < rank0 and 1.5 * rank0 < summary["target_tokens"] < 2.5 * rank0, (rank0, summary)
+    assert summary["target_tokens"] > 0
+    assert state["tokens_seen"] == {"tokens": summary["target_tokens"], "ranks": "all"}
     # summary.json is rank 0's, the one its log line shows (rank 1's would differ in its own memory and seconds).
     assert json.loads((run_dir / "summary.json").read_text()) == summary
     assert not list(run_dir.glob(".*.tmp"))
+    run([*TORCHRUN, "train.py", "--resume", str(run_dir), "--set", "train.max_steps=5"])
+    resumed = read_summary((run_dir / "train.log").read_text().split("resumed from", 1)[1])
+    assert (resumed["resumed_from_step"], resumed["run_steps"], resumed["steps"]) == (3, 5, 2)
+    assert resumed["run_target_tokens"] == summary["target_tokens"] + resumed["target_tokens"]
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["tokens_seen"]["tokens"] == \
+        resumed["run_target_tokens"]
     shutil.rmtree(tmp_path / "runs")
+
+
+def test_a_token_count_of_an_older_checkpoint_counts_its_rank_for_each() -> None:
+    from utils.training.state import TokenCount
+
+    old, new = TokenCount(world=2), TokenCount(world=2)
+    old.load_state_dict({"tokens": 700})  # an older version's checkpoint: rank 0's own count
+    new.load_state_dict({"tokens": 700, "ranks": "all"})
+    assert (old.tokens, new.tokens) == (1400, 700)
+    assert new.state_dict() == {"tokens": 700, "ranks": "all"}
 
 
 def test_train_frees_the_ddp_model_before_the_process_group_goes(tmp_path: Path) -> None:

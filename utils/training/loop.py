@@ -106,7 +106,7 @@ class Recipe:
         self.evaluator = create_evaluator(self.s.core, self.s.tokenizer.pad_id, self.s.device, self.s.autocast)
         self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1))
         self.totals = Totals(window_since=time.perf_counter())
-        self.seen = TokenCount()
+        self.seen = TokenCount(self.world)
         self.resumed_at = 0  # the iteration a resumed run started this process from
         self.last_eval_iteration = -1
         self.stop_code = 0
@@ -185,7 +185,7 @@ class Recipe:
                 m["grad_norm"] = out["grad_norm"]
             totals.window_tokens += out["tokens"]
             totals.tokens += out["tokens"]
-            self.seen.tokens += out["tokens"]
+            self.seen.tokens += int(idist.all_reduce(out["tokens"])) if self.world > 1 else out["tokens"]
             totals.steps += 1
             if engine.state.iteration % t.log_every == 0:
                 now = time.perf_counter()
@@ -318,9 +318,7 @@ class Recipe:
         @self.trainer.on(Events.ITERATION_COMPLETED)
         def _maybe_stop(engine: Engine) -> None:
             code = 0
-            tokens = self.seen.tokens
-            if t.max_target_tokens is not None and world > 1:  # every rank joins this all-reduce, every step
-                tokens = idist.all_reduce(tokens)
+            tokens = self.seen.tokens  # every rank's, the same on each
             if request.reason is not None:
                 code = SIGNAL
             elif t.max_steps is not None and engine.state.iteration >= t.max_steps * t.accumulate:
@@ -358,10 +356,8 @@ class Recipe:
         trainer, t = self.trainer, self.t
         self.resumed_at = trainer.state.iteration
         log.info("resumed from %s at epoch %d, step %d", self.rd.last, trainer.state.epoch, trainer.state.iteration)
-        tokens = self.seen.tokens
-        if t.max_target_tokens is not None and self.world > 1:
-            tokens = idist.all_reduce(tokens)
-        why = finished_reason(t, trainer.state.iteration, len(self.s.train_data), tokens, self.stopper.counter)
+        why = finished_reason(t, trainer.state.iteration, len(self.s.train_data), self.seen.tokens,
+                              self.stopper.counter)
         if why is not None:
             from utils.cli import StopError
 
@@ -375,13 +371,12 @@ class Recipe:
         totals = self.totals
         train_s = max(wall - totals.eval_s, 1e-9)
         tokens = int(idist.all_reduce(totals.tokens)) if self.world > 1 else totals.tokens
-        seen = int(idist.all_reduce(self.seen.tokens)) if self.world > 1 else self.seen.tokens
         metrics = self.evaluator.state.metrics if self.evaluator.state else {}
         summary = {
             "steps": totals.steps // self.t.accumulate,
             "target_tokens": tokens,
             "run_steps": self.trainer.state.iteration // self.t.accumulate,
-            "run_target_tokens": seen,
+            "run_target_tokens": self.seen.tokens,
             "resumed_from_step": self.resumed_at // self.t.accumulate,
             "train_seconds": round(train_s, 3),
             "eval_seconds": round(totals.eval_s, 3),

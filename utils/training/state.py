@@ -32,16 +32,19 @@ class RNGState:
 
 
 class TokenCount:
-    """Target tokens trained on so far by this rank (checkpointed: ``train.max_target_tokens`` holds across resumes)."""
+    """Target tokens the run has trained on, every rank together (each rank adds every step's all-reduced count),
+    checkpointed so that ``train.max_target_tokens`` and the summary's ``run_target_tokens`` hold across resumes.
+    A checkpoint of an older version kept its rank's own count (``"ranks"`` absent): resumed on ``world`` ranks it
+    counts ``world`` times that, as those versions did."""
 
-    def __init__(self) -> None:
-        self.tokens = 0
+    def __init__(self, world: int = 1) -> None:
+        self.tokens, self.world = 0, world
 
     def state_dict(self) -> dict[str, Any]:
-        return {"tokens": self.tokens}
+        return {"tokens": self.tokens, "ranks": "all"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.tokens = int(state["tokens"])
+        self.tokens = int(state["tokens"]) * (1 if state.get("ranks") == "all" else self.world)
 
 
 class PendingGradients:
