@@ -131,7 +131,10 @@ def main() -> int:
               file=sys.stderr)
     speed = report.lines / max(report.seconds, 1e-9)
     run = getattr(engine, "run", None)  # a PyTorch run (CTranslate2's threads are its own unless --threads)
-    threads = threads if run is not None and run.model.device.type == "cpu" else args.threads
+    if run is not None:
+        threads = threads if run.model.device.type == "cpu" else None
+    else:
+        threads = args.threads if args.device != "cuda" else None
     on_cpu = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
     print(f"translated {report.lines} sentences in {report.seconds:.1f}s ({speed:.1f} sentences/s{on_cpu})",
           file=sys.stderr)

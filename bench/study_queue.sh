@@ -4,52 +4,68 @@
 # commit, then the same for the candidates (which link the study's sinusoidal runs as their baseline).
 # Resumable: run it again after any interruption (a session's end, a reboot); each step skips what is done.
 #
-#   bash bench/study_queue.sh [RUNS_DIR]        # default ../study-runs; log: RUNS_DIR/queue.log
+#   bash bench/study_queue.sh [RUNS_DIR]        # default ../study-runs; returns at once, log: RUNS_DIR/queue.log
 #
-# On a machine without the worktrees it makes them beside this checkout (../study-wt, ../score-wt), each with a
-# virtual environment: a copy of this checkout's .venv when there is one, else a fresh install as .ci/run makes.
+# It goes on in the background in a session of its own (setsid: no terminal's hangup stops it, and its priority
+# does not touch the caller's). On a machine without the worktrees it makes them beside this checkout
+# (../study-wt, ../score-wt), each with a virtual environment: a copy of this checkout's .venv when there is
+# one, else a fresh install as .ci/run makes.
 set -u
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-RUNS=$(realpath -m "${1:-$ROOT/../study-runs}")
-TRAIN_COMMIT=44dd6fe   # trains every run of both studies (README: the amendment of 2026-11-26)
-SCORE_COMMIT=2b7045d   # scores them (README: "Scoring, once every run is at 2,250 steps")
-COMMON="--preset train-short-test-long --seeds 3 --jobs 2 --steps 2250 --eval-every 150 --checkpoint last --runs $RUNS"
-STUDY="--name extrapolation --variants sinusoidal,learnable,alibi,t5,rope"
-CANDS="--name extrapolation-candidates --variants sinusoidal+shape,kerple_log,fire,decoder-nope"
-
-# Above other work on the machine (training results do not depend on timing; this only keeps the study moving).
-echo -10 > /proc/self/autogroup 2>/dev/null || true
-mkdir -p "$RUNS"
-exec >> "$RUNS/queue.log" 2>&1 < /dev/null
-
-worktree() {  # worktree DIR COMMIT: the pinned checkout and its virtual environment
-    local dir=$1 commit=$2
-    if [ ! -d "$dir" ]; then
-        git -C "$ROOT" worktree add --detach "$dir" "$commit" || return 1
+# The whole script is one function, read before it runs: an edit to this file while a queue runs cannot change it.
+main() {
+    ROOT=$(cd "$(dirname "$0")/.." && pwd)
+    RUNS=$(realpath -m "${1:-$ROOT/../study-runs}")
+    if [ "$(ps -o sid= -p $$ | tr -d ' ')" != "$$" ]; then  # not yet in a session of its own
+        mkdir -p "$RUNS" || exit 1
+        setsid bash "$0" "$RUNS" < /dev/null >> "$RUNS/queue.log" 2>&1 &
+        echo "study queue started in the background (pid $!); log: $RUNS/queue.log"
+        exit 0
     fi
-    [ "$(git -C "$dir" rev-parse --short=7 HEAD)" = "$commit" ] || { echo "$dir is not at $commit"; return 1; }
-    if [ ! -x "$dir/.venv/bin/python" ]; then
-        if [ -x "$ROOT/.venv/bin/python" ]; then
-            cp -a "$ROOT/.venv" "$dir/.venv" || return 1
-        else
-            (cd "$dir" && python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt ".[dev,export]") || return 1
+    TRAIN_COMMIT=44dd6fe   # trains every run of both studies (README: the amendment of 2026-11-26)
+    SCORE_COMMIT=2b7045d   # scores them (README: "Scoring, once every run is at 2,250 steps")
+    COMMON="--preset train-short-test-long --seeds 3 --jobs 2 --steps 2250 --eval-every 150 --checkpoint last --runs $RUNS"
+    STUDY="--name extrapolation --variants sinusoidal,learnable,alibi,t5,rope"
+    CANDS="--name extrapolation-candidates --variants sinusoidal+shape,kerple_log,fire,decoder-nope"
+
+    # Above other work on the machine (training results do not depend on timing; this only keeps the study moving).
+    echo -10 > /proc/self/autogroup 2>/dev/null || true
+    mkdir -p "$RUNS" && exec >> "$RUNS/queue.log" 2>&1 < /dev/null || exit 1
+
+    worktree() {  # worktree DIR COMMIT: the pinned checkout, unchanged, and its virtual environment
+        local dir=$1 commit=$2
+        if [ ! -d "$dir" ]; then
+            git -C "$ROOT" worktree add --detach "$dir" "$commit" || return 1
         fi
-    fi
-}
+        if [ "$(git -C "$dir" rev-parse HEAD)" != "$(git -C "$ROOT" rev-parse "$commit^{commit}")" ] ||
+            [ -n "$(git -C "$dir" status --porcelain --untracked-files=no)" ]; then
+            echo "$dir is not commit $commit unchanged: refusing to run the study from it"
+            return 1
+        fi
+        if ! "$dir/.venv/bin/python" -c "import torch, ignite, sacrebleu, tokenizers" 2>/dev/null; then
+            rm -rf "$dir/.venv"  # missing, or left half-made by an interrupted install
+            if "$ROOT/.venv/bin/python" -c "import torch, ignite, sacrebleu, tokenizers" 2>/dev/null; then
+                cp -a "$ROOT/.venv" "$dir/.venv" || return 1
+            else
+                (cd "$dir" && python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt ".[dev,export]") || return 1
+            fi
+        fi
+    }
 
-step() {  # step DIR WHAT ARGS...: one bench/study.py command in a worktree
-    local dir=$1 what=$2
-    shift 2
-    echo "== $(date -Is) $what"
-    (cd "$dir" && .venv/bin/python bench/study.py "$@")
-}
+    step() {  # step DIR WHAT ARGS...: one bench/study.py command in a worktree
+        local dir=$1 what=$2
+        shift 2
+        echo "== $(date -Is) $what"
+        (cd "$dir" && .venv/bin/python bench/study.py "$@")
+    }
 
-TRAIN_WT=$(realpath -m "$ROOT/../study-wt")
-SCORE_WT=$(realpath -m "$ROOT/../score-wt")
-worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" || exit 1
-# shellcheck disable=SC2086  # the option strings split into words on purpose
-step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
-    step "$SCORE_WT" "issue 21 study: scoring" $STUDY $COMMON --bootstrap 10000 --score-only &&
-    step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
-    step "$SCORE_WT" "issue 24 candidates: scoring" $CANDS $COMMON --bootstrap 10000 --score-only &&
-    echo "== $(date -Is) queue done"
+    TRAIN_WT=$(realpath -m "$ROOT/../study-wt")
+    SCORE_WT=$(realpath -m "$ROOT/../score-wt")
+    worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" || exit 1
+    # shellcheck disable=SC2086  # the option strings split into words on purpose
+    step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
+        step "$SCORE_WT" "issue 21 study: scoring" $STUDY $COMMON --bootstrap 10000 --score-only &&
+        step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
+        step "$SCORE_WT" "issue 24 candidates: scoring" $CANDS $COMMON --bootstrap 10000 --score-only &&
+        echo "== $(date -Is) queue done"
+}
+main "$@"; exit $?

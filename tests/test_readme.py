@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,26 +72,42 @@ def _shell_commands(text: str) -> list[str]:
     return [line.strip() for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
+def _flags(words: list[str]) -> dict[str, str | None]:
+    """``--flag value`` and bare ``--flag`` words as a flag -> value map (a flag given twice is an error)."""
+    out: dict[str, str | None] = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            assert word not in out, word
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            out[word] = nxt if nxt is not None and not nxt.startswith("--") else None
+    return out
+
+
 def test_the_study_queue_runs_readmes_study_commands_at_their_pinned_commits() -> None:
-    """bench/study_queue.sh chains the four study commands README gives (train, score; study, candidates): the
-    same flags and the same pinned commits, so the script and the pre-registration cannot drift apart."""
+    """bench/study_queue.sh chains the four study commands README gives (train, score; study, candidates): each
+    from its worktree, with the same flags and values and the same pinned commits, so the script and the
+    pre-registration cannot drift apart."""
     script = (ROOT / "bench" / "study_queue.sh").read_text()
-    var = dict(re.findall(r'^([A-Z_]+)=("[^"]*"|\S+)', script, re.M))
-    words = {k: v.strip('"').replace("$RUNS", "RUNS").split() for k, v in var.items()}
+    var = {k: v.strip('"') for k, v in re.findall(r'^\s*([A-Z_]+)=("[^"]*"|\S+)', script, re.M)}
     readme = (ROOT / "README.md").read_text()
     assert f"git worktree add --detach ../study-wt {var['TRAIN_COMMIT']}" in readme
     assert f"git worktree add --detach ../score-wt {var['SCORE_COMMIT']}" in readme
-    commands = [c.split("bench/study.py", 1) for c in _shell_commands(readme) if "--preset train-short-test-long" in c]
-    found = {(where.split("&&")[0].strip(), tuple(sorted(flags.replace("../study-runs", "RUNS").split())))
-             for where, flags in commands}
-    common = words["COMMON"]
-    for wt, name, extra in (("study-wt", "STUDY", ["--train-only"]),
-                            ("score-wt", "STUDY", ["--bootstrap", "10000", "--score-only"]),
-                            ("study-wt", "CANDS", ["--train-only"])):
-        assert (f"cd ../{wt}", tuple(sorted(words[name] + common + extra))) in found, (wt, name)
-    for step in ("$STUDY $COMMON --train-only", "$STUDY $COMMON --bootstrap 10000 --score-only",
-                 "$CANDS $COMMON --train-only", "$CANDS $COMMON --bootstrap 10000 --score-only"):
-        assert step in script
+    documented = []
+    for command in _shell_commands(readme):
+        if "bench/study.py" in command and "--preset train-short-test-long" in command:
+            where, flags = command.split("bench/study.py", 1)
+            documented.append((where.split("&&")[0].strip(), _flags(shlex.split(flags))))
+    steps = re.findall(r'step "\$(\w+)" "[^"]*" (.*?)(?: &&)?$', script, re.M)
+    assert len(steps) == 4, steps
+    worktree = {"TRAIN_WT": "cd ../study-wt", "SCORE_WT": "cd ../score-wt"}
+    for wt, args in steps:
+        words = [w for a in args.split() for w in (var[a[1:]].split() if a.startswith("$") else [a])]
+        flags = _flags(words)
+        assert flags["--runs"] == "$RUNS"
+        flags["--runs"] = "../study-runs"
+        assert (worktree[wt], flags) in documented, (wt, args)
+    assert [wt for wt, _ in steps] == ["TRAIN_WT", "SCORE_WT", "TRAIN_WT", "SCORE_WT"]
+    assert ["--train-only" in a for _, a in steps] == [True, False, True, False]
     assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "study_queue.sh")]).returncode == 0
     for commit in (var["TRAIN_COMMIT"], var["SCORE_COMMIT"]):
         assert subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"]).returncode == 0
