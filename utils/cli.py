@@ -112,11 +112,11 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
 def apply_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Check --threads and apply it to this process and to the processes it starts (``OMP_NUM_THREADS``: a
     server's decoding process); the number of threads decoding uses on CPU."""
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     import torch
 
     if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     return torch.get_num_threads()
