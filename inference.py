@@ -40,6 +40,7 @@ from utils.cli import (
     decode_overrides,
     run_main,
     setup_logging,
+    threads_note,
 )
 
 
@@ -135,8 +136,8 @@ def main() -> int:
         threads = threads if run.model.device.type == "cpu" else None
     else:
         threads = args.threads if args.device != "cuda" else None
-    on_cpu = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
-    print(f"translated {report.lines} sentences in {report.seconds:.1f}s ({speed:.1f} sentences/s{on_cpu})",
+    print(f"translated {report.lines} sentences in {report.seconds:.1f}s ({speed:.1f} sentences/s"
+          f"{threads_note(threads)})",
           file=sys.stderr)
     return 0
 

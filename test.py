@@ -28,6 +28,7 @@ from utils.cli import (
     decode_overrides,
     run_main,
     setup_logging,
+    threads_note,
 )
 
 
@@ -113,8 +114,8 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
         atomic_write_text(rd.eval_file(name, ckpt, beam, tag, "hyp"), "\n".join(hyps) + "\n")
         atomic_write_text(rd.eval_file(name, ckpt, beam, tag), json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
         decoder = "greedy" if beam == 1 else f"beam {beam}, lenpen {decode.lenpen}"
-        on_cpu = f", {args.threads} thread{'s' * (args.threads != 1)}" if args.threads else ""
-        print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s{on_cpu}")
+        print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s"
+              f"{threads_note(args.threads)}")
         print(f"  sacreBLEU {scores.bleu:.2f}   chrF {scores.chrf:.2f}   nltk BLEU-4 {scores.nltk_bleu4:.2f}")
         print(f"  {scores.bleu_detail}")
         print(f"  {scores.bleu_signature}")

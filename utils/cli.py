@@ -122,6 +122,11 @@ def apply_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     return torch.get_num_threads()
 
 
+def threads_note(threads: int | None) -> str:
+    """``", N thread(s)"`` to follow a CPU speed, or ``""`` where no count applies (a GPU run)."""
+    return f", {threads} thread{'s' * (threads != 1)}" if threads else ""
+
+
 def run_main(main: Callable[[], int | None]) -> None:
     """Run ``main``; expected user errors print one line 'error: ...' and exit 2, never a traceback."""
     from data.sources import DataError
