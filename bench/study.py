@@ -175,17 +175,38 @@ def _same_sentences(scale: float) -> list[str]:
             f"train.warmup_tokens={round(750_000 * scale)}"]
 
 
+# Key parts that say what a value is but not where: a label keeps the part before them (which stack).
+_PLACE_PARTS = {"input", "attention"}
+
+
+def grid_labels(keys: Sequence[str]) -> dict[str, str]:
+    """Each grid key's label: its shortest ending that no other key of the grid shares, never a bare ``input`` or
+    ``attention`` (``model.encoder_pe.attention`` -> ``encoder_pe.attention``, ``model.attention_pe`` ->
+    ``attention_pe``), so per-stack axes say which stack they set."""
+    def ending(key: str, n: int) -> str:
+        return ".".join(key.split(".")[-n:])
+
+    labels = {}
+    for key in keys:
+        n = 2 if key.split(".")[-1] in _PLACE_PARTS and "." in key else 1
+        while n < len(key.split(".")) and any(ending(o, n) == ending(key, n) for o in keys if o != key):
+            n += 1
+        labels[key] = ending(key, n)
+    return labels
+
+
 def grid_variants(grids: Sequence[str]) -> list[Variant]:
-    """``["a.b=1,2", "c=x,y"]`` -> the cross product, labelled ``b=1,c=x`` (the last key part)."""
+    """``["a.b=1,2", "c=x,y"]`` -> the cross product, labelled ``b=1,c=x`` (each key by ``grid_labels``)."""
     axes = []
     for item in grids:
         key, sep, values = item.partition("=")
         if not sep or not key.strip() or not values.strip():
             raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,... e.g. model.attention_pe=rope,alibi")
         axes.append([(key.strip(), v.strip()) for v in values.split(",") if v.strip()])
+    names = grid_labels([axis[0][0] for axis in axes if axis])
     variants = []
     for combo in itertools.product(*axes):
-        label = ",".join(f"{k.split('.')[-1]}={v}" for k, v in combo)
+        label = ",".join(f"{names[k]}={v}" for k, v in combo)
         variants.append(Variant(label, [f"{k}={v}" for k, v in combo]))
     return variants
 

@@ -32,6 +32,16 @@ def test_grid_is_the_cross_product_of_its_axes() -> None:
         study.grid_variants(["model.attention_pe"])
 
 
+def test_grid_labels_of_per_stack_keys_name_the_stack() -> None:
+    variants = study.grid_variants(["model.encoder_pe.attention=rope,alibi", "model.decoder_pe.attention=none"])
+    assert [v.label for v in variants] == ["encoder_pe.attention=rope,decoder_pe.attention=none",
+                                           "encoder_pe.attention=alibi,decoder_pe.attention=none"]
+    assert [v.label for v in study.grid_variants(["model.decoder_pe.input=sinusoidal"])] == \
+        ["decoder_pe.input=sinusoidal"]  # alone too: "input=sinusoidal" would not say which stack
+    assert study.grid_labels(["model.rope.factor", "model.fire.factor", "seed"]) == {
+        "model.rope.factor": "rope.factor", "model.fire.factor": "fire.factor", "seed": "seed"}
+
+
 def test_every_preset_variant_is_a_valid_config() -> None:
     presets = study.presets()
     assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "tokenization"}
