@@ -213,6 +213,44 @@ def test_cope_figures_are_its_table_and_its_positions_and_term_for_random_q_k() 
     assert {"position/cope/table/decoder", "position/cope/positions/decoder", "position/cope/bias/decoder"} <= set(figs)
 
 
+@pytest.mark.parametrize("sets", [{"method": "shape", "shape": {"max_shift": 10}},
+                                  {"method": "randomized", "randomized": {"max_length": 40}},
+                                  {"method": "cape"}])
+def test_augmentation_figure_shows_the_training_draws_against_the_inference_positions(sets: dict) -> None:
+    from models.positional.augment import AugmentConfig
+    from utils.figures.maps import augment_plot
+
+    cfg = make_tiny_config(Path("unused")).model
+    method = sets["method"]
+    cfg = cfg.model_copy(update=dict(augment=AugmentConfig.model_validate(sets),
+                                     attention_pe="rope" if method == "cape" else "none"))
+    spec = augment_plot(cfg, 32)
+    assert spec is not None and spec.tag == "position/augment" and spec.draw == "augment_positions"
+    draws, title = spec.args
+    length = 32
+    assert draws.shape == (200, length) and f"model.augment: {cfg.augment.describe()}" in title
+    torch.testing.assert_close(augment_plot(cfg, 32).args[0], draws)  # seeded: the same figure every call
+    steps = draws[:, 1:] - draws[:, :-1]
+    if method == "shape":  # i + k, k in 0..10, every k drawn
+        k = draws[:, 0]
+        assert torch.equal(draws, k[:, None] + torch.arange(32)) and set(k.tolist()) == set(range(11))
+    elif method == "randomized":  # sorted subsets of 32 of 0..39, not all the same
+        assert (steps > 0).all() and draws.min() >= 0 and draws.max() <= 39 and len(set(map(tuple, draws.tolist()))) > 1
+        short = cfg.model_copy(update=dict(augment=AugmentConfig(method="randomized", randomized={"max_length": 20})))
+        assert torch.equal(augment_plot(short, 32).args[0], torch.arange(20).expand(200, 20))  # at most L tokens
+    else:  # real positions, in order, scaled by at most 1.03 around unit gaps
+        assert draws.dtype == torch.float64 and (steps > 0).all() and not torch.equal(draws, draws.round())
+        assert draws[:, 0].abs().max() <= 5.5 * 1.03
+    model = Seq2SeqTransformer(cfg, 100, 0)
+    figs, _ = position_figures(model, cfg, length=24, bias_length=32)
+    fig = figs["position/augment"]
+    inference = [line for line in fig.axes[0].lines if line.get_label() == "inference: 0..T−1"]
+    assert len(inference) == 1 and list(inference[0].get_ydata()) == list(range(length))
+    plain = cfg.model_copy(update=dict(augment=AugmentConfig()))
+    assert augment_plot(plain, 32) is None
+    assert "position/augment" not in position_figures(Seq2SeqTransformer(plain, 100, 0), plain)[0]
+
+
 def test_classical_mds_recovers_planar_points() -> None:
     rng = np.random.default_rng(0)
     points = rng.normal(size=(20, 2))

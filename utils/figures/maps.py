@@ -9,6 +9,7 @@ Tags (PNG names replace '/' with '_'):
 - ``position/decay``: sinusoidal / RoPE / xPos dot product vs distance (and xPos's scales zeta^(k/B));
   ``position/rope_scaling``: RoPE length extension.
 - ``position/bias/{encoder,decoder,cross}``: ALiBi / T5 biases of the first layer, per head.
+- ``position/augment``: the positions ``model.augment`` draws for a sentence in training, against 0..T-1.
 - ``position/shaw/{encoder,decoder,cross}``: Shaw et al.'s learned relative tables (a^K, and a^V if used) of the
   first layer. Their score term q·a^K_{j-i} depends on the query content, so instead of one arbitrary q the
   table itself is shown (distance x dim) with the cosine similarity between distances: how distinct and how
@@ -26,6 +27,7 @@ import torch
 from matplotlib.figure import Figure
 
 from models.positional import AttentionPE
+from models.positional.augment import augmented_positions
 from models.positional.base import Plot
 from models.transformer import Attention, Seq2SeqTransformer
 from tokenizer import Tokenizer
@@ -170,13 +172,30 @@ def _first_pe(model: Seq2SeqTransformer, kind: str) -> AttentionPE | None:
     return getattr(layers[0], "cross_attn" if kind == "cross" else "self_attn").pe
 
 
+def augment_plot(m: ModelConfig, length: int, draws: int = 200, seed: int = 0) -> Plot | None:
+    """``position/augment``: ``draws`` draws (generator seeded with ``seed``, the same figure every call) of the
+    positions ``m.augment`` gives a stack of ``length`` tokens in training (at most the randomized ``max_length``);
+    None without augmentation."""
+    a = m.augment
+    if a.method == "none":
+        return None
+    if a.method == "randomized" and a.randomized.max_length is not None:
+        length = min(length, a.randomized.max_length)
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.stack([augmented_positions(a, length, generator=generator) for _ in range(draws)])
+    title = (f"model.augment: {a.describe()}\ntraining positions of {length} tokens (each stack draws its own; "
+             "off at inference)")
+    return Plot("position/augment", "augment_positions", (table, title))
+
+
 @torch.no_grad()
 def position_figures(
     model: Seq2SeqTransformer, cfg: Config | ModelConfig, length: int = 64, bias_length: int = 32
 ) -> tuple[dict[str, Figure], list[str]]:
     """Figures of the model's positional encodings, and one-line notes on what has nothing to plot.
 
-    ``length`` positions for input tables (capped at the model's limit), ``bias_length`` for bias matrices.
+    ``length`` positions for input tables (capped at the model's limit), ``bias_length`` for bias matrices and
+    the tokens of the augmentation figure.
     """
     m = cfg.model if isinstance(cfg, Config) else cfg
     n = min(length, model.max_length or length)
@@ -199,6 +218,9 @@ def position_figures(
         specs.append(Plot("position/decay", "decay_curves", (max(256, length),), decay))
     for pe in attention:
         specs += pe.model_plots()
+    augment = augment_plot(m, bias_length)
+    if augment is not None:
+        specs.append(augment)
     names = {"encoder": m.pe("encoder", "attention"), "decoder": m.pe("decoder", "attention"),
              "cross": m.cross_attention_pe}
     for kind, pe in pes.items():

@@ -268,6 +268,28 @@ def relative_tables(tables: dict[str, ArrayLike], max_distance: int, title: str)
     return fig
 
 
+def augment_positions(draws: ArrayLike, title: str, examples: int = 5) -> Figure:
+    """The positions a training-time augmentation gives the tokens of one stack, ``draws`` ``[draws, T]`` (one row
+    per training batch): per token index i, the 5-95 % band and the median of its positions, the first
+    ``examples`` draws, and the positions 0..T-1 that inference uses."""
+    d = to_numpy(draws).astype(np.float64)
+    i = np.arange(d.shape[1])
+    low, mid, high = np.percentile(d, [5, 50, 95], axis=0)
+    fig = Figure(figsize=(6.5, 4.5), layout="constrained")
+    ax = fig.subplots()
+    ax.fill_between(i, low, high, color="C0", alpha=0.25, label=f"5-95 % of {d.shape[0]} draws")
+    ax.plot(i, mid, color="C0", label="median")
+    for n, row in enumerate(d[:examples]):
+        ax.plot(i, row, color="C1", linewidth=0.7, alpha=0.7, marker=".", markersize=3,
+                label="single draws (one per batch)" if n == 0 else None)
+    ax.plot(i, i, color="k", linestyle="--", linewidth=1.0, label="inference: 0..T−1")
+    ax.set_xlabel("token index i")
+    ax.set_ylabel("position given to token i in training")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
 def _axis_with_markers(ax: Axes, rope_cfg: RopeConfig, factor: float) -> None:
     ax.axvline(rope_cfg.original_max_len, color="0.4", linestyle="--", linewidth=0.8)
     ax.axvline(rope_cfg.original_max_len * factor, color="0.4", linestyle=":", linewidth=0.8)
