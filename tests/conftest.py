@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,6 +62,28 @@ def make_tiny_config(tmp: Path, **train_kw) -> Config:
     raw["train"].update({"epochs": 3, "log_every": 2, "valid_bleu_sentences": 8, "warmup_steps": 10, **train_kw})
     raw["decode"].update(beam=2, batch_size=16)
     return from_dict(raw)
+
+
+# configs/demo.yaml shrunk for the command line: a d 32 model, 3 optimizer steps, greedy, short outputs.
+TINY_CLI = ["model.d_model=32", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
+            "model.d_ff=64", "tokenizer.vocab_size=400", "data.max_tokens=300", "train.max_steps=3",
+            "train.eval_every=3", "train.valid_bleu_sentences=2", "train.log_attention_every=0",
+            "train.num_threads=1", "decode.beam=1", "decode.max_len_a=0", "decode.max_len_b=8"]
+
+
+def train_cli(tmp: Path, *sets: str) -> subprocess.CompletedProcess[str]:
+    """``train.py --config configs/demo.yaml`` with ``TINY_CLI`` then ``sets`` (``--set`` each), cache under
+    ``tmp/cache``, runs under ``tmp/runs`` (the run: ``tmp/runs/demo_latest``)."""
+    args = [a for s in [*TINY_CLI, f"data.cache_dir={tmp / 'cache'}", *sets] for a in ("--set", s)]
+    return subprocess.run([sys.executable, "train.py", "--config", str(ROOT / "configs" / "demo.yaml"), "--runs",
+                           str(tmp / "runs"), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def translate_cli(run: Path, sources: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``inference.py --model_path run --input -`` on ``sources``, one per line, with ``args``."""
+    return subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--input", "-", *args],
+                          cwd=ROOT, input="".join(f"{s}\n" for s in sources), capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.fixture

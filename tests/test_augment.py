@@ -6,13 +6,12 @@ both keys; a tiny model trains with each method through train.py and translates.
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import train_cli, translate_cli
 
 import models.transformer as transformer_module
 from models.positional.absolute import sinusoid_table, sinusoids
@@ -278,10 +277,6 @@ def test_the_setting_shapes_no_parameter_and_unused_keys_are_said(caplog: pytest
 # ---------------------------------------------------------------------------------------------- train.py
 
 
-TINY = ["model.d_model=32", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=64",
-        "tokenizer.vocab_size=400", "data.max_tokens=300", "train.max_steps=3", "train.eval_every=3",
-        "train.valid_bleu_sentences=2", "train.log_attention_every=0", "train.num_threads=1", "decode.beam=1",
-        "decode.max_len_a=0", "decode.max_len_b=8"]
 TRAINED = {
     "shape": (["model.augment.method=shape"], "shape (k ~ U{0..100})"),
     "randomized": (["model.augment.method=randomized", "model.augment.randomized.max_length=256",
@@ -291,19 +286,15 @@ TRAINED = {
 }
 
 
-def train_py(tmp: Path, *sets: str) -> subprocess.CompletedProcess[str]:
-    args = [a for s in [*TINY, f"data.cache_dir={tmp / 'cache'}", *sets] for a in ("--set", s)]
-    return subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--runs", str(tmp / "runs"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.parametrize("method", list(TRAINED))
-def test_train_py_trains_with_each_method_and_the_model_translates(tmp_path: Path, method: str) -> None:
+def test_train_py_trains_with_each_method_and_inference_py_translates(tmp_path: Path, method: str) -> None:
+    """train.py with each method, then inference.py: its lines are the in-process translations of the loaded model
+    (eval mode, plain positions: the augmentation is off at inference)."""
     from utils.run.load import load_run
     from utils.translation.translate import translate
 
     sets, described = TRAINED[method]
-    res = train_py(tmp_path, *sets)
+    res = train_cli(tmp_path, *sets)
     assert res.returncode == 0, res.stderr[-3000:]
     run_dir = next(p for p in (tmp_path / "runs").glob("demo_2*") if p.is_dir())
     log = (run_dir / "train.log").read_text()
@@ -311,13 +302,37 @@ def test_train_py_trains_with_each_method_and_the_model_translates(tmp_path: Pat
     run = load_run(run_dir, device="cpu")
     assert run.cfg.model.augment.method == method and run.step == 3 and not run.model.training
     sources = ["Le chat dort.", "Il fait beau aujourd'hui."]
+    res = translate_cli(run_dir, sources, "--beam", "1", "--threads", "1")
+    assert res.returncode == 0, res.stderr[-3000:]
     decode = run.cfg.decode.model_copy(update={"beam": 1})
-    first = [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]
-    assert len(first) == 2 and first == [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]
+    assert res.stdout.splitlines() == [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]
+
+
+@pytest.mark.parametrize("sets,exportable", [
+    (["model.augment.method=shape"], True),
+    (["model.augment.method=cape", "model.input_pe=none", "model.attention_pe=rope"], True),
+    (["model.augment.method=randomized", "model.augment.randomized.max_length=256", "model.input_pe=learnable"], True),
+    (TRAINED["randomized"][0], False), (TRAINED["cape"][0], False)],  # an input- and an attention-level encoding
+    ids=["shape", "cape-rope", "randomized", "learnable-t5", "sinusoidal-rope"])
+def test_an_augmented_model_exports_as_its_encoding_does(sets: list[str], exportable: bool) -> None:
+    """CTranslate2 export ignores the augmentation: the same verdict (accepted, or the same one-line refusal) with
+    and without it."""
+    pytest.importorskip("ctranslate2")
+    from utils.translation.export import ExportError, check_exportable
+
+    def verdict(overrides: list[str]) -> str:
+        try:
+            check_exportable(load_config(DEMO, overrides))
+        except ExportError as err:
+            return str(err)
+        return "exportable"
+
+    assert verdict(sets) == verdict([s for s in sets if not s.startswith("model.augment.")])
+    assert (verdict(sets) == "exportable") == exportable
 
 
 def test_train_py_refuses_an_encoding_the_method_cannot_take_in_one_line(tmp_path: Path) -> None:
-    res = train_py(tmp_path, "model.augment.method=cape", "model.input_pe=learnable")
+    res = train_cli(tmp_path, "model.augment.method=cape", "model.input_pe=learnable")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].endswith(
         "model.augment.method=cape draws real-valued positions, but model.input_pe=learnable takes integer "

@@ -154,6 +154,37 @@ def test_a_rope_encoder_cope_decoder_model_trains_and_translates(tmp_path: Path,
         assert len(out) == 2 and all(len(n) >= 1 and isinstance(n[0].text, str) for n in out)
 
 
+KERPLE_COPE = ["model.input_pe=none", "model.attention_pe=none", "model.encoder_pe.attention=kerple_power",
+               "model.decoder_pe.attention=cope", "model.cross_attention_pe=kerple_log"]
+SANDWICH_NOPE = ["model.input_pe=none", "model.attention_pe=sandwich", "model.decoder_pe.attention=none"]
+
+
+@pytest.mark.parametrize("overrides,described,decoder", [
+    (KERPLE_COPE, "encoder kerple_power, decoder cope + kerple_log in cross-attention", "cope"),
+    (SANDWICH_NOPE, "encoder sandwich, decoder none", "none")], ids=["kerple-encoder-cope-decoder", "sandwich-nope"])
+def test_per_stack_choices_train_and_translate_through_the_command_line(tmp_path: Path, overrides: list[str],
+                                                                        described: str, decoder: str) -> None:
+    """train.py then inference.py, as a user runs them: the run names its five places, and inference.py prints the
+    in-process translations of the loaded model (greedy and beam 2)."""
+    from conftest import train_cli, translate_cli
+
+    from utils.run.load import load_run
+    from utils.translation.translate import translate
+
+    res = train_cli(tmp_path, *overrides)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"positions: {described}" in res.stderr + res.stdout
+    run = load_run(tmp_path / "runs" / "demo_latest", device="cpu")
+    places = json.loads((run.run_dir / "summary.json").read_text())["encodings"]
+    assert places == run.cfg.model.encodings() and places["decoder self-attention"] == decoder
+    sources = ["Le chat dort.", "Il fait beau aujourd'hui."]
+    for beam in ("1", "2"):
+        res = translate_cli(run.run_dir, sources, "--beam", beam, "--threads", "1")
+        assert res.returncode == 0, res.stderr[-3000:]
+        decode = run.cfg.decode.model_copy(update={"beam": int(beam)})
+        assert res.stdout.splitlines() == [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]
+
+
 def test_export_refusals_name_the_stack_key() -> None:
     from utils.translation.export import ExportError, check_exportable
 

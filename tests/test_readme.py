@@ -111,3 +111,26 @@ def test_the_study_queue_runs_readmes_study_commands_at_their_pinned_commits() -
     assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "study_queue.sh")]).returncode == 0
     for commit in (var["TRAIN_COMMIT"], var["SCORE_COMMIT"]):
         assert subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"]).returncode == 0
+
+
+def test_readmes_encoding_lists_and_quoted_errors_follow_the_registry() -> None:
+    """README's augmentation table names every encoding that sees only i - j (SHAPE refused) and every one defined
+    on real positions (CAPE), from the registry's declarations; its quoted errors are what the code says."""
+    from models.positional import REGISTRY
+    from utils.config import ConfigError, load_config
+
+    readme = (ROOT / "README.md").read_text()
+    classes = [(name, getattr(cls, "shift_invariant", False), getattr(cls, "positions", "integer"))
+               for level in ("input", "attention") for name, cls in REGISTRY[level].items()
+               if cls is not None and name != "none"]
+    shift = re.search(r"refused where every encoding in use sees only i − j \(([^)]*)\)", readme)
+    assert shift and re.findall(r"`(\w+)`", shift.group(1)) == [n for n, shifts, _ in classes if shifts]
+    real = re.search(r"\| the encodings defined on real positions: ([^|]*) \|", readme)
+    assert real and re.findall(r"`(\w+)`", real.group(1)) == [n for n, _, p in classes if p == "real"]
+    demo = ROOT / "configs" / "demo.yaml"
+    for sets in (["model.augment.method=cape", "model.input_pe=learnable"], ["model.attention_pe=rpoe"]):
+        try:
+            load_config(demo, sets)
+        except ConfigError as err:
+            said = str(err)
+        assert " ".join(said.split()) in " ".join(readme.replace("`", "").split()), said

@@ -216,23 +216,17 @@ def test_an_encodings_own_settings_live_beside_it_and_become_one_model_section()
 
 
 def test_fire_trains_and_translates_through_the_cli(tmp_path: Path) -> None:
-    """The registered ``fire`` end to end, as a user runs it: train.py (4 steps of a d 32 model, FIRE alone, one of its
+    """The registered ``fire`` end to end, as a user runs it: train.py (3 steps of a d 32 model, FIRE alone, one of its
     settings set), inference.py on the run; and the export refused in one line (CTranslate2 has no MLP bias)."""
+    from conftest import train_cli
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-    sets = ["model.input_pe=none", "model.attention_pe=fire", "model.fire.mlp_width=16", "model.d_model=32",
-            "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_ff=64",
-            "tokenizer.vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=4",
-            "train.eval_every=4", "train.valid_bleu_sentences=2", "decode.max_len_a=0", "decode.max_len_b=8"]
-    res = cli("train.py", "--config", "configs/demo.yaml", "--runs", str(tmp_path / "runs"),
-              *(arg for item in sets for arg in ("--set", item)))
+    res = train_cli(tmp_path, "model.input_pe=none", "model.attention_pe=fire", "model.fire.mlp_width=16")
     assert res.returncode == 0, res.stderr
     assert "has no effect" not in res.stderr  # model.fire.* acts under attention_pe=fire
     run = (tmp_path / "runs" / "demo_latest").resolve()
     assert (run / "checkpoints" / "best.pt").is_file()
-    res = cli("inference.py", "--model_path", str(run), "--src_text", "Le chat dort.", "--beam", "2")
+    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--src_text", "Le chat dort.",
+                          "--beam", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == "source: Le chat dort." and lines[1].startswith("greedy: ")

@@ -5,8 +5,6 @@ and translation through the command line."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -252,18 +250,12 @@ def test_ctranslate2_export_is_refused_in_one_line() -> None:
 
 
 def test_train_and_translate_through_the_command_line(tmp_path: Path) -> None:
-    """train.py with RoPE in the encoder and xPos in the decoder for 4 steps, then inference.py on its run."""
-    tiny = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.encoder_layers=1",
-            "model.decoder_layers=1", "tokenizer.vocab_size=400", "train.max_steps=4", "train.eval_every=4",
-            "train.valid_bleu_sentences=2", "decode.max_len_a=0", "decode.max_len_b=8", "train.log_attention_every=0",
-            "train.num_threads=1", f"data.cache_dir={tmp_path / 'cache'}"]
-    sets = [arg for item in [*XPOS, *tiny] for arg in ("--set", item)]
-    res = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml", "--runs", str(tmp_path / "runs"),
-                          *sets], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """train.py with RoPE in the encoder and xPos in the decoder for 3 steps, then inference.py on its run."""
+    from conftest import train_cli, translate_cli
+
+    res = train_cli(tmp_path, *XPOS)
     assert res.returncode == 0, res.stderr
     assert "positions: encoder rope, decoder xpos" in res.stderr + res.stdout
-    run = tmp_path / "runs" / "demo_latest"
-    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--beam", "2", "--input", "-"],
-                         cwd=ROOT, input="Le chat dort.\nBonjour.\n", capture_output=True, text=True, timeout=300)
+    res = translate_cli(tmp_path / "runs" / "demo_latest", ["Le chat dort.", "Bonjour."], "--beam", "2")
     assert res.returncode == 0, res.stderr
     assert len(res.stdout.splitlines()) == 2
