@@ -200,15 +200,27 @@ def grid_variants(grids: Sequence[str]) -> list[Variant]:
     axes = []
     for item in grids:
         key, sep, values = item.partition("=")
-        if not sep or not key.strip() or not values.strip():
+        axis = [(key.strip(), v.strip()) for v in values.split(",") if v.strip()]
+        if not sep or not key.strip() or not axis:
             raise ConfigError(f"--grid {item!r}: expected KEY=V1,V2,... e.g. model.attention_pe=rope,alibi")
-        axes.append([(key.strip(), v.strip()) for v in values.split(",") if v.strip()])
-    names = grid_labels([axis[0][0] for axis in axes if axis])
+        if any(other[0][0] == key.strip() for other in axes):
+            raise ConfigError(f"--grid {key.strip()} is given twice: put all its values in one --grid "
+                              f"{key.strip()}=V1,V2,...")
+        axes.append(axis)
+    names = grid_labels([axis[0][0] for axis in axes])
     variants = []
     for combo in itertools.product(*axes):
         label = ",".join(f"{names[k]}={v}" for k, v in combo)
         variants.append(Variant(label, [f"{k}={v}" for k, v in combo]))
     return variants
+
+
+def recorded_labels(variants: list[Variant], recorded: dict[str, Any]) -> list[Variant]:
+    """The variants with the label that a study's ``study.json`` (``recorded``) gives the same overrides: a grid
+    study an earlier version labelled otherwise (before ``grid_labels`` named the stack) keeps its labels, which name
+    its run folders, and resumes."""
+    labels = {tuple(v["overrides"]): v["label"] for v in recorded.get("variants", [])}
+    return [Variant(labels.get(tuple(v.overrides), v.label), v.overrides, v.tests) for v in variants]
 
 
 def add_test_variants(variants: list[Variant], items: Sequence[str]) -> None:
@@ -533,6 +545,9 @@ def main() -> int:
     name = args.name or args.preset
     if not name:
         parser.error("--name is required without --preset")
+    recorded = Path(args.runs) / f"study_{slug(name)}" / "study.json"
+    if args.grid and recorded.is_file():
+        variants = recorded_labels(variants, json.loads(recorded.read_text()))
     for value, flag in ((args.seeds, "--seeds"), (args.steps, "--steps"), (args.tokens, "--tokens"),
                         (args.bootstrap, "--bootstrap"), (args.attention_sentences, "--attention-sentences"),
                         (args.eval_every, "--eval-every"), (args.max_sentences, "--max-sentences"),

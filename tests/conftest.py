@@ -80,8 +80,10 @@ def train_cli(tmp: Path, *sets: str) -> subprocess.CompletedProcess[str]:
 
 
 def translate_cli(run: Path, sources: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``inference.py --model_path run --input -`` on ``sources``, one per line, with ``args``."""
-    return subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--input", "-", *args],
+    """``inference.py --model_path run --input - --threads 1`` on ``sources``, one per line, with ``args`` (one
+    thread: decoding beside other work is many times slower with two, README "Threads")."""
+    return subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--input", "-", "--threads", "1",
+                           *args],
                           cwd=ROOT, input="".join(f"{s}\n" for s in sources), capture_output=True, text=True,
                           timeout=300)
 

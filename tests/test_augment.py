@@ -289,7 +289,7 @@ TRAINED = {
 @pytest.mark.parametrize("method", list(TRAINED))
 def test_train_py_trains_with_each_method_and_inference_py_translates(tmp_path: Path, method: str) -> None:
     """train.py with each method, then inference.py: its lines are the in-process translations of the loaded model
-    (eval mode, plain positions: the augmentation is off at inference)."""
+    (the command line's wiring; that eval mode ignores the setting: test_eval_and_cached_decoding_are_unchanged...)."""
     from utils.run.load import load_run
     from utils.translation.translate import translate
 
@@ -302,7 +302,7 @@ def test_train_py_trains_with_each_method_and_inference_py_translates(tmp_path: 
     run = load_run(run_dir, device="cpu")
     assert run.cfg.model.augment.method == method and run.step == 3 and not run.model.training
     sources = ["Le chat dort.", "Il fait beau aujourd'hui."]
-    res = translate_cli(run_dir, sources, "--beam", "1", "--threads", "1")
+    res = translate_cli(run_dir, sources, "--beam", "1")
     assert res.returncode == 0, res.stderr[-3000:]
     decode = run.cfg.decode.model_copy(update={"beam": 1})
     assert res.stdout.splitlines() == [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]
@@ -317,7 +317,6 @@ def test_train_py_trains_with_each_method_and_inference_py_translates(tmp_path: 
 def test_an_augmented_model_exports_as_its_encoding_does(sets: list[str], exportable: bool) -> None:
     """CTranslate2 export ignores the augmentation: the same verdict (accepted, or the same one-line refusal) with
     and without it."""
-    pytest.importorskip("ctranslate2")
     from utils.translation.export import ExportError, check_exportable
 
     def verdict(overrides: list[str]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_config
+from conftest import make_tiny_config, train_cli, translate_cli
 
 from models.positional import REGISTRY
 from models.positional.absolute import LearnablePE, SinusoidalPE
@@ -164,10 +164,8 @@ SANDWICH_NOPE = ["model.input_pe=none", "model.attention_pe=sandwich", "model.de
     (SANDWICH_NOPE, "encoder sandwich, decoder none", "none")], ids=["kerple-encoder-cope-decoder", "sandwich-nope"])
 def test_per_stack_choices_train_and_translate_through_the_command_line(tmp_path: Path, overrides: list[str],
                                                                         described: str, decoder: str) -> None:
-    """train.py then inference.py, as a user runs them: the run names its five places, and inference.py prints the
-    in-process translations of the loaded model (greedy and beam 2)."""
-    from conftest import train_cli, translate_cli
-
+    """train.py then inference.py, as a user runs them: the run names its five places, the loaded model holds those
+    encodings, and inference.py prints the in-process translations of the loaded model (greedy and beam 2)."""
     from utils.run.load import load_run
     from utils.translation.translate import translate
 
@@ -177,9 +175,16 @@ def test_per_stack_choices_train_and_translate_through_the_command_line(tmp_path
     run = load_run(tmp_path / "runs" / "demo_latest", device="cpu")
     places = json.loads((run.run_dir / "summary.json").read_text())["encodings"]
     assert places == run.cfg.model.encodings() and places["decoder self-attention"] == decoder
+    encoder_pe = REGISTRY["attention"][places["encoder self-attention"]]
+    decoder_pe = REGISTRY["attention"][decoder]
+    cross_pe = REGISTRY["attention"][places["cross-attention"]]
+    assert all(type(layer.self_attn.pe) is encoder_pe for layer in run.model.encoder)
+    for layer in run.model.decoder:
+        assert (layer.self_attn.pe is None) if decoder_pe is None else type(layer.self_attn.pe) is decoder_pe
+        assert (layer.cross_attn.pe is None) if cross_pe is None else type(layer.cross_attn.pe) is cross_pe
     sources = ["Le chat dort.", "Il fait beau aujourd'hui."]
     for beam in ("1", "2"):
-        res = translate_cli(run.run_dir, sources, "--beam", beam, "--threads", "1")
+        res = translate_cli(run.run_dir, sources, "--beam", beam)
         assert res.returncode == 0, res.stderr[-3000:]
         decode = run.cfg.decode.model_copy(update={"beam": int(beam)})
         assert res.stdout.splitlines() == [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]

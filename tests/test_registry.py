@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, make_tiny_config
+from conftest import ROOT, make_tiny_config, train_cli
 from torch import nn
 
 from models.positional import REGISTRY
@@ -218,8 +218,6 @@ def test_an_encodings_own_settings_live_beside_it_and_become_one_model_section()
 def test_fire_trains_and_translates_through_the_cli(tmp_path: Path) -> None:
     """The registered ``fire`` end to end, as a user runs it: train.py (3 steps of a d 32 model, FIRE alone, one of its
     settings set), inference.py on the run; and the export refused in one line (CTranslate2 has no MLP bias)."""
-    from conftest import train_cli
-
     res = train_cli(tmp_path, "model.input_pe=none", "model.attention_pe=fire", "model.fire.mlp_width=16")
     assert res.returncode == 0, res.stderr
     assert "has no effect" not in res.stderr  # model.fire.* acts under attention_pe=fire

@@ -40,6 +40,27 @@ def test_grid_labels_of_per_stack_keys_name_the_stack() -> None:
         ["decoder_pe.input=sinusoidal"]  # alone too: "input=sinusoidal" would not say which stack
     assert study.grid_labels(["model.rope.factor", "model.fire.factor", "seed"]) == {
         "model.rope.factor": "rope.factor", "model.fire.factor": "fire.factor", "seed": "seed"}
+    for bad in (["model.attention_pe=,"], ["model.attention_pe=rope", "model.attention_pe=alibi"]):
+        with pytest.raises(ConfigError, match=r"expected KEY=V1,V2|is given twice: put all its values in one"):
+            study.grid_variants(bad)
+
+
+def test_a_grid_study_recorded_with_older_labels_resumes_under_them(tmp_path: Path) -> None:
+    """A study.json an earlier version wrote labelled per-stack axes by the last key part (its run folders are named
+    so): the same grid resumes under those labels instead of being refused as another study."""
+    grid = "model.encoder_pe.attention=none,rope"
+    sets = ["model.input_pe=none", f"data.cache_dir={tmp_path / 'c'}", "model.d_model=32", "model.d_ff=64",
+            "model.encoder_layers=1", "model.decoder_layers=1"]
+    old = {"config": "configs/demo.yaml", "tokens": None, "overrides": sets, "steps": 8,
+           "variants": [{"label": f"attention={v}", "overrides": [f"model.encoder_pe.attention={v}"], "tests": {}}
+                        for v in ("none", "rope")]}
+    (tmp_path / "study_old").mkdir()
+    (tmp_path / "study_old" / "study.json").write_text(json.dumps(old))
+    res = run_study(tmp_path, "--score-only", grid=grid, name="old")
+    assert res.returncode == 2 and "holds a study with other variants" not in res.stderr
+    assert "(attention=none seed 1, attention=none seed 2, attention=rope seed 1, attention=rope seed 2)" in res.stderr
+    assert [v.label for v in study.recorded_labels(study.grid_variants([grid]), {})] == [
+        "encoder_pe.attention=none", "encoder_pe.attention=rope"]  # a new study: the new labels
 
 
 def test_every_preset_variant_is_a_valid_config() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, train_cli, translate_cli
 
 from models.config import StackPE
 from models.positional import REGISTRY
@@ -251,8 +251,6 @@ def test_ctranslate2_export_is_refused_in_one_line() -> None:
 
 def test_train_and_translate_through_the_command_line(tmp_path: Path) -> None:
     """train.py with RoPE in the encoder and xPos in the decoder for 3 steps, then inference.py on its run."""
-    from conftest import train_cli, translate_cli
-
     res = train_cli(tmp_path, *XPOS)
     assert res.returncode == 0, res.stderr
     assert "positions: encoder rope, decoder xpos" in res.stderr + res.stdout

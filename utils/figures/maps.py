@@ -8,8 +8,10 @@ Tags (PNG names replace '/' with '_'):
   for a learned one (source and target tables are separate parameters).
 - ``position/decay``: sinusoidal / RoPE / xPos dot product vs distance (and xPos's scales zeta^(k/B));
   ``position/rope_scaling``: RoPE length extension.
-- ``position/bias/{encoder,decoder,cross}``: ALiBi / T5 biases of the first layer, per head.
-- ``position/augment``: the positions ``model.augment`` draws for a sentence in training, against 0..T-1.
+- ``position/bias/{encoder,decoder,cross}``: ALiBi / T5 / KERPLE / Sandwich / FIRE biases of the first layer, per
+  head; ``position/cope/{table,positions,bias}/decoder``: CoPE's table, and its positions and term for random q, k.
+- ``position/augment``: the positions ``model.augment`` gives one stack in training (one draw per batch), against
+  the 0..T-1 of inference.
 - ``position/shaw/{encoder,decoder,cross}``: Shaw et al.'s learned relative tables (a^K, and a^V if used) of the
   first layer. Their score term q·a^K_{j-i} depends on the query content, so instead of one arbitrary q the
   table itself is shown (distance x dim) with the cosine similarity between distances: how distinct and how
