@@ -336,6 +336,53 @@ def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | Non
     return None
 
 
+ENDPOINT_KEYS = ("metric", "decoder", "splits", "drops")  # what makes two families test the same quantities
+
+
+def linked_elsewhere(jobs: list[Job], baseline: str, family: dict[str, Any]) -> dict[str, str]:
+    """Each system whose runs and the baseline's, every seed, are linked from one other study whose declared family
+    already tests that system against that baseline on the same endpoint -> that study's name. Its contrast stays
+    in that family (``Family.elsewhere``): the same runs get the same test in every report (e.g. the seed table's
+    learnable and RoPE runs inside all-encodings)."""
+    def source(job: Job) -> tuple[Path, str] | None:
+        if not job.root.is_symlink():
+            return None
+        target = job.root.resolve()  # <runs>/study_<name>/runs/<variant slug>/seed<k>
+        return target.parents[2], target.parent.name
+
+    def sources(label: str) -> set[tuple[Path, str] | None]:
+        return {source(j) for j in jobs if j.variant.label == label}
+
+    base = sources(baseline)
+    if len(base) != 1 or None in base:
+        return {}
+    (other, base_slug), = base
+    try:
+        spec = json.loads((other / "study.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    from bench.study_analysis import Family
+
+    labels = {slug(v["label"]): v["label"] for v in spec.get("variants", [])}
+    try:
+        theirs, ours = Family(**(spec.get("family") or {})), Family(**family)  # defaults filled in: compared as used
+    except TypeError:  # a family this version does not know: not the same test
+        return {}
+    if labels.get(base_slug) != spec.get("baseline") or any(getattr(theirs, k) != getattr(ours, k)
+                                                             for k in ENDPOINT_KEYS):
+        return {}
+    tested = theirs.systems or [v for v in labels.values() if v != spec.get("baseline")]
+    tested = [t for t in tested if t not in theirs.elsewhere]
+    out = {}
+    for label in dict.fromkeys(j.variant.label for j in jobs):
+        found = sources(label)
+        if label != baseline and len(found) == 1 and None not in found:
+            (where, variant_slug), = found
+            if where == other and labels.get(variant_slug) in tested:
+                out[label] = other.name.removeprefix("study_")
+    return out
+
+
 def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
     from utils.run.checkpoint import load_checkpoint
 
@@ -622,6 +669,12 @@ def main() -> int:
             continue
         todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
                      job.root / "study.log"))
+    elsewhere = linked_elsewhere(jobs, baseline, family)
+    if elsewhere:  # contrasts another study's family tests on these very runs stay there
+        family = {**family, "elsewhere": elsewhere}
+        spec["family"] = family
+        print(f"study {name}: tested in the family of the study their runs are linked from, not here: "
+              + ", ".join(f"{label} ({where})" for label, where in elsewhere.items()), flush=True)
     if args.score_only and todo:
         raise ConfigError(f"--score-only: {len(todo)} of {len(jobs)} runs are not trained to the budget "
                           f"({', '.join(key.removeprefix('train ') for key, _, _ in todo)}); nothing was trained "

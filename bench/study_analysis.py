@@ -52,9 +52,17 @@ class Family:
     alpha: float = 0.05
     declared: str = ("the default family of bench/study.py (every system against the baseline on every test split, "
                      "chrF, beam 5), not pre-registered for these runs")
+    # system -> the study whose family already tests its contrast with this baseline on these runs (linked): one
+    # family per contrast, so it is neither in this family nor tested again as exploratory on this endpoint.
+    elsewhere: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def quantities(self, splits: list[str]) -> list[Quantity]:
+        """The endpoint: the score on each of ``self.splits`` (default ``splits``), then each declared drop."""
+        out = [Quantity("score", s, self.metric, self.decoder) for s in (self.splits or splits)]
+        return out + [Quantity("drop", xk, self.metric, self.decoder, base_split=x1) for xk, x1 in self.drops.items()]
 
 
 @dataclass(frozen=True)
@@ -149,11 +157,10 @@ class Analysis:
 
 def primary(analysis: Analysis, family: Family, systems: list[str], splits: list[str]) -> dict[str, Any]:
     """The declared family: every test, Holm-adjusted p-values of both tests, resolved or not, and power."""
-    contrasts = family.systems or [s for s in systems if s != analysis.baseline]
+    contrasts = [s for s in family.systems or [s for s in systems if s != analysis.baseline]
+                 if s not in family.elsewhere]
     anova_systems = [analysis.baseline, *contrasts]
-    quantities = [Quantity("score", s, family.metric, family.decoder) for s in (family.splits or splits)]
-    quantities += [Quantity("drop", xk, family.metric, family.decoder, base_split=x1)
-                   for xk, x1 in family.drops.items()]
+    quantities = family.quantities(splits)
     tests, tables = [], []
     for q in quantities:
         rows, table = analysis.test(q, anova_systems, contrasts)
@@ -216,6 +223,7 @@ def exploratory(analysis: Analysis, systems: list[str], splits: list[str], famil
                     if lo >= bucket_from and len(idx) >= 30:
                         quantities.append(Quantity("bucket", split, family.metric, family.decoder, bucket=label))
     primary_keys = {(t["system"], t["against"], t["label"]) for t in declared or []}
+    primary_keys |= {(name, analysis.baseline, q.label) for name in family.elsewhere for q in family.quantities(splits)}
     rows = []
     for q in quantities:  # the ANOVA over every system; a declared contrast's tests are not computed again
         rest = [c for c in contrasts if (c, analysis.baseline, q.label) not in primary_keys]

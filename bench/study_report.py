@@ -220,21 +220,31 @@ def _primary_lines(results: dict[str, Any]) -> list[str]:
     quantities = list(dict.fromkeys(t["label"] for t in pr["tests"]))
     declared = fam.get("declared", Family().declared)
     heading = "## Main analysis (exploratory)" if declared.startswith("exploratory") else "## Primary analysis"
-    out = [heading, "", f"The family: {declared}.", "",
-           f"Contrasts: each of {', '.join(dict.fromkeys(t['system'] for t in pr['tests']))} minus **{base}**, on "
-           f"{len(quantities)} quantities ({'; '.join(quantities)}): a family of **{pr['size']} tests**, Holm's "
-           f"correction at α = {fam['alpha']}. Each quantity is the mean over seeds of the per-seed difference "
-           "(the seed is a block: the same tokenizer and batch order for every system). Seed-level test: the "
-           "contrast of a two-way ANOVA without interaction (system × seed block), residual df "
-           f"{pr['anova'][0]['df'] if pr['anova'] else '-'}. Test-set test: a paired bootstrap of the same quantity "
-           f"({results['bootstrap_samples']} resamples of the test units, every seed's statistics kept apart; "
-           "two-sided: the resampled differences shifted to mean 0 against the observed one; sacreBLEU's own rule, "
-           "a half to a third of it, is `p_value_sacrebleu` in results.json). Resolved: both reject after Holm and "
-           "agree in sign. The paired t-test over seeds is shown beside them as a check. A drop is score(x1) - "
-           "score(xK): a positive Δ on a drop means the system loses more with length than what it is compared "
-           "with. len: the hypothesis/reference length ratio on the quantity's split (a drop's xK split), system / "
-           "baseline.",
-           ""]
+    out = [heading, "", f"The family: {declared}.", ""]
+    elsewhere: dict[str, str] = fam.get("elsewhere") or {}
+    if elsewhere:
+        by_study: dict[str, list[str]] = {}
+        for name, where in elsewhere.items():
+            by_study.setdefault(where, []).append(name)
+        out += ["Not tested here: " + "; ".join(
+            f"{', '.join(names)} against {base} on this endpoint, whose runs (and the baseline's) are linked from "
+            f"study `{where}`: its family tests them, one family per contrast, so the same runs get the same test "
+            "in every report" for where, names in by_study.items()) + ".", ""]
+    out += [
+        f"Contrasts: each of {', '.join(dict.fromkeys(t['system'] for t in pr['tests']))} minus **{base}**, on "
+        f"{len(quantities)} quantities ({'; '.join(quantities)}): a family of **{pr['size']} tests**, Holm's "
+        f"correction at α = {fam['alpha']}. Each quantity is the mean over seeds of the per-seed difference "
+        "(the seed is a block: the same tokenizer and batch order for every system). Seed-level test: the "
+        "contrast of a two-way ANOVA without interaction (system × seed block), residual df "
+        f"{pr['anova'][0]['df'] if pr['anova'] else '-'}. Test-set test: a paired bootstrap of the same quantity "
+        f"({results['bootstrap_samples']} resamples of the test units, every seed's statistics kept apart; "
+        "two-sided: the resampled differences shifted to mean 0 against the observed one; sacreBLEU's own rule, "
+        "a half to a third of it, is `p_value_sacrebleu` in results.json). Resolved: both reject after Holm and "
+        "agree in sign. The paired t-test over seeds is shown beside them as a check. A drop is score(x1) - "
+        "score(xK): a positive Δ on a drop means the system loses more with length than what it is compared "
+        "with. len: the hypothesis/reference length ratio on the quantity's split (a drop's xK split), system / "
+        "baseline.",
+        ""]
     if not pr["bootstrap_available"]:
         out += ["The hypotheses of these runs were not published, so the test-set bootstrap cannot be computed: "
                 "only the seed-level test is shown, and **nothing is called resolved** on it alone.", ""]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -508,6 +509,33 @@ def test_readme_tables_are_the_published_reports() -> None:
         assert len(rows) == n and [r for r in rows if r not in report] == [], study_name
 
 
+@pytest.mark.parametrize("name", ["seed-table", "all-encodings"])
+def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_path: Path) -> None:
+    """bench/studies/<name>: study_report.py on a copy of the published results.json gives the same report and the
+    same primary tests (p-values included) and its declared family; all-encodings keeps learnable and RoPE in the
+    seed table's family (one verdict per contrast on the same runs)."""
+    from bench.study_report import reanalyse
+
+    published = ROOT / "bench" / "studies" / name
+    copy = tmp_path / name
+    copy.mkdir()
+    shutil.copy(published / "results.json", copy / "results.json")
+    results = reanalyse(copy)
+    before = json.loads((published / "results.json").read_text(encoding="utf-8"))["primary"]
+    assert [(t["system"], t["label"]) for t in results["primary"]["tests"]] == [
+        (t["system"], t["label"]) for t in before["tests"]]
+    for new, old in zip(results["primary"]["tests"], before["tests"], strict=True):
+        assert new["seed_test"]["p_value"] == pytest.approx(old["seed_test"]["p_value"], rel=1e-9)
+        assert new["seed_test"]["p_holm"] == pytest.approx(old["seed_test"]["p_holm"], rel=1e-9)
+    assert (copy / "report.md").read_text(encoding="utf-8") == (published / "report.md").read_text(encoding="utf-8")
+    systems = {t["system"] for t in results["primary"]["tests"]}
+    if name == "all-encodings":
+        assert results["primary"]["family"]["elsewhere"] == {"learnable": "seed-table", "rope": "seed-table"}
+        assert not systems & {"learnable", "rope"} and results["primary"]["size"] == 24
+    else:
+        assert systems == {"learnable", "rope"} and results["primary"]["size"] == 6
+
+
 def test_a_study_budget_can_be_raised_never_lowered_and_the_raise_is_recorded(tmp_path: Path) -> None:
     base = {"variants": [{"label": "a", "overrides": ["x=1"]}], "config": "c.yaml", "tokens": None,
             "overrides": [], "steps": 900}
@@ -585,3 +613,38 @@ def test_cpu_jobs_run_side_by_side_each_with_its_share_of_the_cores(tmp_path: Pa
 
     assert threads0 == str(max(1, (os.cpu_count() or 1) // 2))
     assert float(start2) < float(end0)  # job 2 started while job 0 still ran
+
+
+def test_linked_runs_keep_the_family_of_the_study_they_come_from(tmp_path: Path) -> None:
+    """all-encodings after seed-table: learnable's and the baseline's runs are linked from seed-table, whose family
+    tests learnable against sinusoidal; alibi is trained here. Only learnable is tested elsewhere, and only while the
+    baseline is linked from the same study and both families test the same endpoint."""
+    def make(name: str, labels: list[str], family: dict) -> Path:
+        folder = tmp_path / f"study_{name}"
+        folder.mkdir()
+        (folder / "study.json").write_text(json.dumps({"baseline": labels[0], "family": family,
+                                                       "variants": [{"label": x, "overrides": []} for x in labels]}))
+        return folder
+
+    seed_table = make("seed-table", ["sinusoidal", "learnable", "rope"], {})
+    for label in ("sinusoidal", "learnable", "rope"):
+        for seed in (1, 2):
+            (seed_table / "runs" / study.slug(label) / f"seed{seed}").mkdir(parents=True)
+    here = tmp_path / "study_all"
+    jobs = [study.Job(study.Variant(label, []), seed, here / "runs" / study.slug(label) / f"seed{seed}")
+            for label in ("sinusoidal", "learnable", "alibi") for seed in (1, 2)]
+    for job in jobs:
+        job.root.parent.mkdir(parents=True, exist_ok=True)
+        if job.variant.label == "alibi":
+            job.root.mkdir()
+        else:
+            job.root.symlink_to(seed_table / "runs" / study.slug(job.variant.label) / f"seed{job.seed}")
+    assert study.linked_elsewhere(jobs, "sinusoidal", {}) == {"learnable": "seed-table"}
+    assert study.linked_elsewhere(jobs, "sinusoidal", {"metric": "BLEU"}) == {}  # another endpoint: tested here
+    (seed_table / "study.json").write_text(json.dumps({
+        "baseline": "sinusoidal", "family": {"systems": ["rope"]},
+        "variants": [{"label": x, "overrides": []} for x in ("sinusoidal", "learnable", "rope")]}))
+    assert study.linked_elsewhere(jobs, "sinusoidal", {}) == {}  # seed-table's family did not test learnable
+    own_base = [study.Job(j.variant, j.seed, tmp_path / "x" / str(i)) if j.variant.label == "sinusoidal" else j
+                for i, j in enumerate(jobs)]
+    assert study.linked_elsewhere(own_base, "sinusoidal", {}) == {}  # the baseline trained here: other pairs

@@ -190,3 +190,24 @@ def test_a_drop_uses_the_xk_pairs_whose_x1_sentences_were_scored():
     expected = metric.corpus_score(HYP_A[:cut], [REFS[:cut]]).score - metric.corpus_score(
         x4_hyp[: n - 1], [x4_ref[: n - 1]]).score
     assert Analysis(scores, stats, "a", 10).seeds("a", q) == [pytest.approx(expected)]
+
+
+def test_a_contrast_another_studys_family_tests_is_neither_in_this_family_nor_tested_again_on_its_endpoint():
+    """``Family.elsewhere``: one family per contrast. The linked system leaves this family and its exploratory
+    re-test of the family's endpoint; its other quantities (BLEU, greedy) stay exploratory."""
+    from bench.study_analysis import Analysis, Family, exploratory, primary
+
+    rng = np.random.default_rng(0)
+    scores = {name: {"test": {d: {"chrF": list(50 + shift + rng.normal(0, 0.3, 3)),
+                                  "BLEU": list(20 + shift + rng.normal(0, 0.3, 3))} for d in ("beam5", "greedy")}}
+              for name, shift in (("base", 0.0), ("old", 2.0), ("new", 1.0))}
+    analysis = Analysis(scores, None, "base", 10)
+    family = Family(elsewhere={"old": "seed-table"})
+    declared = primary(analysis, family, ["base", "old", "new"], ["test"])
+    assert [t["system"] for t in declared["tests"]] == ["new"] and declared["size"] == 1
+    assert declared["anova"][0]["df"] == (2 - 1) * (3 - 1)  # base and new only
+    rest = exploratory(analysis, ["base", "old", "new"], ["test"], family, None, None, declared["tests"])
+    old = {t["label"] for t in rest if t["system"] == "old"}
+    assert "chrF test (beam 5)" not in old and {"BLEU test (beam 5)", "chrF test (greedy)"} <= old
+    plain = primary(analysis, Family(), ["base", "old", "new"], ["test"])
+    assert [t["system"] for t in plain["tests"]] == ["old", "new"]
