@@ -247,7 +247,9 @@ def _primary_lines(results: dict[str, Any]) -> list[str]:
         ""]
     if not pr["bootstrap_available"]:
         out += ["The hypotheses of these runs were not published, so the test-set bootstrap cannot be computed: "
-                "only the seed-level test is shown, and **nothing is called resolved** on it alone.", ""]
+                "only the seed-level test is shown, and **nothing is called resolved** on it alone. Nor can the "
+                "length ratio (len: - / -, in every table of this report): a higher chrF bought with longer output "
+                "cannot be ruled out here.", ""]
     out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p | bootstrap 95 % CI "
             "| bootstrap p | p Holm | len | resolved |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in pr["tests"]:
