@@ -648,3 +648,27 @@ def test_linked_runs_keep_the_family_of_the_study_they_come_from(tmp_path: Path)
     own_base = [study.Job(j.variant, j.seed, tmp_path / "x" / str(i)) if j.variant.label == "sinusoidal" else j
                 for i, j in enumerate(jobs)]
     assert study.linked_elsewhere(own_base, "sinusoidal", {}) == {}  # the baseline trained here: other pairs
+
+
+def test_figures_give_every_system_its_own_colour_and_marker_and_drop_small_buckets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """13 systems: 13 distinct (colour, marker) pairs; a bucket under MIN_BUCKET sentences is left out; the caption
+    says the error-bar convention."""
+    import bench.study_report as report
+
+    figures = {}
+    monkeypatch.setattr(report, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    names = [f"system{i}" for i in range(13)]
+    buckets = [("0-10", 50), ("10-20", report.MIN_BUCKET - 1), ("20+", report.MIN_BUCKET)]
+    results = {"seeds": [1, 2], "splits": ["test"], "systems": {name: {"splits": {"test": {"beam5": {
+        "chrf": [40.0 + i, 41.0 + i],
+        "by_source_length": [{"bucket": b, "n": n, "chrf": [30.0 + i, 31.0 + i]} for b, n in buckets]}}}}
+        for i, name in enumerate(names)}}
+    report._figures(results, tmp_path)
+    ax = figures["chrf_by_length_test.png"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0-10\nn=50", f"20+\nn={report.MIN_BUCKET}"]
+    lines = [c.lines[0] for c in ax.containers if c.get_label() in names]  # each errorbar's data line
+    assert len(lines) == 13 and len({(str(line.get_color()), line.get_marker()) for line in lines}) == 13
+    assert "bars: 95 % t-interval" in ax.get_title() and all(len(line.get_xdata()) == 2 for line in lines)
+    styles = {(report._style(i)["color"], report._style(i)["marker"]) for i in range(30)}
+    assert len(styles) == 30  # no two alike well past 11 systems
