@@ -650,6 +650,7 @@ def test_linked_runs_keep_the_family_of_the_study_they_come_from(tmp_path: Path)
     assert study.linked_elsewhere(own_base, "sinusoidal", {}) == {}  # the baseline trained here: other pairs
 
 
+@pytest.mark.filterwarnings("ignore:No artists with labels found")  # no validation curves or attention here
 def test_figures_give_every_system_its_own_colour_and_marker_and_drop_small_buckets(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """13 systems: 13 distinct (colour, marker) pairs; a bucket under MIN_BUCKET sentences is left out; the caption
