@@ -339,11 +339,13 @@ def shared_run(job: Job, study: Path, expected: dict[str, Any], steps: int | Non
 ENDPOINT_KEYS = ("metric", "decoder", "splits", "drops")  # what makes two families test the same quantities
 
 
-def linked_elsewhere(jobs: list[Job], baseline: str, family: dict[str, Any]) -> dict[str, str]:
-    """Each system whose runs and the baseline's, every seed, are linked from one other study whose declared family
-    already tests that system against that baseline on the same endpoint -> that study's name. Its contrast stays
-    in that family (``Family.elsewhere``): the same runs get the same test in every report (e.g. the seed table's
-    learnable and RoPE runs inside all-encodings)."""
+def linked_elsewhere(jobs: list[Job], baseline: str, family: dict[str, Any], scoring: dict[str, Any]) -> dict[str, str]:
+    """Each system whose runs and the baseline's, every seed, are linked from one other study that already tested it
+    against that baseline in its primary family -> that study's name. Its contrast stays in that family
+    (``Family.elsewhere``): the same runs get the same test in every report (e.g. the seed table's learnable and
+    RoPE runs inside all-encodings). That study must test the same endpoint (``ENDPOINT_KEYS``) of the same scoring
+    (``scoring``: checkpoint and max_sentences) and hold the results; a test variant (``rope+ntk``) counts when the
+    other study scored its base with the same inference-only settings and tested it too."""
     def source(job: Job) -> tuple[Path, str] | None:
         if not job.root.is_symlink():
             return None
@@ -357,29 +359,33 @@ def linked_elsewhere(jobs: list[Job], baseline: str, family: dict[str, Any]) -> 
     if len(base) != 1 or None in base:
         return {}
     (other, base_slug), = base
-    try:
-        spec = json.loads((other / "study.json").read_text())
-    except (OSError, ValueError):
-        return {}
     from bench.study_analysis import Family
 
-    labels = {slug(v["label"]): v["label"] for v in spec.get("variants", [])}
     try:
+        spec = json.loads((other / "study.json").read_text())
+        primary = json.loads((other / "results.json").read_text())["primary"]
+        labels = {slug(v["label"]): v for v in spec["variants"]}
         theirs, ours = Family(**(spec.get("family") or {})), Family(**family)  # defaults filled in: compared as used
-    except TypeError:  # a family this version does not know: not the same test
+        tested = {t["system"] for t in primary["tests"] if t["against"] == spec["baseline"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no such study, not scored, or unreadable
         return {}
-    if labels.get(base_slug) != spec.get("baseline") or any(getattr(theirs, k) != getattr(ours, k)
-                                                             for k in ENDPOINT_KEYS):
+    if (labels.get(base_slug, {}).get("label") != spec["baseline"]
+            or any(getattr(theirs, k) != getattr(ours, k) for k in ENDPOINT_KEYS)
+            or any(spec.get(k) != v for k, v in scoring.items())):
         return {}
-    tested = theirs.systems or [v for v in labels.values() if v != spec.get("baseline")]
-    tested = [t for t in tested if t not in theirs.elsewhere]
     out = {}
-    for label in dict.fromkeys(j.variant.label for j in jobs):
-        found = sources(label)
-        if label != baseline and len(found) == 1 and None not in found:
-            (where, variant_slug), = found
-            if where == other and labels.get(variant_slug) in tested:
-                out[label] = other.name.removeprefix("study_")
+    for variant in {j.variant.label: j.variant for j in jobs if j.variant.label != baseline}.values():
+        found = sources(variant.label)
+        if len(found) != 1 or None in found:
+            continue
+        (where, variant_slug), = found
+        mine = labels.get(variant_slug)
+        if where != other or mine is None or mine["label"] not in tested:
+            continue
+        out[variant.label] = other.name.removeprefix("study_")
+        for tag, extra in variant.tests.items():
+            if (mine.get("tests") or {}).get(tag) == extra and f"{mine['label']}+{tag}" in tested:
+                out[f"{variant.label}+{tag}"] = other.name.removeprefix("study_")
     return out
 
 
@@ -669,10 +675,17 @@ def main() -> int:
             continue
         todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
                      job.root / "study.log"))
-    elsewhere = linked_elsewhere(jobs, baseline, family)
-    if elsewhere:  # contrasts another study's family tests on these very runs stay there
-        family = {**family, "elsewhere": elsewhere}
-        spec["family"] = family
+    elsewhere = linked_elsewhere(jobs, baseline, family, {"checkpoint": args.checkpoint,
+                                                          "max_sentences": args.max_sentences})
+    recorded = (json.loads(spec_file.read_text()).get("family") or {}) if spec_file.is_file() else {}
+    if "elsewhere" in recorded and recorded["elsewhere"] != elsewhere:
+        raise ConfigError(f"{study}: the contrasts tested in another study's family were "
+                          f"{recorded['elsewhere'] or 'none'} and would now be {elsewhere or 'none'} (a linked study "
+                          "was scored, removed or changed since): the family of these runs cannot change; use another "
+                          "--name")
+    family = {**family, "elsewhere": elsewhere}  # contrasts another study's family tests on these very runs stay there
+    spec["family"] = family
+    if elsewhere:
         print(f"study {name}: tested in the family of the study their runs are linked from, not here: "
               + ", ".join(f"{label} ({where})" for label, where in elsewhere.items()), flush=True)
     if args.score_only and todo:

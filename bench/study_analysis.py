@@ -160,7 +160,7 @@ def primary(analysis: Analysis, family: Family, systems: list[str], splits: list
     contrasts = [s for s in family.systems or [s for s in systems if s != analysis.baseline]
                  if s not in family.elsewhere]
     anova_systems = [analysis.baseline, *contrasts]
-    quantities = family.quantities(splits)
+    quantities = family.quantities(splits) if contrasts else []  # every contrast tested elsewhere: an empty family
     tests, tables = [], []
     for q in quantities:
         rows, table = analysis.test(q, anova_systems, contrasts)
@@ -177,9 +177,10 @@ def primary(analysis: Analysis, family: Family, systems: list[str], splits: list
     power_info = {
         "smallest_effect": family.smallest_effect, "pooled_residual_sd": sd, "df": df, "seeds": b, "systems": a,
         "level": level, "level_note": f"Holm's first step, alpha/{m}: the level the strongest test must pass",
-        "power_at_smallest_effect": power(family.smallest_effect, sd, b, df, level) if b > 1 else None,
-        "detectable_at_80": smallest_detectable(sd, b, df, level) if b > 1 else None,
-        "seeds_for_80_at_smallest_effect": seeds_for_power(family.smallest_effect, sd, a, level) if b > 1 else None,
+        "power_at_smallest_effect": power(family.smallest_effect, sd, b, df, level) if b > 1 and df else None,
+        "detectable_at_80": smallest_detectable(sd, b, df, level) if b > 1 and df else None,
+        "seeds_for_80_at_smallest_effect": (seeds_for_power(family.smallest_effect, sd, a, level)
+                                            if b > 1 and df else None),
         "per_quantity": [{"label": t["label"], "residual_sd": t["residual_sd"], "seed_share": t["seed_share"],
                           "power_at_smallest_effect": power(family.smallest_effect, t["residual_sd"], b, t["df"],
                                                             level)} for t in tables],

@@ -119,7 +119,7 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
     analysis = Analysis(scores, stats, baseline, samples, lowercase, buckets)
     fam = Family(**(family or {}))
     names = list(systems)
-    with_attention = [n for n in names if "attention" in systems[n]]
+    with_attention = [n for n in names if "attention" in systems[n] and n not in fam.elsewhere]  # tested there
     attention = {f"{n}|{kind}.{stat}": _attention_runs(systems[n]["attention"], kind, stat)
                  for n in with_attention for kind, stat in ATTENTION_STATS}
     declared = primary(analysis, fam, names, splits)
@@ -230,6 +230,8 @@ def _primary_lines(results: dict[str, Any]) -> list[str]:
             f"{', '.join(names)} against {base} on this endpoint, whose runs (and the baseline's) are linked from "
             f"study `{where}`: its family tests them, one family per contrast, so the same runs get the same test "
             "in every report" for where, names in by_study.items()) + ".", ""]
+    if not pr["tests"]:
+        return [*out, "No contrast is left in this family: every system's is tested in the family above.", ""]
     out += [
         f"Contrasts: each of {', '.join(dict.fromkeys(t['system'] for t in pr['tests']))} minus **{base}**, on "
         f"{len(quantities)} quantities ({'; '.join(quantities)}): a family of **{pr['size']} tests**, Holm's "
@@ -248,8 +250,7 @@ def _primary_lines(results: dict[str, Any]) -> list[str]:
     if not pr["bootstrap_available"]:
         out += ["The hypotheses of these runs were not published, so the test-set bootstrap cannot be computed: "
                 "only the seed-level test is shown, and **nothing is called resolved** on it alone. Nor can the "
-                "length ratio (len: - / -, in every table of this report): a higher chrF bought with longer output "
-                "cannot be ruled out here.", ""]
+                "length ratio (len: - / -): a higher chrF bought with longer output cannot be ruled out here.", ""]
     out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p | bootstrap 95 % CI "
             "| bootstrap p | p Holm | len | resolved |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in pr["tests"]:
@@ -357,8 +358,11 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     scope = ", ".join(fam.get("splits") or results["splits"])
     if drops:
         scope += f" and the drops {', '.join(drops)} (computed from these columns)"
-    out += ["## chrF, beam 5 (each seed)", "", f"In the family above: {scope}, for its systems; every other column "
-            "and system is exploratory.", "",
+    elsewhere = fam.get("elsewhere") or {}
+    there = (f"; {', '.join(elsewhere)}: in the family of the study their runs come from "
+             f"({', '.join(dict.fromkeys(elsewhere.values()))})") if elsewhere else ""
+    out += ["## chrF, beam 5 (each seed)", "", f"In the family above: {scope}, for its systems{there}; every other "
+            "column and system is exploratory.", "",
             *_score_table(results, "chrF", "beam5"), "",
             "## BLEU, beam 5 (secondary, exploratory; each seed)", "", *_score_table(results, "BLEU", "beam5"), "",
             "## chrF, greedy (exploratory)", "", *_score_table(results, "chrF", "greedy"), ""]
@@ -383,7 +387,9 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out += ["", f"p: paired t-test over seeds against {base} (seeds are shared); Holm over the {len(att)} "
                 "attention comparisons; \\* significant after it. Exploratory: these were not declared in advance, "
-                "and a difference in attention is a description, not an explanation.", ""]
+                "and a difference in attention is a description, not an explanation."
+                + (f" No p for {', '.join(elsewhere)}: the study their runs come from tests them." if elsewhere
+                   else ""), ""]
     out += ["## Figures", "", "Error bars and bands: 95 % t-interval of the mean over seeds; buckets of fewer than "
             f"{MIN_BUCKET} sentences are left out.", ""] + [f"![{p.stem}](figures/{p.name})" for p in paths]
     row = next(iter(results["systems"].values()))["splits"][results["splits"][0]]["beam5"]

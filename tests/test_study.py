@@ -616,38 +616,53 @@ def test_cpu_jobs_run_side_by_side_each_with_its_share_of_the_cores(tmp_path: Pa
 
 
 def test_linked_runs_keep_the_family_of_the_study_they_come_from(tmp_path: Path) -> None:
-    """all-encodings after seed-table: learnable's and the baseline's runs are linked from seed-table, whose family
-    tests learnable against sinusoidal; alibi is trained here. Only learnable is tested elsewhere, and only while the
-    baseline is linked from the same study and both families test the same endpoint."""
-    def make(name: str, labels: list[str], family: dict) -> Path:
-        folder = tmp_path / f"study_{name}"
-        folder.mkdir()
-        (folder / "study.json").write_text(json.dumps({"baseline": labels[0], "family": family,
-                                                       "variants": [{"label": x, "overrides": []} for x in labels]}))
-        return folder
-
-    seed_table = make("seed-table", ["sinusoidal", "learnable", "rope"], {})
-    for label in ("sinusoidal", "learnable", "rope"):
+    """all-encodings after seed-table: learnable's and the baseline's runs are linked (relative links, as
+    shared_run makes them) from seed-table, whose scored family tests learnable and learnable+ntk against
+    sinusoidal; alibi is trained here. Only learnable (and its identical test variant) is tested elsewhere, and only
+    while the baseline comes from the same study, whose results exist, with the same endpoint and scoring."""
+    ntk = ["model.rope.scaling=ntk"]
+    seed_table = tmp_path / "study_seed-table"
+    seed_table.mkdir()
+    labels = ["sinusoidal", "learnable", "rope"]
+    spec = {"baseline": "sinusoidal", "family": {}, "checkpoint": "best", "max_sentences": None,
+            "variants": [{"label": x, "overrides": [], "tests": {"ntk": ntk} if x == "learnable" else {}}
+                         for x in labels]}
+    (seed_table / "study.json").write_text(json.dumps(spec))
+    tests = [{"system": x, "against": "sinusoidal"} for x in ("learnable", "learnable+ntk", "rope")]
+    (seed_table / "results.json").write_text(json.dumps({"primary": {"tests": tests}}))
+    for label in labels:
         for seed in (1, 2):
             (seed_table / "runs" / study.slug(label) / f"seed{seed}").mkdir(parents=True)
     here = tmp_path / "study_all"
-    jobs = [study.Job(study.Variant(label, []), seed, here / "runs" / study.slug(label) / f"seed{seed}")
-            for label in ("sinusoidal", "learnable", "alibi") for seed in (1, 2)]
+    variants = {"sinusoidal": study.Variant("sinusoidal", []),
+                "learnable": study.Variant("learnable", [], {"ntk": ntk}), "alibi": study.Variant("alibi", [])}
+    jobs = [study.Job(v, seed, here / "runs" / study.slug(label) / f"seed{seed}")
+            for label, v in variants.items() for seed in (1, 2)]
     for job in jobs:
         job.root.parent.mkdir(parents=True, exist_ok=True)
         if job.variant.label == "alibi":
             job.root.mkdir()
         else:
-            job.root.symlink_to(seed_table / "runs" / study.slug(job.variant.label) / f"seed{job.seed}")
-    assert study.linked_elsewhere(jobs, "sinusoidal", {}) == {"learnable": "seed-table"}
-    assert study.linked_elsewhere(jobs, "sinusoidal", {"metric": "BLEU"}) == {}  # another endpoint: tested here
-    (seed_table / "study.json").write_text(json.dumps({
-        "baseline": "sinusoidal", "family": {"systems": ["rope"]},
-        "variants": [{"label": x, "overrides": []} for x in ("sinusoidal", "learnable", "rope")]}))
-    assert study.linked_elsewhere(jobs, "sinusoidal", {}) == {}  # seed-table's family did not test learnable
+            target = seed_table / "runs" / study.slug(job.variant.label) / f"seed{job.seed}"
+            job.root.symlink_to(os.path.relpath(target, job.root.parent), target_is_directory=True)
+    scoring = {"checkpoint": "best", "max_sentences": None}
+    assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {
+        "learnable": "seed-table", "learnable+ntk": "seed-table"}
+    assert study.linked_elsewhere(jobs, "sinusoidal", {"metric": "BLEU"}, scoring) == {}  # another endpoint
+    assert study.linked_elsewhere(jobs, "sinusoidal", {}, {**scoring, "checkpoint": "last"}) == {}  # another model
+    variants["learnable"].tests["ntk"] = ["model.rope.scaling=yarn"]  # other settings under the same tag
+    assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {"learnable": "seed-table"}
     own_base = [study.Job(j.variant, j.seed, tmp_path / "x" / str(i)) if j.variant.label == "sinusoidal" else j
                 for i, j in enumerate(jobs)]
-    assert study.linked_elsewhere(own_base, "sinusoidal", {}) == {}  # the baseline trained here: other pairs
+    assert study.linked_elsewhere(own_base, "sinusoidal", {}, scoring) == {}  # the baseline trained here
+    (seed_table / "results.json").write_text(json.dumps({"primary": {"tests": tests[2:]}}))
+    assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}  # seed-table did not test learnable
+    for broken in ("[]", "{", json.dumps({"variants": "x"})):
+        (seed_table / "study.json").write_text(broken)
+        assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}
+    (seed_table / "study.json").write_text(json.dumps(spec))
+    (seed_table / "results.json").unlink()  # trained, never scored: nothing was tested there
+    assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}
 
 
 @pytest.mark.filterwarnings("ignore:No artists with labels found")  # no validation curves or attention here

@@ -211,3 +211,9 @@ def test_a_contrast_another_studys_family_tests_is_neither_in_this_family_nor_te
     assert "chrF test (beam 5)" not in old and {"BLEU test (beam 5)", "chrF test (greedy)"} <= old
     plain = primary(analysis, Family(), ["base", "old", "new"], ["test"])
     assert [t["system"] for t in plain["tests"]] == ["old", "new"]
+    empty = primary(analysis, Family(elsewhere={"old": "s", "new": "s"}), ["base", "old", "new"], ["test"])
+    assert empty["size"] == 0 and empty["tests"] == [] and empty["power"]["power_at_smallest_effect"] is None
+    from bench.study_report import _primary_lines
+
+    lines = _primary_lines({"primary": empty, "baseline": "base", "bootstrap_samples": 10})
+    assert "No contrast is left in this family" in lines[-2] and "old, new against base" in lines[4]
