@@ -615,6 +615,24 @@ def test_cpu_jobs_run_side_by_side_each_with_its_share_of_the_cores(tmp_path: Pa
     assert float(start2) < float(end0)  # job 2 started while job 0 still ran
 
 
+def test_the_contrasts_recorded_as_tested_elsewhere_cannot_change_on_resume(tmp_path: Path) -> None:
+    """study.json says rope was tested in another study's family; nothing is linked now: refused in one line."""
+    sets = ["model.input_pe=none", f"data.cache_dir={tmp_path / 'c'}", "model.d_model=32", "model.d_ff=64",
+            "model.encoder_layers=1", "model.decoder_layers=1"]
+    old = {"config": "configs/demo.yaml", "tokens": None, "overrides": sets, "steps": 8,
+           "family": {"elsewhere": {"attention_pe=rope": "other"}},
+           "variants": [{"label": f"attention_pe={v}", "overrides": [f"model.attention_pe={v}"], "tests": {}}
+                        for v in ("none", "rope")]}
+    (tmp_path / "study_t").mkdir()
+    (tmp_path / "study_t" / "study.json").write_text(json.dumps(old))
+    res = run_study(tmp_path, "--score-only")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].endswith(
+        "the contrasts tested in another study's family were {'attention_pe=rope': 'other'} and would now be none "
+        "(a linked study was scored, removed or changed since): the family of these runs cannot change; use another "
+        "--name")
+
+
 def test_linked_runs_keep_the_family_of_the_study_they_come_from(tmp_path: Path) -> None:
     """all-encodings after seed-table: learnable's and the baseline's runs are linked (relative links, as
     shared_run makes them) from seed-table, whose scored family tests learnable and learnable+ntk against
