@@ -598,9 +598,11 @@ def main() -> int:
     name = args.name or args.preset
     if not name:
         parser.error("--name is required without --preset")
-    recorded = Path(args.runs) / f"study_{slug(name)}" / "study.json"
-    if args.grid and recorded.is_file():
-        variants = recorded_labels(variants, json.loads(recorded.read_text()))
+    study = Path(args.runs) / f"study_{slug(name)}"
+    spec_file = study / "study.json"
+    recorded = json.loads(spec_file.read_text()) if spec_file.is_file() else None  # this study's, when resumed
+    if args.grid and recorded is not None:
+        variants = recorded_labels(variants, recorded)
     for value, flag in ((args.seeds, "--seeds"), (args.steps, "--steps"), (args.tokens, "--tokens"),
                         (args.bootstrap, "--bootstrap"), (args.attention_sentences, "--attention-sentences"),
                         (args.eval_every, "--eval-every"), (args.max_sentences, "--max-sentences"),
@@ -636,7 +638,6 @@ def main() -> int:
         trained = load_config(config, [*args.overrides, *v.overrides])
         for tag, extra in v.tests.items():
             inference_only(trained, load_config(config, [*args.overrides, *v.overrides, *extra]), f"{v.label}+{tag}")
-    study = Path(args.runs) / f"study_{slug(name)}"
     from utils.io import ensure_dir
 
     ensure_dir(study, "the study folder")
@@ -651,9 +652,8 @@ def main() -> int:
             "baseline": baseline, "seeds": seeds, "steps": args.steps, "tokens": args.tokens,
             "overrides": args.overrides, "checkpoint": args.checkpoint, "max_sentences": args.max_sentences,
             "attention_sentences": args.attention_sentences, "family": family}
-    spec_file = study / "study.json"
-    if spec_file.is_file():
-        spec = merge_spec(json.loads(spec_file.read_text()), spec, study)
+    if recorded is not None:
+        spec = merge_spec(recorded, spec, study)
     # 1. Train what is not trained yet (resuming killed runs).
     todo = []
     steps: dict[str, int] = {}  # job -> training step of the checkpoint it is scored at
@@ -677,10 +677,10 @@ def main() -> int:
                      job.root / "study.log"))
     elsewhere = linked_elsewhere(jobs, baseline, family, {"checkpoint": args.checkpoint,
                                                           "max_sentences": args.max_sentences})
-    recorded = (json.loads(spec_file.read_text()).get("family") or {}) if spec_file.is_file() else {}
-    if "elsewhere" in recorded and recorded["elsewhere"] != elsewhere:
+    was = ((recorded or {}).get("family") or {}).get("elsewhere")
+    if was is not None and was != elsewhere:
         raise ConfigError(f"{study}: the contrasts tested in another study's family were "
-                          f"{recorded['elsewhere'] or 'none'} and would now be {elsewhere or 'none'} (a linked study "
+                          f"{was or 'none'} and would now be {elsewhere or 'none'} (a linked study "
                           "was scored, removed or changed since): the family of these runs cannot change; use another "
                           "--name")
     family = {**family, "elsewhere": elsewhere}  # contrasts another study's family tests on these very runs stay there
