@@ -9,7 +9,7 @@
 Attention maps (every head of every encoder, decoder and cross-attention layer, plus the head average) are
 drawn for the greedy translation of --src_text, or for --tgt_text (teacher forcing). Position figures
 depend on the encoding: input tables (heatmap, cosine similarity, MDS for learned tables), dot product vs
-distance (sinusoidal, RoPE, xPos), RoPE length-extension scalings, ALiBi/T5/KERPLE/Sandwich/FIRE bias matrices,
+distance (sinusoidal, RoPE, xPos), RoPE length-extension scalings, ALiBi/T5/KERPLE/Sandwich/FIRE/DPB bias matrices,
 Shaw relative tables, CoPE's table and contextual positions, and a training-time augmentation's positions.
 Cross-attention rows are labelled with the target token being predicted, as alignment plots are.
 --alignment adds the hard alignment (argmax source token of each predicted target token, one layer, head

@@ -202,7 +202,7 @@ REFUSED = [
     (["model.augment.method=cape", "model.input_pe=learnable"],
      r"^model.augment.method=cape draws real-valued positions, but model.input_pe=learnable takes integer "
      r"positions only \(CAPE needs encodings defined on real positions: sinusoidal, rope, alibi, kerple_log, "
-     r"kerple_power, sandwich, fire, cope, xpos\)$"),
+     r"kerple_power, sandwich, fire, dpb, cope, xpos\)$"),
     (["model.augment.method=cape", "model.input_pe=none", "model.attention_pe=t5"],
      r"^model.augment.method=cape draws real-valued positions, but model.attention_pe=t5 takes integer"),
     (["model.augment.method=cape", "model.input_pe=none", "model.attention_pe=shaw"],
@@ -336,11 +336,11 @@ def test_train_py_refuses_an_encoding_the_method_cannot_take_in_one_line(tmp_pat
     assert res.stderr.strip().splitlines()[-1].endswith(
         "model.augment.method=cape draws real-valued positions, but model.input_pe=learnable takes integer "
         "positions only (CAPE needs encodings defined on real positions: sinusoidal, rope, alibi, kerple_log, "
-        "kerple_power, sandwich, fire, cope, xpos)")
+        "kerple_power, sandwich, fire, dpb, cope, xpos)")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-@pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "sandwich", "fire", "xpos", "cope"])
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "sandwich", "fire", "dpb", "xpos", "cope"])
 def test_the_newer_attention_encodings_take_real_positions_from_cape(name: str) -> None:
     """Each declares ``positions = "real"``: CAPE's real positions validate and give a finite forward in training,
     and eval is what the model without the setting computes (causal-only ones in decoder self-attention)."""

@@ -69,7 +69,7 @@ def test_text_that_only_looks_like_a_number_stays_text_in_string_keys() -> None:
 @pytest.mark.parametrize("override,message", [
     ("model.attention_pe=rpoe",
      "model.attention_pe: 'rpoe' is not one of: none, rope, alibi, t5, shaw, kerple_log, kerple_power, sandwich, "
-     "fire, cope, xpos"),
+     "fire, dpb, cope, xpos"),
     ("model.input_pe=fourier",
      "model.input_pe: 'fourier' is not one of: none, sinusoidal, learnable, learnable_ln, onehot, gaussian, binary"),
     ("model.dmodel=3", "unknown config key model.dmodel; allowed keys in model: d_model,"),

@@ -191,7 +191,8 @@ def test_decoding_without_the_cache_gives_the_same_hypotheses(model: Seq2SeqTran
     assert [[h.tokens for h in nb] for nb in with_cache] == [[h.tokens for h in nb] for nb in without]
 
 
-@pytest.mark.parametrize("cross_pe", ["none", "alibi", "t5", "shaw", "kerple_log", "kerple_power", "sandwich"])
+@pytest.mark.parametrize("cross_pe", ["none", "alibi", "t5", "shaw", "kerple_log", "kerple_power", "sandwich",
+                                      "fire", "dpb"])
 def test_beams_sharing_their_sentence_cross_attention_score_as_teacher_forcing(cross_pe: str) -> None:
     """Beams attend to one K/V per sentence (grouped queries; per-row K/V where a cross-attention encoding
     needs them): every n-best hypothesis, of sentences leaving at different steps, scores as teacher forcing."""

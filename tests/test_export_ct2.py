@@ -26,7 +26,8 @@ CASES += [{"input_pe": "none", "attention_pe": a, **extra} for a, extra in (
     ("rope", {}), ("rope", {"rope": {"scaling": "linear", "factor": 2.0}}),
     ("rope", {"rope": {"scaling": "ntk", "factor": 2.0}}), ("rope", {"rope": {"dim": 4}}), ("alibi", {}),
     ("t5", {}), ("shaw", {}), ("shaw", {"shaw": {"values": True}}), ("kerple_log", {}), ("kerple_power", {}),
-    ("sandwich", {}), ("sandwich", {"sandwich": {"dim": 8}}))]
+    ("sandwich", {}), ("sandwich", {"sandwich": {"dim": 8}}), ("dpb", {}),
+    ("dpb", {"dpb": {"log_distance": True, "norm": True, "depth": 1}}))]
 CASES += [{"norm": "post", "activation": "gelu", "tie_embeddings": False}]
 
 

@@ -208,9 +208,11 @@ def test_symmetric_alibi_encoder_cannot_tell_a_sentence_from_its_reverse() -> No
     torch.testing.assert_close(out_rev, out.flip(1), atol=1e-5, rtol=1e-5)
 
 
-def test_fire_encoder_tells_a_sentence_from_its_reverse() -> None:
-    """FIRE's encoder has one MLP for keys before the query and one for keys after it: reversal changes the output."""
-    model = make_model("none", "fire")
+@pytest.mark.parametrize("attention_pe", ["fire", "dpb"])
+def test_fire_and_dpb_encoders_tell_a_sentence_from_its_reverse(attention_pe: str) -> None:
+    """FIRE's encoder has one MLP for keys before the query and one for keys after it, DPB one MLP of the signed
+    distance: unlike ALiBi's |i - j|, reversal changes the output."""
+    model = make_model("none", attention_pe)
     src = torch.randint(4, 40, (1, 8))
     out, _ = model.encode(src)
     out_rev, _ = model.encode(src.flip(1))

@@ -1,4 +1,4 @@
-"""Attention-level encodings ALiBi, T5 bias, Shaw et al., KERPLE, Sandwich, FIRE and CoPE: the maths, against
+"""Attention-level encodings ALiBi, T5 bias, Shaw et al., KERPLE, Sandwich, FIRE, DPB and CoPE: the maths, against
 hand-computed values."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from models.attention import MultiHeadAttention, build_mask
 from models.positional import build_attention_pe
 from models.positional.alibi import ALiBiPE, alibi_slopes
 from models.positional.cope import CopeConfig, CopePE
+from models.positional.dpb import DpbConfig, DpbPE
 from models.positional.fire import FireConfig, FirePE
 from models.positional.kerple import EPS, KerpleLogPE, KerplePowerPE
 from models.positional.sandwich import SandwichConfig, SandwichPE
@@ -230,6 +231,83 @@ def test_fire_is_shift_invariant_below_its_threshold_and_interpolates_past_it(ki
         assert x[causal].min() == 0 and x[causal].max() <= 1
 
 
+# DPB -----------------------------------------------------------------------------------------------------------------
+
+
+def dpb_reference_bias(pe: DpbPE, n: int, log_distance: bool, norm: bool) -> torch.Tensor:
+    """x-transformers' ``DynamicPositionBias.forward(n, n)`` written out in float64 with the module's own weights: the
+    MLP on the 2n - 1 inputs -(n-1) .. n-1 (sign(x) log(|x| + 1) if ``log_distance``), each block x -> W x + b,
+    LayerNorm (biased variance, eps 1e-5, its weight and bias) if ``norm``, then SiLU = x sigmoid(x); a last W x + b
+    per head; then the [n, n] grid indexed by (i - j) + (n - 1). -> ``[1, H, n, n]``."""
+    linears = [m for m in pe.mlp if isinstance(m, torch.nn.Linear)]
+    norms = [m for m in pe.mlp if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == (len(linears) - 1 if norm else 0)
+    x = torch.arange(-n + 1, n, dtype=torch.float64)[:, None]
+    if log_distance:
+        x = torch.sign(x) * torch.log(x.abs() + 1)
+    for k, lin in enumerate(linears):
+        x = x @ lin.weight.detach().double().T + lin.bias.detach().double()
+        if k == len(linears) - 1:
+            break
+        if norm:
+            ln = norms[k]
+            mean, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+            x = (x - mean) / torch.sqrt(var + 1e-5) * ln.weight.detach().double() + ln.bias.detach().double()
+        x = x * torch.sigmoid(x)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return x[i - j + n - 1].permute(2, 0, 1)[None]
+
+
+@pytest.mark.parametrize(("log_distance", "norm", "depth"), [(False, False, 2), (True, False, 2), (False, True, 3),
+                                                             (True, True, 1)])
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
+def test_dpb_bias_equals_x_transformers_dynamic_position_bias(kind: str, log_distance: bool, norm: bool,
+                                                               depth: int) -> None:
+    torch.manual_seed(0)
+    pe = DpbPE(cfg(dpb=DpbConfig(mlp_width=8, depth=depth, log_distance=log_distance, norm=norm)), kind)
+    if norm:  # away from LayerNorm's initial weight 1 and bias 0
+        with torch.no_grad():
+            for m in pe.mlp:
+                if isinstance(m, torch.nn.LayerNorm):
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
+    assert sum(isinstance(m, torch.nn.Linear) for m in pe.mlp) == depth + 1
+    b = pe.bias(torch.arange(12), torch.arange(12))
+    assert b.shape == (1, 4, 12, 12) and b.dtype == torch.float32
+    torch.testing.assert_close(b.double(), dpb_reference_bias(pe, 12, log_distance, norm), atol=1e-5, rtol=1e-5)
+    # one MLP of the signed distance: j before i differs from j after i, so the bias is not symmetric
+    assert (b - b.transpose(-1, -2)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(("depth", "norm"), [(2, False), (3, True)])
+def test_dpb_parameter_count_is_readmes(depth: int, norm: bool) -> None:
+    """README: 2w + (depth - 1)(w^2 + w) + (w + 1) heads per layer, + 2w depth with LayerNorm; w = d_model // 4."""
+    pe = DpbPE(cfg(d_model=512, n_heads=8, dpb=DpbConfig(depth=depth, norm=norm)), "encoder")
+    w, count = 128, sum(p.numel() for p in pe.parameters())
+    assert count == 2 * w + (depth - 1) * (w * w + w) + (w + 1) * 8 + 2 * w * depth * norm
+    assert (depth, norm) != (2, False) or count == 17_800
+
+
+@pytest.mark.parametrize("kind", ["decoder", "cross"])
+def test_dpb_offsets_cached_steps_and_real_positions_read_the_same_function(kind: str) -> None:
+    """The bias is g(i - j) wherever i and j are: a cached step at offset t gets row t of the full bias; target
+    positions 3..10 against source positions 0..14 (cross-attention) read the full square's entries; CAPE's float64
+    positions (every pair through the MLP) give what the integer path (once per distance, then indexed) gives."""
+    torch.manual_seed(0)
+    pe = DpbPE(cfg(dpb=DpbConfig(log_distance=True)), kind)
+    assert pe.mlp[0].out_features == 32 // 4  # mlp_width null: d_model // 4, as x-transformers' dim // 4
+    full = pe.bias(torch.arange(15), torch.arange(15))
+    for t in range(15):
+        keys = torch.arange(t + 1) if kind == "decoder" else torch.arange(15)
+        torch.testing.assert_close(pe.bias(torch.tensor([t]), keys), full[:, :, t : t + 1, : len(keys)])
+    torch.testing.assert_close(pe.bias(torch.arange(3, 11), torch.arange(15)), full[:, :, 3:11, :])
+    real = pe.bias(torch.arange(3, 11).double(), torch.arange(15).double())
+    torch.testing.assert_close(real, full[:, :, 3:11, :], atol=1e-6, rtol=1e-6)
+    half = pe.bias(torch.tensor([2.5], dtype=torch.float64), torch.tensor([0.0, 2.5], dtype=torch.float64))
+    torch.testing.assert_close(half[..., 0, 1], full[..., 0, 0])  # distance 0, at a real position
+    assert not torch.allclose(half[..., 0, 0], full[..., 2, 0]) and not torch.allclose(half[..., 0, 0], full[..., 3, 0])
+
+
 # Several at once ------------------------------------------------------------------------------------------------------
 
 
@@ -357,7 +435,7 @@ def test_sandwich_dimension_must_be_even() -> None:
 # All of them ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5", "shaw", "kerple_log", "kerple_power", "sandwich"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "shaw", "kerple_log", "kerple_power", "sandwich", "dpb"])
 @pytest.mark.parametrize("kind", ["encoder", "decoder", "cross"])
 def test_bias_is_invariant_to_shifting_all_positions(name: str, kind: str) -> None:
     c = cfg(attention_pe=name, cross_attention_pe=name, shaw=ShawConfig(max_distance=4, values=True))
@@ -376,11 +454,12 @@ def test_bias_is_invariant_to_shifting_all_positions(name: str, kind: str) -> No
 
 
 #: Every learned tensor of each learned encoding: T5's table, Shaw's w^K and w^V, KERPLE's r1 and r2, FIRE's c, L
-#: and both MLPs (two layers each) of the bidirectional encoder.
+#: and both MLPs (two layers each) of the bidirectional encoder, DPB's one MLP (three layers at depth 2).
 LEARNED = {"t5": ["rel_embed.weight"], "shaw": ["key_embed.weight", "value_embed.weight"],
            "kerple_log": ["r1", "r2"], "kerple_power": ["r1", "r2"],
            "fire": ["c", "threshold_scale", *(f"{mlp}.{i}.{w}" for mlp in ("mlp", "mlp_ahead") for i in (0, 2)
-                                              for w in ("weight", "bias"))]}
+                                              for w in ("weight", "bias"))],
+           "dpb": [f"mlp.{i}.{w}" for i in (0, 2, 4) for w in ("weight", "bias")]}
 
 
 @pytest.mark.parametrize("name", list(LEARNED))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, make_tiny_config, train_cli
+from conftest import ROOT, make_tiny_config, train_cli, translate_cli
 from torch import nn
 
 from models.positional import REGISTRY
@@ -103,12 +103,13 @@ def test_a_new_attention_encoding_is_one_class_and_one_registry_line(tmp_path: P
         assert refusal == "model.attention_pe=distance: CTranslate2 has no equivalent of this encoding"
 
 
-@pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "sandwich"])
-def test_kerple_and_sandwich_train_translate_through_the_cli_plot_and_export(name: str, tmp_path: Path) -> None:
-    """The registered distance biases end to end: 2 training steps, inference.py on the run, their bias figures,
-    and a CTranslate2 export whose (KV-cached) greedy decoding picks our greedy tokens and scores them as our model
-    does teacher-forced. (Not the text of beam search: an untrained model's hypotheses all reach the length cap,
-    where ours add the forced EOS to the score and CTranslate2 does not, so the two may rank them differently.)"""
+@pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "sandwich", "dpb"])
+def test_distance_biases_train_translate_through_the_cli_plot_and_export(name: str, tmp_path: Path) -> None:
+    """The registered distance biases (KERPLE, Sandwich, DPB) end to end: 2 training steps, inference.py on the run,
+    their bias figures, and a CTranslate2 export whose (KV-cached) greedy decoding picks our greedy tokens and scores
+    them as our model does teacher-forced. (Not the text of beam search: an untrained model's hypotheses all reach
+    the length cap, where ours add the forced EOS to the score and CTranslate2 does not, so the two may rank them
+    differently.)"""
     from utils.figures.maps import position_figures
     from utils.run.load import load_run
     from utils.run.store import create_run_dir
@@ -237,3 +238,41 @@ def test_fire_trains_and_translates_through_the_cli(tmp_path: Path) -> None:
             export(loaded.run_dir, loaded.checkpoint, loaded.model, loaded.cfg, loaded.tokenizer, tmp_path / "ct2")
         assert str(err.value) == "model.attention_pe=fire: CTranslate2 has no equivalent of this encoding"
         assert not (tmp_path / "ct2").exists()
+
+
+def test_dpb_with_its_settings_trains_translates_and_exports_through_the_cli(tmp_path: Path) -> None:
+    """``dpb`` as a user runs it, every one of its settings away from the default: train.py (3 steps) saves them and
+    builds that MLP (depth 3 of width 16, LayerNorm, log distance); inference.py prints the loaded model's in-process
+    translations; ``--export-ctranslate2`` exports it (an exact relative-bias table) and the export translates."""
+    from models.positional.dpb import DpbPE
+    from utils.run.load import load_run
+    from utils.translation.translate import translate
+
+    sets = ["model.input_pe=none", "model.attention_pe=dpb", "model.dpb.mlp_width=16", "model.dpb.depth=3",
+            "model.dpb.norm=true", "model.dpb.log_distance=true"]
+    res = train_cli(tmp_path, *sets)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "has no effect" not in res.stderr  # model.dpb.* acts under attention_pe=dpb
+    run_dir = (tmp_path / "runs" / "demo_latest").resolve()
+    run = load_run(run_dir, device="cpu")
+    assert run.cfg.model.dpb.model_dump() == {"mlp_width": 16, "depth": 3, "log_distance": True, "norm": True}
+    layers = [m for m in run.model.modules() if isinstance(m, DpbPE)]
+    m_cfg = run.cfg.model  # one per self-attention layer, none in cross-attention
+    assert len(layers) == m_cfg.encoder_layers + m_cfg.decoder_layers and {m.kind for m in layers} == {"encoder",
+                                                                                                        "decoder"}
+    assert all(m.log_distance and sum(isinstance(x, nn.LayerNorm) for x in m.mlp) == 3 for m in layers)
+    assert [x.out_features for x in layers[0].mlp if isinstance(x, nn.Linear)] == [16, 16, 16, m_cfg.n_heads]
+    sources = ["Le chat dort.", "Il fait beau aujourd'hui."]
+    res = translate_cli(run_dir, sources, "--beam", "1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    decode = run.cfg.decode.model_copy(update={"beam": 1})
+    ours = [n[0].text for n in translate(run.model, run.tokenizer, sources, decode)]
+    assert res.stdout.splitlines() == ours
+    if importlib.util.find_spec("ctranslate2") is None:
+        return
+    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run_dir), "--export-ctranslate2",
+                          str(tmp_path / "ct2")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = translate_cli(tmp_path / "ct2", sources, "--beam", "1")  # a fresh process: no PyTorch decoding beside it
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.splitlines() == ours

@@ -68,13 +68,13 @@ def test_every_preset_variant_is_a_valid_config() -> None:
     presets = study.presets()
     assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "tokenization"}
     assert [v.label for v in presets["seed-table"].variants] == ["sinusoidal", "learnable", "rope"]
-    # none + 6 input-level + 8 attention-level + decoder-nope + decoder-<causal-only> + sinusoidal+shape: the
+    # none + 6 input-level + 9 attention-level + decoder-nope + decoder-<causal-only> + sinusoidal+shape: the
     # registry's, so encodings registered after the published study of eleven (bench/studies/all-encodings) are in it
     labels = [v.label for v in presets["all-encodings"].variants]
-    assert len(labels) == 19 and {"kerple_log", "kerple_power", "sandwich", "fire"} <= set(labels)
+    assert len(labels) == 20 and {"kerple_log", "kerple_power", "sandwich", "fire", "dpb"} <= set(labels)
     assert labels[-4:] == ["decoder-nope", "decoder-cope", "decoder-xpos", "sinusoidal+shape"]
     assert [v.label for v in presets["train-short-test-long"].variants] == [
-        "sinusoidal", "learnable", "alibi", "t5", "rope", "kerple_log", "kerple_power", "sandwich", "fire",
+        "sinusoidal", "learnable", "alibi", "t5", "rope", "kerple_log", "kerple_power", "sandwich", "fire", "dpb",
         "decoder-nope", "decoder-cope", "decoder-xpos", "sinusoidal+shape"]  # the pre-registered five first
     for name, preset in presets.items():
         labels = [v.label for v in preset.variants]

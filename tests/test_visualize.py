@@ -37,6 +37,7 @@ FAMILIES: dict[str, tuple[list[str], set[str]]] = {
     "shaw": (["model.input_pe=none", "model.attention_pe=shaw", "model.shaw.values=true"],
              {"position/shaw/encoder", "position/shaw/decoder"}),
     "fire": (["model.input_pe=none", "model.attention_pe=fire"], {"position/bias/encoder", "position/bias/decoder"}),
+    "dpb": (["model.input_pe=none", "model.attention_pe=dpb"], {"position/bias/encoder", "position/bias/decoder"}),
     "cope": (["model.input_pe=none", "model.attention_pe=rope", "model.decoder_pe.attention=cope"],
              {"position/decay", "position/rope_scaling", "position/cope/table/decoder",
               "position/cope/positions/decoder", "position/cope/bias/decoder"}),
@@ -112,7 +113,7 @@ def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], fam
     assert ("target (teacher-forced): The cat sleeps." if family == "rope" else "greedy: ") in res.stdout
     assert "source tokens: " in res.stdout and "target tokens: <s>" in res.stdout
     assert f"wrote {len(expected)} PNG files to {out}" in res.stdout
-    if family in ("rope", "alibi", "t5", "shaw", "fire", "cope", "xpos"):
+    if family in ("rope", "alibi", "t5", "shaw", "fire", "dpb", "cope", "xpos"):
         assert "note: input_pe=none: no input positional encoding to plot" in res.stdout
     pngs = {p.name for p in out.glob("*.png")}
     assert pngs == {tag_filename(tag) for tag in expected}

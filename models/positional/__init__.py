@@ -18,6 +18,7 @@ from models.positional.absolute import LearnableLNPE, LearnablePE, PositionLimit
 from models.positional.alibi import ALiBiPE
 from models.positional.base import AttentionKind, AttentionPE, InputPE, NoInputPE
 from models.positional.cope import CopePE
+from models.positional.dpb import DpbPE
 from models.positional.fire import FirePE
 from models.positional.fixed import BinaryPE, GaussianPE, OneHotPE
 from models.positional.kerple import KerpleLogPE, KerplePowerPE
@@ -51,6 +52,7 @@ REGISTRY: dict[str, dict[str, type | None]] = {
         "kerple_power": KerplePowerPE,
         "sandwich": SandwichPE,
         "fire": FirePE,
+        "dpb": DpbPE,
         "cope": CopePE,
         "xpos": XposPE,
     },

@@ -20,9 +20,10 @@ Beyond the paper (which is causal):
   cross-attention therefore have two MLPs, ``mlp`` for keys at or before the query (j <= i, exactly the paper's
   f_theta) and ``mlp_ahead`` for keys after it (j > i), both on psi(|i - j|) / psi(max(L, i)) with shared c and L:
   T5's bidirectional split (half its buckets per direction), with a function instead of buckets. Separate MLPs
-  rather than the sign as a second input (x-transformers' ``DynamicPositionBias`` feeds sign(x) log(|x| + 1) to one
-  MLP) keep each direction's function independent and the j <= i half literally the paper's. The decoder is causal
-  and has only ``mlp`` (keys after the query are masked; they get f(psi(|i - j|) / ...) too, finite).
+  rather than the sign as a second input (x-transformers' ``DynamicPositionBias``, registered here as ``dpb``, feeds
+  sign(x) log(|x| + 1) to one MLP) keep each direction's function independent and the j <= i half literally the
+  paper's. The decoder is causal and has only ``mlp`` (keys after the query are masked; they get
+  f(psi(|i - j|) / ...) too, finite).
 - Normaliser. Every kind divides by psi(max(L, i)) of the *query* position, as the paper does, rather than of the
   key length: keys here are the batch's padded length (positions are shared by the batch), so a key-length
   normaliser would make a sentence's encoding depend on the other sentences of its batch; and a KV-cached decoding

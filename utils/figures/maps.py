@@ -8,7 +8,7 @@ Tags (PNG names replace '/' with '_'):
   for a learned one (source and target tables are separate parameters).
 - ``position/decay``: sinusoidal / RoPE / xPos dot product vs distance (and xPos's scales zeta^(k/B));
   ``position/rope_scaling``: RoPE length extension.
-- ``position/bias/{encoder,decoder,cross}``: ALiBi / T5 / KERPLE / Sandwich / FIRE biases of the first layer, per
+- ``position/bias/{encoder,decoder,cross}``: ALiBi / T5 / KERPLE / Sandwich / FIRE / DPB biases of the first layer, per
   head; ``position/cope/{table,positions,bias}/decoder``: CoPE's table, and its positions and term for random q, k.
 - ``position/augment``: the positions ``model.augment`` gives one stack in training (one draw per batch), against
   the 0..T-1 of inference.

@@ -1,0 +1,91 @@
+"""Dynamic position bias: a small MLP of the signed relative distance, one output per head. The 1-D form that
+x-transformers' ``DynamicPositionBias`` (``x_transformers/x_transformers.py``) gives to the DPB of CrossFormer
+(Wang et al. 2022, "CrossFormer: A Versatile Vision Transformer Hinging on Cross-scale Attention", ICLR 2022,
+arXiv:2108.00154), an MLP of the relative coordinates of two image patches; the simpler relative of FIRE that the
+issue's FIRE item names.
+
+Head h adds to the score of query i and key j
+
+    b_h(i, j) = g(x)_h,     x = i - j,   or with ``model.dpb.log_distance``  x = sign(i - j) log(|i - j| + 1)
+
+g: ``depth`` blocks Linear -> (LayerNorm if ``model.dpb.norm``) -> SiLU of width w (the first from the one input x),
+then Linear(w, H). Defaults are x-transformers' (``AttentionLayers(dynamic_pos_bias=True)``): w = d_model // 4,
+depth 2, no LayerNorm, no log; PyTorch's default ``nn.Linear`` initialisation (the model's ``_init_weights`` leaves
+positional modules alone), as there.
+
+Against FIRE (``models/positional/fire.py``): no normalisation by the query position, so the bias depends on i - j
+alone (shift-invariant, exact cached decoding, exported exactly below); and the direction is in the sign of x, so one
+MLP serves the bidirectional encoder (FIRE's |i - j| needs a second one; ALiBi's |i - j| cannot tell a sentence from
+its reverse). Outside the trained distances g extrapolates as its last SiLU layer does, roughly linearly in x (or in
+log |x| with the log).
+
+Computed as x-transformers does: for integer positions the MLP runs once per distance in [min(i - j), max(i - j)]
+and the [Tq, Tk] grid indexes the result (x-transformers: -(n-1) .. n-1); real positions (CAPE) run it per pair.
+x-transformers shares one module across a stack's layers; here every attention layer has its own (as T5 here).
+
+CTranslate2: a function of j - i alone, so every layer exports exactly as a T5-style relative bias table with one
+bucket per distance below the exported length (``models.positional.t5.exact_bias_table``), on both sides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from models.positional.base import AttentionKind
+from models.positional.t5 import DistanceBiasPE
+from utils.schema import Section
+
+if TYPE_CHECKING:
+    from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
+
+
+class DpbConfig(Section):
+    """Dynamic position bias (x-transformers' ``DynamicPositionBias``): the MLP's shape and its input."""
+
+    mlp_width: int | None = Field(None, ge=1)  # hidden units w; null: d_model // 4 (x-transformers' dim // 4)
+    depth: int = Field(2, ge=1)  # hidden Linear-SiLU blocks (x-transformers' dynamic_pos_bias_mlp_depth)
+    log_distance: bool = False  # x = sign(i - j) log(|i - j| + 1) instead of i - j
+    norm: bool = False  # LayerNorm before each SiLU (x-transformers' dynamic_pos_bias_norm)
+
+
+def dpb_mlp(width: int, depth: int, n_heads: int, norm: bool) -> nn.Sequential:
+    """g: ``[..., 1] -> [..., n_heads]``, ``depth`` blocks Linear(-> width) [LayerNorm] SiLU, then Linear(width, H)."""
+    layers: list[nn.Module] = []
+    for n_in in [1] + [width] * (depth - 1):
+        layers += [nn.Linear(n_in, width), *([nn.LayerNorm(width)] if norm else []), nn.SiLU()]
+    return nn.Sequential(*layers, nn.Linear(width, n_heads))
+
+
+class DpbPE(DistanceBiasPE):
+    """A learned MLP of the signed distance i - j per head (``model.dpb``); parameters: ``mlp`` per layer."""
+
+    positions = "real"  # g of a real number
+    shift_invariant = True  # i - j alone
+
+    settings = ("dpb", DpbConfig)
+
+    def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
+        super().__init__(cfg, kind)
+        dpb = cfg.dpb
+        self.log_distance = dpb.log_distance
+        self.mlp = dpb_mlp(dpb.mlp_width or max(1, cfg.d_model // 4), dpb.depth, cfg.n_heads, dpb.norm)
+
+    def features(self, rel: torch.Tensor) -> torch.Tensor:
+        """i - j (float) -> the MLP's input x: itself, or sign(i - j) log(|i - j| + 1)."""
+        return torch.sign(rel) * torch.log1p(rel.abs()) if self.log_distance else rel
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+        """q_pos ``[Tq]``, k_pos ``[Tk]`` -> ``[1, H, Tq, Tk]``: g(x(i - j)), float32."""
+        weight = self.mlp[0].weight
+        rel = q_pos[:, None] - k_pos[None, :]  # [Tq, Tk]
+        if rel.is_floating_point():  # real positions: every pair
+            out = self.mlp(self.features(rel.to(weight.dtype))[..., None])
+        else:  # once per distance, then index
+            low, high = int(rel.min()), int(rel.max())
+            distances = torch.arange(low, high + 1, device=rel.device, dtype=weight.dtype)
+            out = self.mlp(self.features(distances)[:, None])[rel - low]  # [Tq, Tk, H]
+        return out.permute(2, 0, 1)[None]
