@@ -308,6 +308,22 @@ def test_dpb_offsets_cached_steps_and_real_positions_read_the_same_function(kind
     assert not torch.allclose(half[..., 0, 0], full[..., 2, 0]) and not torch.allclose(half[..., 0, 0], full[..., 3, 0])
 
 
+@pytest.mark.parametrize("name", ["fire", "dpb"])
+def test_mlp_biases_stay_float32_under_bf16_autocast(name: str) -> None:
+    """FIRE's and DPB's MLPs run in float32 with autocast off (as ``train.amp=bf16`` trains): the same bias as
+    without autocast. In bf16 DPB's raw distance would round past 256, giving 256 and 257 one bias."""
+    torch.manual_seed(0)
+    pe = build_attention_pe(cfg(d_model=64, attention_pe=name), "encoder")
+    q_pos, k_pos = torch.arange(300, 302), torch.arange(0, 45)
+    plain = pe.bias(q_pos, k_pos)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = pe.bias(q_pos, k_pos)
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, plain, atol=0, rtol=0)
+    if name == "dpb":  # distances 256 and 257 (query 300 against keys 44 and 43)
+        assert (mixed[0, :, 0, 44] - mixed[0, :, 0, 43]).abs().max() > 0
+
+
 # Several at once ------------------------------------------------------------------------------------------------------
 
 

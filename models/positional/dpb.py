@@ -1,8 +1,7 @@
 """Dynamic position bias: a small MLP of the signed relative distance, one output per head. The 1-D form that
 x-transformers' ``DynamicPositionBias`` (``x_transformers/x_transformers.py``) gives to the DPB of CrossFormer
 (Wang et al. 2022, "CrossFormer: A Versatile Vision Transformer Hinging on Cross-scale Attention", ICLR 2022,
-arXiv:2108.00154), an MLP of the relative coordinates of two image patches; the simpler relative of FIRE that the
-issue's FIRE item names.
+arXiv:2108.00154), an MLP of the relative coordinates of two image patches; the simpler relative of FIRE.
 
 Head h adds to the score of query i and key j
 
@@ -11,7 +10,10 @@ Head h adds to the score of query i and key j
 g: ``depth`` blocks Linear -> (LayerNorm if ``model.dpb.norm``) -> SiLU of width w (the first from the one input x),
 then Linear(w, H). Defaults are x-transformers' (``AttentionLayers(dynamic_pos_bias=True)``): w = d_model // 4,
 depth 2, no LayerNorm, no log; PyTorch's default ``nn.Linear`` initialisation (the model's ``_init_weights`` leaves
-positional modules alone), as there.
+positional modules alone), as there. The LayerNorm is ``nn.LayerNorm`` in every block, as in earlier x-transformers
+versions; recent ones make the first block's bias-free (w parameters fewer, the same function at initialisation).
+With the raw distance the untrained g is close to linear in i - j, so attention starts tilted by position (a few nats
+across a 40-token sentence per head); the log input starts far flatter.
 
 Against FIRE (``models/positional/fire.py``): no normalisation by the query position, so the bias depends on i - j
 alone (shift-invariant, exact cached decoding, exported exactly below); and the direction is in the sign of x, so one
@@ -21,6 +23,8 @@ log |x| with the log).
 
 Computed as x-transformers does: for integer positions the MLP runs once per distance in [min(i - j), max(i - j)]
 and the [Tq, Tk] grid indexes the result (x-transformers: -(n-1) .. n-1); real positions (CAPE) run it per pair.
+Always in float32 with autocast off: in bf16 the raw distance itself is rounded past 256 (256 and 257 would get one
+bias) and the output by up to about 1 at 600 tokens.
 x-transformers shares one module across a stack's layers; here every attention layer has its own (as T5 here).
 
 CTranslate2: a function of j - i alone, so every layer exports exactly as a T5-style relative bias table with one
@@ -80,12 +84,12 @@ class DpbPE(DistanceBiasPE):
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
         """q_pos ``[Tq]``, k_pos ``[Tk]`` -> ``[1, H, Tq, Tk]``: g(x(i - j)), float32."""
-        weight = self.mlp[0].weight
         rel = q_pos[:, None] - k_pos[None, :]  # [Tq, Tk]
-        if rel.is_floating_point():  # real positions: every pair
-            out = self.mlp(self.features(rel.to(weight.dtype))[..., None])
-        else:  # once per distance, then index
-            low, high = int(rel.min()), int(rel.max())
-            distances = torch.arange(low, high + 1, device=rel.device, dtype=weight.dtype)
-            out = self.mlp(self.features(distances)[:, None])[rel - low]  # [Tq, Tk, H]
+        with torch.autocast(rel.device.type, enabled=False):  # float32 throughout, never bf16
+            if rel.is_floating_point():  # real positions: every pair
+                out = self.mlp(self.features(rel.float())[..., None])
+            else:  # once per distance, then index
+                low, high = torch.stack(torch.aminmax(rel)).tolist()  # one host sync
+                distances = torch.arange(low, high + 1, device=rel.device, dtype=torch.float32)
+                out = self.mlp(self.features(distances)[:, None])[rel - low]  # [Tq, Tk, H]
         return out.permute(2, 0, 1)[None]

@@ -106,10 +106,11 @@ class FirePE(AttentionPE):
         """q_pos ``[Tq]``, k_pos ``[Tk]`` (true positions) -> ``[1, H, Tq, Tk]``: f(psi(|i - j|) / psi(max(L, i)))
         with f = ``mlp`` where j <= i and, bidirectionally, ``mlp_ahead`` where j > i."""
         x = self.normalized_distance(q_pos, k_pos)[..., None]  # [Tq, Tk, 1]
-        out = self.mlp(x)  # [Tq, Tk, H]
-        if self.mlp_ahead is not None:
-            ahead = k_pos[None, :] > q_pos[:, None]  # [Tq, Tk]
-            out = torch.where(ahead[..., None], self.mlp_ahead(x), out)
+        with torch.autocast(x.device.type, enabled=False):  # the MLPs in float32, never bf16
+            out = self.mlp(x)  # [Tq, Tk, H]
+            if self.mlp_ahead is not None:
+                ahead = k_pos[None, :] > q_pos[:, None]  # [Tq, Tk]
+                out = torch.where(ahead[..., None], self.mlp_ahead(x), out)
         return out.permute(2, 0, 1)[None]
 
     def plots(self, what: str, length: int) -> list[Plot]:

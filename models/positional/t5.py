@@ -72,7 +72,7 @@ def exact_bias_table(pe: AttentionPE, length: int) -> tuple[np.ndarray, np.int32
 
 
 class DistanceBiasPE(AttentionPE):
-    """Base of an encoding whose bias depends on j - i alone (KERPLE, Sandwich): its figure is the bias grid per
+    """Base of an encoding whose bias depends on j - i alone (KERPLE, Sandwich, DPB): its figure is the bias grid per
     head, and both stacks export exactly to CTranslate2 as a relative bias table (``exact_bias_table``)."""
 
     def plots(self, what: str, length: int) -> list[Plot]:
