@@ -2,7 +2,9 @@
 # The extrapolation study (README, "Pre-registration") and its candidates, in order: train the 15 runs from a
 # worktree pinned at the training commit, score them with --score-only from a worktree pinned at the scoring
 # commit, then the same for the candidates (which link the study's sinusoidal runs as their baseline).
-# Resumable: run it again after any interruption (a session's end, a reboot); each step skips what is done.
+# Resumable: run it again after any interruption (a session's end, a reboot); each step skips what is done. While a
+# study's last runs train with a core to spare, bench/study_prescore.sh scores its finished runs with the scoring
+# worktree's test.py, exactly as the scoring step would (which then skips them).
 #
 #   bash bench/study_queue.sh [RUNS_DIR]        # default ../study-runs; returns at once, log: RUNS_DIR/queue.log
 #
@@ -58,13 +60,27 @@ main() {
         (cd "$dir" && .venv/bin/python bench/study.py "$@")
     }
 
+    trained() {  # trained STUDY_DIR step ...: a training step, and beside it bench/study_prescore.sh, which scores
+        # finished runs while a core idles (the last run of an odd number trains alone); the scoring step skips them
+        local study=$1 pid scorer rc
+        shift
+        "$@" &
+        pid=$!
+        bash "$ROOT/bench/study_prescore.sh" "$study" "$pid" "$SCORE_WT" &
+        scorer=$!
+        wait "$pid"
+        rc=$?
+        wait "$scorer"
+        return "$rc"
+    }
+
     TRAIN_WT=$(realpath -m "$ROOT/../study-wt")
     SCORE_WT=$(realpath -m "$ROOT/../score-wt")
     worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" || exit 1
     # shellcheck disable=SC2086  # the option strings split into words on purpose
-    step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
+    trained "$RUNS/study_extrapolation" step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
         step "$SCORE_WT" "issue 21 study: scoring" $STUDY $COMMON --bootstrap 10000 --score-only &&
-        step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
+        trained "$RUNS/study_extrapolation-candidates" step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
         step "$SCORE_WT" "issue 24 candidates: scoring" $CANDS $COMMON --bootstrap 10000 --score-only &&
         echo "== $(date -Is) queue done"
 }
