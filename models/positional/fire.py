@@ -31,6 +31,8 @@ Beyond the paper (which is causal):
 
 FIRE is not shift-invariant: moving every position by s changes psi(max(L, i)) once i passes L. Below the threshold
 (every query position <= L) the normaliser is the constant psi(L) and the bias depends on i - j alone.
+
+The MLPs run in float32 with autocast off, also when training in bf16 (their output is the bias itself).
 """
 
 from __future__ import annotations
