@@ -502,7 +502,7 @@ def test_readme_tables_are_the_published_reports() -> None:
     """The README's study tables are copied from the reports in bench/studies/, digit for digit."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for heading, study_name, n in (("### The seed table with error bars", "seed-table", 3),
-                                   ("### All eleven encodings with error bars", "all-encodings", 11)):
+                                   ("### All eleven encodings of 2026-11-25 with error bars", "all-encodings", 11)):
         section = readme.split(heading, 1)[1].split("\n### ", 1)[0]
         rows = [line for line in section.splitlines() if line.startswith("| ") and "±" in line]
         report = (ROOT / "bench" / "studies" / study_name / "report.md").read_text(encoding="utf-8").splitlines()

@@ -29,7 +29,7 @@ Three methods, each with the distribution of its paper:
   order of the three and the jitter's width convention (``max_local_shift`` is the interval's width, so 1
   keeps positions in order) follow the PyTorch port ``gcambara/cape`` (``CAPE1d._augment_positions``), which
   states it follows the paper's code; its settings "for text" are the defaults here (5, 1, 1.03). Only for
-  encodings defined on real positions (sinusoidal, RoPE, ALiBi).
+  encodings defined on real positions (those declaring ``positions = "real"``: sinusoidal, RoPE, ALiBi, KERPLE, ...).
 
 **One draw per batch, not per sequence.** Positions are one tensor ``[T]`` shared by the batch (padding is on
 the right): the contract every encoding, the causal mask and the per-forward memo (``SharedPositions``) are

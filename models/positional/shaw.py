@@ -39,7 +39,7 @@ class ShawConfig(Section):
 class ShawPE(AttentionPE):
     """Clipped relative key (and optionally value) embeddings ``key_embed``/``value_embed`` [2k+1, Dh].
 
-    Initialised N(0, d_model^-0.5) (the model's ``_init_weights`` applies that to any ``*embed*`` parameter).
+    Initialised N(0, d_model^-0.5) here (the model's ``_init_weights`` leaves positional modules alone).
     """
 
     settings = ("shaw", ShawConfig)

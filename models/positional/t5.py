@@ -98,8 +98,8 @@ class T5BiasConfig(Section):
 class T5BiasPE(DistanceBiasPE):
     """Learned per-head scalar bias indexed by a bucketed relative position (``model.t5``).
 
-    The table is ``rel_embed`` [num_buckets, H], initialised N(0, d_model^-0.5) as in T5 (the model's
-    ``_init_weights`` re-applies that init to any parameter named ``*embed*``).
+    The table is ``rel_embed`` [num_buckets, H], initialised N(0, d_model^-0.5) here, as in T5 (the model's
+    ``_init_weights`` leaves positional modules alone).
     """
 
     settings = ("t5", T5BiasConfig)
