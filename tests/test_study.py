@@ -509,17 +509,28 @@ def test_readme_tables_are_the_published_reports() -> None:
         assert len(rows) == n and [r for r in rows if r not in report] == [], study_name
 
 
-@pytest.mark.parametrize("name", ["seed-table", "all-encodings"])
+#: Every published study folder: each is recomputed below (one published later joins without an edit).
+PUBLISHED = sorted(p.parent.name for p in (ROOT / "bench" / "studies").glob("*/results.json"))
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
 def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_path: Path) -> None:
-    """bench/studies/<name>: study_report.py on a copy of the published results.json gives the same report and the
-    same primary tests (p-values included) and its declared family; all-encodings keeps learnable and RoPE in the
-    seed table's family (one verdict per contrast on the same runs)."""
+    """bench/studies/<name>: study_report.py on a copy of the published results.json (and hypotheses/, with the
+    references of the corpus, where published) gives the same report and the same primary tests (seed-test and
+    bootstrap p-values included) and its declared family; all-encodings keeps learnable and RoPE in the seed
+    table's family (one verdict per contrast on the same runs)."""
+    from conftest import SHARED_DATA
+
     from bench.study_report import reanalyse
 
     published = ROOT / "bench" / "studies" / name
     copy = tmp_path / name
     copy.mkdir()
     shutil.copy(published / "results.json", copy / "results.json")
+    if (published / "hypotheses").is_dir():
+        if not SHARED_DATA.is_dir():
+            pytest.skip(f"shared data not found at {SHARED_DATA} (set FR2EN_SHARED_DATA): the references")
+        shutil.copytree(published / "hypotheses", copy / "hypotheses")
     results = reanalyse(copy)
     before = json.loads((published / "results.json").read_text(encoding="utf-8"))["primary"]
     assert [(t["system"], t["label"]) for t in results["primary"]["tests"]] == [
@@ -527,6 +538,9 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
     for new, old in zip(results["primary"]["tests"], before["tests"], strict=True):
         assert new["seed_test"]["p_value"] == pytest.approx(old["seed_test"]["p_value"], rel=1e-9)
         assert new["seed_test"]["p_holm"] == pytest.approx(old["seed_test"]["p_holm"], rel=1e-9)
+        assert (new["bootstrap"] is None) == (old["bootstrap"] is None)
+        if new["bootstrap"] is not None:  # from the published hypotheses: the same resamples (seeded), the same p
+            assert new["bootstrap"]["p_value"] == pytest.approx(old["bootstrap"]["p_value"], rel=1e-9)
     assert (copy / "report.md").read_text(encoding="utf-8") == (published / "report.md").read_text(encoding="utf-8")
     systems = {t["system"] for t in results["primary"]["tests"]}
     if name == "all-encodings":
