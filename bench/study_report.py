@@ -480,6 +480,8 @@ def _figures(results: dict[str, Any], out: Path) -> list[Path]:
     names = list(results["systems"])
     n = len(names)
     caption = f"mean over {seeds} seeds, bars: 95 % t-interval"
+    if results.get("primary", {}).get("tests"):
+        paths.append(_contrasts_figure(results, names, caption, out / "primary_contrasts.png"))
     for split in results["splits"]:
         rows0 = results["systems"][names[0]]["splits"][split]["beam5"].get("by_source_length")
         if not rows0:
@@ -550,6 +552,38 @@ def _figures(results: dict[str, Any], out: Path) -> list[Path]:
         fig.suptitle(f"mean over heads; {caption}", fontsize=9)
         paths.append(_save(fig, out / f"attention_{kind}.png"))
     return paths
+
+
+def _contrasts_figure(results: dict[str, Any], names: list[str], caption: str, path: Path) -> Path:
+    """The primary family at a glance (a forest plot): one panel per quantity, a row per contrast; each seed's
+    difference from the baseline (dots under the row), their mean with its 95 % t-interval over seeds (the figures' one
+    convention; the paired t-test's interval), filled where the contrast is resolved, the band of the smallest
+    effect of interest around 0."""
+    import matplotlib.pyplot as plt
+
+    pr = results["primary"]
+    labels = list(dict.fromkeys(t["label"] for t in pr["tests"]))
+    systems = list(dict.fromkeys(t["system"] for t in pr["tests"]))
+    effect = pr["power"]["smallest_effect"]
+    fig, axes = plt.subplots(1, len(labels), figsize=(3.6 * len(labels), 1.6 + 0.45 * len(systems)),
+                             sharey=True, squeeze=False)
+    for ax, label in zip(axes[0], labels, strict=True):
+        ax.axvspan(-effect, effect, color="0.9", linewidth=0)
+        ax.axvline(0, color="0.5", linewidth=0.8)
+        for t in (t for t in pr["tests"] if t["label"] == label):
+            row, style = systems.index(t["system"]), _style(names.index(t["system"]))
+            mean, half = _ci(t["per_seed_delta"])
+            ax.plot(t["per_seed_delta"], [row + 0.22] * len(t["per_seed_delta"]), "o", color=style["color"],
+                    markersize=3, alpha=0.7)
+            ax.errorbar([mean], [row], xerr=[half], capsize=3, linewidth=1.2, markersize=7, **style,
+                        markerfacecolor=style["color"] if t["resolved"] else "white")
+        ax.set(title=label, xlabel=f"Δ vs {results['baseline']}")
+        ax.title.set_fontsize(8)
+    axes[0][0].set_yticks(range(len(systems)), systems)
+    axes[0][0].set_ylim(len(systems) - 0.5, -0.5)  # the family's order, top down
+    fig.suptitle(f"primary family: {caption}; dots: each seed; filled: resolved; grey band: ±{effect:g}, the "
+                 "smallest effect of interest", fontsize=8)
+    return _save(fig, path)
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import ROOT
 
@@ -248,7 +249,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert att_row.count("(p ") == 7 and "p: paired t-test over seeds against attention_pe=none" in report
     assert "## Exploratory tests" in report and "| attention_pe=rope+linear | attention_pe=rope |" in report
     assert "chrF `nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|" in report and " · len " in report
-    for fig in ("valid_bleu.png", "attention_encoder.png", "attention_cross.png"):
+    for fig in ("primary_contrasts.png", "valid_bleu.png", "attention_encoder.png", "attention_cross.png"):
         assert (root / "figures" / fig).stat().st_size > 1000, fig
     tb = {p.parent.name: p.parent for p in (root / "tb").glob("*/events.out.tfevents.*")}
     assert len(tb) == 8  # HParams, one per run and test variant
@@ -720,3 +721,43 @@ def test_figures_give_every_system_its_own_colour_and_marker_and_drop_small_buck
     assert "bars: 95 % t-interval" in ax.get_title() and all(len(line.get_xdata()) == 2 for line in lines)
     styles = {(report._style(i)["color"], report._style(i)["marker"]) for i in range(30)}
     assert len(styles) == 30  # no two alike well past 11 systems
+
+
+def test_the_primary_contrasts_figure_draws_each_tests_seeds_mean_and_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forest plot of the family: a panel per quantity, a row per contrast in the family's order; each seed's
+    difference, their mean with the 95 % t-interval over seeds, the marker filled only where resolved, the band of
+    the smallest effect around 0."""
+    import matplotlib.colors
+
+    import bench.study_report as report
+
+    figures = {}
+    monkeypatch.setattr(report, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    deltas = {("b", "q1"): [1.0, 2.0, 4.0], ("a", "q1"): [-1.0, 0.5, 0.0], ("b", "q2"): [3.0, 3.5, 2.5],
+              ("a", "q2"): [0.2, 0.1, 0.3]}
+    tests = [{"system": s, "label": q, "per_seed_delta": d, "resolved": (s, q) == ("b", "q2")}
+             for (s, q), d in deltas.items()]
+    results = {"seeds": [1, 2, 3], "splits": [], "baseline": "base", "systems": {n: {} for n in ("base", "a", "b")},
+               "primary": {"tests": tests, "power": {"smallest_effect": 1.5}}}
+    report._contrasts_figure(results, list(results["systems"]), "mean over 3 seeds, bars: 95 % t-interval",
+                             tmp_path / "primary_contrasts.png")
+    fig = figures["primary_contrasts.png"]
+    axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["q1", "q2"]
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["b", "a"]  # the family's order, top down
+    for ax, q in zip(axes, ("q1", "q2"), strict=True):
+        band = ax.patches[0]
+        assert (band.get_x(), band.get_x() + band.get_width()) == (-1.5, 1.5)
+        for row, system in enumerate(("b", "a")):
+            d = deltas[(system, q)]
+            mean, half = sum(d) / 3, report.half_width(float(np.std(d, ddof=1)), 3)
+            bar = next(c for c in ax.containers if c.lines[0].get_ydata()[0] == row)
+            assert bar.lines[0].get_xdata()[0] == pytest.approx(mean)
+            (segment,) = bar.lines[2][0].get_segments()
+            assert [x for x, _ in segment] == pytest.approx([mean - half, mean + half])
+            face = matplotlib.colors.to_hex(bar.lines[0].get_markerfacecolor())
+            assert (face != "#ffffff") == ((system, q) == ("b", "q2"))
+            dots = next(line for line in ax.lines if list(line.get_xdata()) == d)
+            assert list(dots.get_ydata()) == [row + 0.22] * 3
+    assert "bars: 95 % t-interval" in fig.texts[0].get_text() and "filled: resolved" in fig.texts[0].get_text()
