@@ -11,7 +11,10 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/study_report.py: the repository root first
 
@@ -112,8 +115,8 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
                     row["length_ratio"] = [float(x[:, 0].sum() / max(x[:, 1].sum(), 1)) for x in per["BLEU"]]
                     row["n_sentences"] = len(refs)
                     if lengths is not None:
-                        row["by_source_length"] = _buckets(hyps, refs, lengths[split], edges, lowercase)
                         buckets[split] = _bucket_index(lengths[split][: len(refs)], edges)
+                        row["by_source_length"] = _buckets(per, buckets[split], metrics)
                 row["bleu_mean_std"], row["chrf_mean_std"] = mean_std(row["bleu"]), mean_std(row["chrf"])
                 scores.setdefault(name, {}).setdefault(split, {})[decoder] = {"chrF": row["chrf"], "BLEU": row["bleu"]}
     analysis = Analysis(scores, stats, baseline, samples, lowercase, buckets)
@@ -162,19 +165,23 @@ def _source_lengths(run: Path, corpus: Any, splits: list[str]) -> dict[str, list
             for split in splits}
 
 
-def _buckets(hyps: list[list[str]], refs: list[str], lengths: list[int], edges: list[int],
-             lowercase: bool) -> list[dict[str, Any]]:
-    """BLEU and chrF by source-length bucket: each seed's, and their mean ± std (None for an empty bucket)."""
-    from utils.translation.scoring import scores_by_length
+def _buckets(per: dict[str, list[np.ndarray]], index: dict[str, list[int]],
+             metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """BLEU and chrF by source-length bucket, each seed's and their mean ± std (None for an empty bucket), from
+    each seed's sentence statistics ``per[metric][k]``: a bucket's corpus score is that of its summed statistics,
+    what ``utils.translation.scoring.scores_by_length`` computes from the sentences (``test.py``'s table)."""
+    from bench.study_stats import corpus_score
 
-    per_seed = [scores_by_length(h, refs, lengths[: len(h)], edges, lowercase) for h in hyps]
     out = []
-    for rows in zip(*per_seed, strict=True):
-        row: dict[str, Any] = {"bucket": rows[0]["bucket"], "n": rows[0]["n"]}
-        for metric in ("bleu", "chrf", "length_ratio"):
-            values = [r[metric] for r in rows if r["n"]]
-            row[metric] = values
-            row[f"{metric}_mean_std"] = mean_std(values) if values else None
+    for label, idx in index.items():
+        row: dict[str, Any] = {"bucket": label, "n": len(idx)}
+        bleu = [x[idx].sum(0) for x in per["BLEU"]] if idx else []
+        values = {"bleu": [corpus_score(metrics["BLEU"], x) for x in bleu],
+                  "chrf": [corpus_score(metrics["chrF"], x[idx].sum(0)) for x in per["chrF"]] if idx else [],
+                  "length_ratio": [float(x[0] / max(x[1], 1)) for x in bleu]}
+        for metric, seeds in values.items():
+            row[metric] = seeds
+            row[f"{metric}_mean_std"] = mean_std(seeds) if seeds else None
         out.append(row)
     return out
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -166,10 +167,31 @@ def seeds_for_power(effect: float, sd: float, systems: int, alpha: float, target
 # ---------------------------------------------------------------------------------------------- bootstrap
 
 
+#: sacreBLEU's preprocessed references (n-grams, lengths) by metric setting and reference list, newest last: a
+#: study scores every system, seed and decoder against the same references of a split.
+_REFERENCES: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+
 def sentence_stats(metric: Any, hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
     """sacreBLEU's sufficient statistics of each hypothesis, ``[sentences, statistics]``: a corpus score is
-    computed from their sum, so any sum of sentences (a unit, a resample) is scored exactly."""
-    return np.array(metric._extract_corpus_statistics(list(hyps), [list(refs)]), dtype=np.float64)
+    computed from their sum, so any sum of sentences (a unit, a resample) is scored exactly. The references are
+    preprocessed once per metric setting and reference list (sacreBLEU's own reference cache)."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")
+    setting = tuple((k, v) for k, v in sorted(vars(metric).items())
+                    if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None))))
+    key = (type(metric).__name__, setting, tuple(refs))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = metric._cache_references([list(refs)])
+        while len(_REFERENCES) > 32:
+            _REFERENCES.popitem(last=False)
+    _REFERENCES.move_to_end(key)
+    own = metric._ref_cache
+    metric._ref_cache = _REFERENCES[key]
+    try:
+        return np.array(metric._extract_corpus_statistics(list(hyps), None), dtype=np.float64)
+    finally:
+        metric._ref_cache = own
 
 
 def unit_stats(stats: np.ndarray, group: int, units: int) -> np.ndarray:
@@ -182,9 +204,85 @@ def corpus_score(metric: Any, stats: np.ndarray) -> float:
     return float(metric._compute_score_from_stats(stats.tolist()).score)
 
 
+def _chrf_scores(metric: Any, summed: np.ndarray) -> np.ndarray:
+    """sacreBLEU's ``CHRF._compute_f_score`` on every row of ``[samples, 3 * order]`` summed statistics at once:
+    the same float operations in the same order (Popović 2015, eq. 1: the F-beta of character n-gram precision
+    and recall averaged over orders; sacreBLEU's effective-order and eps smoothing), so the same floats."""
+    eps, factor = 1e-16, metric.beta ** 2
+    score, avg_prec, avg_rec, effective = (np.zeros(len(summed)) for _ in range(4))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for i in range(metric.order):
+            n_hyp, n_ref, n_match = summed[:, 3 * i], summed[:, 3 * i + 1], summed[:, 3 * i + 2]
+            prec = np.where(n_hyp > 0, n_match / n_hyp, eps)
+            rec = np.where(n_ref > 0, n_match / n_ref, eps)
+            denom = factor * prec + rec
+            score = score + np.where(denom > 0, (1 + factor) * prec * rec / denom, eps)
+            both = (n_hyp > 0) & (n_ref > 0)
+            avg_prec, avg_rec = np.where(both, avg_prec + prec, avg_prec), np.where(both, avg_rec + rec, avg_rec)
+            effective += both
+        if metric.eps_smoothing:
+            return 100 * score / metric.order
+        avg_prec = np.where(effective > 0, avg_prec / effective, 0.0)
+        avg_rec = np.where(effective > 0, avg_rec / effective, 0.0)
+        f = (1 + factor) * avg_prec * avg_rec
+        f = f / ((factor * avg_prec) + avg_rec)
+        return np.where(avg_prec + avg_rec != 0, 100 * f, 0.0)
+
+
+def _bleu_scores(metric: Any, summed: np.ndarray) -> np.ndarray:
+    """sacreBLEU's ``BLEU.compute_bleu`` (no effective order; smoothing none, floor or exp) on every row of
+    ``[samples, 2 + 2 * order]`` summed statistics (sys_len, ref_len, correct n-grams, total n-grams): Papineni
+    et al. 2002, eq. 1, BP * exp(mean_n log p_n), with mteval's exp smoothing (Chen and Cherry 2014, method 3).
+    Precisions in numpy (+, *, / only), logs and exponentials with ``math`` as sacreBLEU takes them, and the
+    log-sum in sacreBLEU's order: the same floats."""
+    from sacrebleu.utils import my_log
+
+    order, method = metric.max_ngram_order, metric.smooth_method
+    value = metric.smooth_value if metric.smooth_value is not None else metric.SMOOTH_DEFAULTS[method]
+    sys_len, ref_len = summed[:, 0].astype(np.int64), summed[:, 1].astype(np.int64)
+    correct, total = summed[:, 2:2 + order], summed[:, 2 + order:2 + 2 * order]
+    precisions, smooth, stopped = np.zeros((len(summed), order)), np.ones(len(summed)), np.zeros(len(summed), bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for n in range(order):
+            stopped |= total[:, n] == 0
+            zero = ~stopped & (correct[:, n] == 0)
+            if method == "exp":
+                smooth = np.where(zero, smooth * 2, smooth)
+                precisions[:, n] = np.where(zero, 100.0 / (smooth * total[:, n]), precisions[:, n])
+            elif method == "floor":
+                precisions[:, n] = np.where(zero, 100.0 * value / total[:, n], precisions[:, n])
+            hit = ~stopped & (correct[:, n] != 0)
+            precisions[:, n] = np.where(hit, 100.0 * correct[:, n] / total[:, n], precisions[:, n])
+    out = np.zeros(len(summed))
+    for i, (row, s, r) in enumerate(zip(precisions.tolist(), sys_len.tolist(), ref_len.tolist(), strict=True)):
+        if correct[i].any():
+            bp = (math.exp(1 - r / s) if s > 0 else 0.0) if s < r else 1.0
+            out[i] = bp * math.exp(sum([my_log(p) for p in row]) / order)
+    return out
+
+
 def _scores(metric: Any, summed: np.ndarray) -> np.ndarray:
-    """Corpus scores of a ``[samples, statistics]`` array of summed statistics."""
-    return np.array([metric._compute_score_from_stats(row.tolist()).score for row in summed])
+    """Corpus scores of a ``[samples, statistics]`` array of summed statistics (a bootstrap scores 10,000
+    resamples per seed, part and system): chrF and BLEU vectorized, any other metric or setting row by row
+    with sacreBLEU. The vectorized score is checked against sacreBLEU's own on the first and last rows of
+    every call, so a sacreBLEU whose formula changed stops here instead of giving other p-values."""
+    from sacrebleu.metrics.bleu import BLEU
+    from sacrebleu.metrics.chrf import CHRF
+
+    if isinstance(metric, CHRF):
+        fast = _chrf_scores
+    elif isinstance(metric, BLEU) and not metric.effective_order and metric.smooth_method in ("none", "floor", "exp"):
+        fast = _bleu_scores
+    else:
+        fast = None
+    if fast is None or len(summed) == 0:
+        return np.array([metric._compute_score_from_stats(row.tolist()).score for row in summed])
+    scores = fast(metric, summed)
+    for row in (0, len(summed) - 1):
+        if scores[row] != metric._compute_score_from_stats(summed[row].tolist()).score:
+            raise RuntimeError(f"the vectorized {type(metric).__name__} differs from sacreBLEU's: update "
+                               f"bench/study_stats.{fast.__name__}")
+    return scores
 
 
 def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], baseline: Sequence[Sequence[np.ndarray]],

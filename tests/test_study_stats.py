@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from sacrebleu.metrics import BLEU, CHRF
 from scipy import stats
 
 from bench.study_stats import (
@@ -217,3 +218,56 @@ def test_a_contrast_another_studys_family_tests_is_neither_in_this_family_nor_te
 
     lines = _primary_lines({"primary": empty, "baseline": "base", "bootstrap_samples": 10})
     assert "No contrast is left in this family" in lines[-2] and "old, new against base" in lines[4]
+
+
+@pytest.mark.parametrize("options", [{}, {"word_order": 2}, {"beta": 3}, {"eps_smoothing": True},
+                                     {"char_order": 4, "word_order": 1, "eps_smoothing": True}])
+def test_the_vectorized_chrf_is_sacrebleus_to_the_last_bit(options):
+    """Every row of summed statistics, zero counts (an empty hypothesis, no match, an empty reference) included,
+    scores exactly as sacreBLEU's CHRF scores it one row at a time: the bootstrap's p-values cannot move."""
+    from bench.study_stats import _chrf_scores, _scores
+
+    metric = CHRF(**options)
+    hyps = ["the cat sat on the mat", "", "a dog", "xyz", "the the the", "Le chat."]
+    refs = ["the cat is on the mat", "something", "", "abc", "the", "The cat."]
+    stats = sentence_stats(metric, hyps, refs)
+    rng = np.random.default_rng(3)
+    summed = np.concatenate([stats, rng.integers(0, 3, size=(400, len(hyps))) @ stats, np.zeros((1, stats.shape[1]))])
+    summed[5, 0::3] = 0  # a row whose hypothesis side is empty at every order
+    expected = [metric._compute_score_from_stats(row.tolist()).score for row in summed]
+    assert _chrf_scores(metric, summed).tolist() == expected
+    assert _scores(metric, summed).tolist() == expected
+    assert 0 in expected and any(0 < e < 100 for e in expected)
+
+
+@pytest.mark.parametrize("options", [{}, {"smooth_method": "none"}, {"smooth_method": "floor", "smooth_value": 0.1},
+                                     {"max_ngram_order": 2}, {"lowercase": True}])
+def test_the_vectorized_bleu_is_sacrebleus_to_the_last_bit(options):
+    """As for chrF: every row, with no match at some orders, no n-gram of an order at all (short hypotheses), an
+    empty hypothesis and a hypothesis longer than its reference, scores exactly as sacreBLEU's BLEU does."""
+    from bench.study_stats import _bleu_scores, _scores
+
+    metric = BLEU(**options)
+    hyps = ["the cat sat on the mat today", "", "a dog barks at night", "xyz", "The the the", "cat", "a b c d e f g h"]
+    refs = ["the cat is on the mat", "something here", "a dog barks at noon", "abc", "the", "the cat", "a b"]
+    stats = sentence_stats(metric, hyps, refs)
+    rng = np.random.default_rng(5)
+    summed = np.concatenate([stats, rng.integers(0, 3, size=(400, len(hyps))) @ stats, np.zeros((1, stats.shape[1]))])
+    expected = [metric._compute_score_from_stats(row.tolist()).score for row in summed]
+    assert _bleu_scores(metric, summed).tolist() == expected
+    assert _scores(metric, summed).tolist() == expected
+    assert 0 in expected and any(0 < e < 100 for e in expected)
+
+
+def test_sentence_statistics_reuse_references_only_for_the_same_metric_setting():
+    """The cached references give sacreBLEU's own statistics, and a metric set otherwise (lowercase, n-gram
+    order) gets its own: 'The' matches 'the' only lowercased; bigram BLEU has 2 + 2 * 2 statistics."""
+    hyps, refs = ["The cat sat", "a Dog"], ["the cat sat down", "a dog"]
+    for metric in (BLEU(), BLEU(lowercase=True), BLEU(max_ngram_order=2), CHRF(), CHRF(lowercase=True)):
+        for _ in range(2):  # the second call reads the cache
+            assert sentence_stats(metric, hyps, refs).tolist() == metric._extract_corpus_statistics(hyps, [refs])
+        assert metric._ref_cache is None  # the caller's metric is left as it was
+    assert sentence_stats(BLEU(lowercase=True), hyps, refs)[0, 2] == 3 and sentence_stats(BLEU(), hyps, refs)[0, 2] == 2
+    assert sentence_stats(BLEU(max_ngram_order=2), hyps, refs).shape == (2, 6)
+    with pytest.raises(ValueError, match="2 hypotheses for 1 references"):
+        sentence_stats(CHRF(), hyps, refs[:1])
