@@ -470,20 +470,6 @@ def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences_and_
     assert study_runs.read_attention(tmp_path, "best", 50) is None
 
 
-def test_buckets_keep_every_seed_and_score_the_given_lengths() -> None:
-    from sacrebleu.metrics import BLEU
-    from study_report import _buckets
-
-    refs, base, system = _systems()
-    lengths = [len(r.split()) for r in refs]
-    rows = _buckets([base, system], refs, lengths, [8], lowercase=False)
-    short = [i for i, n in enumerate(lengths) if n < 8]
-    assert [r["bucket"] for r in rows] == ["0-7", "8+"] and rows[0]["n"] == len(short)
-    expected = [BLEU().corpus_score([h[i] for i in short], [[refs[i] for i in short]]).score for h in (base, system)]
-    assert rows[0]["bleu"] == pytest.approx(expected)
-    assert rows[0]["bleu_mean_std"][0] == pytest.approx(sum(expected) / 2) and len(rows[1]["chrf"]) == 2
-
-
 def test_each_gpu_takes_the_next_run_as_soon_as_its_own_ends(tmp_path: Path) -> None:
     job = ("import os, sys, time; print(os.environ['CUDA_VISIBLE_DEVICES'], time.time(), flush=True); "
            "time.sleep(float(sys.argv[1])); print(time.time())")
@@ -503,11 +489,41 @@ def test_readme_tables_are_the_published_reports() -> None:
     """The README's study tables are copied from the reports in bench/studies/, digit for digit."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for heading, study_name, n in (("### The seed table with error bars", "seed-table", 3),
-                                   ("### All eleven encodings of 2026-11-25 with error bars", "all-encodings", 11)):
+                                   ("### All eleven encodings of 2026-11-25 with error bars", "all-encodings", 11),
+                                   ("### Results of the extrapolation study", "extrapolation", 8)):
         section = readme.split(heading, 1)[1].split("\n### ", 1)[0]
         rows = [line for line in section.splitlines() if line.startswith("| ") and "±" in line]
         report = (ROOT / "bench" / "studies" / study_name / "report.md").read_text(encoding="utf-8").splitlines()
         assert len(rows) == n and [r for r in rows if r not in report] == [], study_name
+        if study_name == "extrapolation":  # and the 24 tests of the pre-registered family, with their verdicts
+            tests = [line for line in section.splitlines()
+                     if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
+            assert len(tests) == 24 and [r for r in tests if r not in report] == []
+            assert sum(r.endswith("| **yes** |") for r in tests) == 11 and "11 of the 24 tests are resolved" in section
+
+
+def test_length_buckets_from_sentence_statistics_are_test_pys_scores_by_length() -> None:
+    """The report's buckets sum each seed's sentence statistics; test.py's table scores the bucket's sentences
+    with sacreBLEU: the same numbers, an empty bucket included."""
+    from bench.study_analysis import metric_for
+    from bench.study_report import _bucket_index, _buckets
+    from bench.study_stats import sentence_stats
+    from utils.translation.scoring import scores_by_length
+
+    refs = ["the cat is on the mat", "a dog barks at noon", "it rains", "we walked home late last night", "yes"]
+    hyps = [["the cat sat on the mat", "a dog barks", "it is raining", "we went home late", "yes"],
+            ["cat on mat", "the dog barks at noon", "", "we walked home late last night", "no"]]
+    lengths, edges = [7, 6, 3, 9, 1], [4, 8, 20]
+    metrics = {"chrF": metric_for("chrF", False), "BLEU": metric_for("BLEU", False)}
+    per = {m: [sentence_stats(metric, h, refs) for h in hyps] for m, metric in metrics.items()}
+    rows = _buckets(per, _bucket_index(lengths, edges), metrics)
+    expected = [scores_by_length(h, refs, lengths, edges) for h in hyps]
+    assert [r["n"] for r in rows] == [2, 2, 1, 0] and rows[-1]["chrf_mean_std"] is None
+    for i, row in enumerate(rows):
+        assert row["bucket"] == expected[0][i]["bucket"] and row["n"] == expected[0][i]["n"]
+        for metric in ("bleu", "chrf", "length_ratio"):
+            assert row[metric] == [e[i][metric] for e in expected if e[i]["n"]]
+    assert rows[0]["bleu_mean_std"][0] == pytest.approx(sum(rows[0]["bleu"]) / 2) and len(rows[2]["chrf"]) == 2
 
 
 #: Every published study folder: each is recomputed below (one published later joins without an edit).
@@ -547,6 +563,14 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
     if name == "all-encodings":
         assert results["primary"]["family"]["elsewhere"] == {"learnable": "seed-table", "rope": "seed-table"}
         assert not systems & {"learnable", "rope"} and results["primary"]["size"] == 24
+    elif name == "extrapolation":  # README's pre-registration: 6 contrasts x 2 sets x (chrF, drop), Holm over 24
+        family = results["primary"]["family"]
+        assert systems == {"learnable", "rope", "rope+ntk", "rope+yarn", "alibi", "t5"}
+        assert results["primary"]["size"] == 24
+        assert family["splits"] == ["test.tatoeba.x4", "test.multi30k-2016.x4"] and family["decoder"] == "beam5"
+        assert family["drops"] == {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"}
+        assert family["smallest_effect"] == 1.0 and results["bootstrap_samples"] == 10000
+        assert sum(t["resolved"] for t in results["primary"]["tests"]) == 11
     else:
         assert systems == {"learnable", "rope"} and results["primary"]["size"] == 6
 
