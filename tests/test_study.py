@@ -500,6 +500,16 @@ def test_readme_tables_are_the_published_reports() -> None:
                      if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
             assert len(tests) == 24 and [r for r in tests if r not in report] == []
             assert sum(r.endswith("| **yes** |") for r in tests) == 11 and "11 of the 24 tests are resolved" in section
+            # README's robustness check: each contrast's own paired t over seeds, Holm over the 24, keeps two
+            from bench.study_stats import holm
+
+            results = json.loads((ROOT / "bench" / "studies" / study_name / "results.json").read_text("utf-8"))
+            primary = results["primary"]["tests"]
+            adjusted = holm([t["paired_t"]["p_value"] for t in primary])
+            kept = [(t["system"], t["label"].split()[1], round(p, 4))
+                    for t, p in zip(primary, adjusted, strict=True) if p < 0.05]
+            assert kept == [("alibi", "test.tatoeba.x4", 0.0066), ("t5", "drop", 0.0418)]
+            assert "ALiBi on Tatoeba ×4 (Holm p 0.0066) and T5's drop on Multi30k (0.042)" in section
 
 
 def test_length_buckets_from_sentence_statistics_are_test_pys_scores_by_length() -> None:
