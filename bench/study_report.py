@@ -393,7 +393,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
                 cells.append(cell)
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out += ["", f"p: paired t-test over seeds against {base} (seeds are shared); Holm over the {len(att)} "
-                "attention comparisons; \\* significant after it. Exploratory: these were not declared in advance, "
+                "attention comparisons; \\* significant after it. Exploratory: not in the declared family, "
                 "and a difference in attention is a description, not an explanation."
                 + (f" No p for {', '.join(elsewhere)}: the study their runs come from tests them." if elsewhere
                    else ""), ""]
