@@ -2,9 +2,11 @@
 
     python bench/pilot_rule.py runs/study_extrapolation [--seed 1] [--start 900] [--step 450] [--gain 1.0]
         [--cap 2250]
+    python bench/pilot_rule.py ../study-runs/study_extrapolation --seed 1,2,3 --start 2250 --cap 4500
 
-Reads every variant's seed-``--seed`` run of the study, prints its validation BLEU at each evaluation and the
-rule's verdict: the budget B is the first of start, start + step, ... (at most ``--cap``) at which no variant
+Reads every variant's seed-``--seed`` run of the study (with several seeds, their mean at each evaluation all of
+them reached: the continuation to a flattened budget in README), prints its validation BLEU at each evaluation
+and the rule's verdict: the budget B is the first of start, start + step, ... (at most ``--cap``) at which no variant
 gained ``--gain`` validation BLEU or more over its last ``--step`` steps. Until the runs reach a budget where
 the rule stops, it says which budget to raise the study to next. Only validation data decides.
 """
@@ -19,16 +21,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/pilot_rule.py: the repository root first
 
 
-def curves(study: Path, seed: int) -> dict[str, dict[int, float]]:
-    """Validation BLEU by optimizer step of each variant's seed-``seed`` run."""
+def seed_mean(per_seed: list[dict[int, float]]) -> dict[int, float]:
+    """The mean over seeds of validation curves, at the steps every seed has reached."""
+    steps = set.intersection(*(set(c) for c in per_seed)) if per_seed else set()
+    return {s: sum(c[s] for c in per_seed) / len(per_seed) for s in sorted(steps)}
+
+
+def curves(study: Path, seeds: list[int]) -> dict[str, dict[int, float]]:
+    """Validation BLEU by optimizer step of each variant: its seed's run, or the mean of its seeds' runs."""
     from bench.study import find_run, slug
     from bench.study_runs import valid_curve
 
     spec = json.loads((study / "study.json").read_text())
     out = {}
     for variant in spec["variants"]:
-        run = find_run(study / "runs" / slug(variant["label"]) / f"seed{seed}")
-        out[variant["label"]] = dict(valid_curve(run)) if run else {}
+        runs = [find_run(study / "runs" / slug(variant["label"]) / f"seed{seed}") for seed in seeds]
+        out[variant["label"]] = seed_mean([dict(valid_curve(r)) if r else {} for r in runs])
     return out
 
 
@@ -49,7 +57,7 @@ def verdict(curves: dict[str, dict[int, float]], start: int, step: int, gain: fl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", type=Path, help="runs/study_<name>")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", default="1", help="a seed, or seeds as 1,2,3: their mean curve")
     parser.add_argument("--start", type=int, default=900)
     parser.add_argument("--step", type=int, default=450)
     parser.add_argument("--gain", type=float, default=1.0, help="validation BLEU gained over --step steps")
@@ -57,7 +65,11 @@ def main() -> int:
     args = parser.parse_args()
     if not (args.study / "study.json").is_file():
         parser.error(f"{args.study}: no study.json")
-    table = curves(args.study, args.seed)
+    try:
+        seeds = [int(x) for x in args.seed.split(",")]
+    except ValueError:
+        parser.error(f"--seed {args.seed}: a seed or seeds as 1,2,3")
+    table = curves(args.study, seeds)
     steps = sorted({s for c in table.values() for s in c})
     print("| variant | " + " | ".join(str(s) for s in steps) + " |")
     print("|---|" + "---|" * len(steps))

@@ -649,6 +649,24 @@ def test_the_pilot_rule_stops_at_the_first_budget_where_no_variant_still_gains()
     assert verdict(capped, 900, 450, 1.0, 2250) == ("stop", 2250)  # never flat: the cap decides
 
 
+def test_the_continuation_rule_reads_the_mean_of_the_seeds_at_the_steps_all_reached() -> None:
+    """README's continuation: +450 from 2,250 while any encoding's seed-mean validation BLEU gains >= 1.0, cap 4,500;
+    one seed's jump does not move the mean past the threshold, and a seed still training holds the decision."""
+    from bench.pilot_rule import seed_mean, verdict
+
+    flat = {s: 50.0 for s in range(1800, 4501, 150)}
+    jumpy = {**flat, 2700: 52.5}  # one seed +2.5 at 2,700: the mean +0.83
+    rising = {s: 40 + s / 300 for s in range(1800, 4501, 150)}  # +1.5 per 450 steps
+    assert seed_mean([flat, jumpy, flat])[2700] == pytest.approx(50 + 2.5 / 3)
+    assert verdict({"a": seed_mean([flat, jumpy, flat])}, 2700, 450, 1.0, 4500) == ("stop", 2700)
+    assert verdict({"a": seed_mean([jumpy] * 3)}, 2700, 450, 1.0, 4500) == ("stop", 3150)  # all three: +2.5, raised
+    assert verdict({"a": seed_mean([rising] * 3), "b": seed_mean([flat] * 3)}, 2250, 450, 1.0, 4500) == ("stop", 4500)
+    training = {s: v for s, v in rising.items() if s <= 2700}
+    assert sorted(seed_mean([rising, training, rising]))[-1] == 2700  # the mean only where every seed has a value
+    assert verdict({"a": seed_mean([rising, training, rising])}, 2250, 450, 1.0, 4500) == ("wait", 3150)
+    assert seed_mean([]) == {}
+
+
 def test_cpu_jobs_run_side_by_side_each_with_its_share_of_the_cores(tmp_path: Path) -> None:
     job = ("import os, sys, time; print(os.environ.get('OMP_NUM_THREADS'), time.time(), flush=True); "
            "time.sleep(float(sys.argv[1])); print(time.time())")
