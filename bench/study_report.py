@@ -175,10 +175,10 @@ def _buckets(per: dict[str, list[np.ndarray]], index: dict[str, list[int]],
     out = []
     for label, idx in index.items():
         row: dict[str, Any] = {"bucket": label, "n": len(idx)}
-        bleu = [x[idx].sum(0) for x in per["BLEU"]] if idx else []
-        values = {"bleu": [corpus_score(metrics["BLEU"], x) for x in bleu],
-                  "chrf": [corpus_score(metrics["chrF"], x[idx].sum(0)) for x in per["chrF"]] if idx else [],
-                  "length_ratio": [float(x[0] / max(x[1], 1)) for x in bleu]}
+        summed = {m: [x[idx].sum(0) for x in seeds] if idx else [] for m, seeds in per.items()}
+        values = {"bleu": [corpus_score(metrics["BLEU"], x) for x in summed["BLEU"]],
+                  "chrf": [corpus_score(metrics["chrF"], x) for x in summed["chrF"]],
+                  "length_ratio": [float(x[0] / max(x[1], 1)) for x in summed["BLEU"]]}
         for metric, seeds in values.items():
             row[metric] = seeds
             row[f"{metric}_mean_std"] = mean_std(seeds) if seeds else None

@@ -253,9 +253,9 @@ def _bleu_scores(metric: Any, summed: np.ndarray) -> np.ndarray:
                 precisions[:, n] = np.where(zero, 100.0 * value / total[:, n], precisions[:, n])
             hit = ~stopped & (correct[:, n] != 0)
             precisions[:, n] = np.where(hit, 100.0 * correct[:, n] / total[:, n], precisions[:, n])
-    out = np.zeros(len(summed))
+    out, any_correct = np.zeros(len(summed)), correct.any(1).tolist()
     for i, (row, s, r) in enumerate(zip(precisions.tolist(), sys_len.tolist(), ref_len.tolist(), strict=True)):
-        if correct[i].any():
+        if any_correct[i]:
             bp = (math.exp(1 - r / s) if s > 0 else 0.0) if s < r else 1.0
             out[i] = bp * math.exp(sum([my_log(p) for p in row]) / order)
     return out
