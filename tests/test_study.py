@@ -311,6 +311,39 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
         "this study scores")
     assert (root / "study.json").read_text() == spec
 
+    # bench/study_replay.py: do retrained runs repeat a published study? Study t against its own published folder
+    # is identical; a changed published value is a difference (exit 1). (The real check: README, the extrapolation
+    # study's runs trained again on a new machine; a seed repeating a CPU run: tests/test_training.py.)
+    published = tmp_path / "published"
+    shutil.copytree(root, published, ignore=shutil.ignore_patterns("runs", "tb", "figures"))
+    itself = replay(published, root)
+    assert itself.returncode == 0, itself.stdout + itself.stderr
+    assert itself.stdout.splitlines()[-1] == f"replay of {published}: every compared value identical"
+    assert sorted(itself.stdout.splitlines()[:-1]) == [
+        f"attention_pe={pe} seed {s}: validation BLEU 2 of 2 evaluations identical; hypotheses 2 of 2 split/decoder "
+        "outputs identical" for pe in ("none", "rope") for s in (1, 2)]
+    changed = json.loads((published / "results.json").read_text())
+    curve = changed["systems"]["attention_pe=rope"]["valid_bleu"][1]  # seed 2
+    curve[-1][1] += 1e-9  # one evaluation off by one part in a billion
+    (published / "results.json").write_text(json.dumps(changed))
+    import lzma
+
+    hyp = published / "hypotheses" / "attention_pe=none.seed1.json.xz"
+    doc = json.loads(lzma.decompress(hyp.read_bytes()))
+    doc["test"]["greedy"][0] += " x"
+    hyp.write_bytes(lzma.compress(json.dumps(doc).encode()))
+    differs = replay(published, root)
+    assert differs.returncode == 1 and differs.stdout.splitlines()[-1] == f"replay of {published}: DIFFERS"
+    assert f"attention_pe=rope seed 2: validation BLEU 1 of 2 evaluations identical (differs at steps {curve[-1][0]})" \
+        in differs.stdout
+    assert "attention_pe=none seed 1: validation BLEU 2 of 2 evaluations identical; hypotheses 1 of 2 split/decoder " \
+        "outputs identical (differ: test/greedy)" in differs.stdout.splitlines()
+
+
+def replay(published: Path, *studies: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "bench/study_replay.py", str(published), *map(str, studies)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
 
 LINEAR = ("--test-variant", "linear:model.rope.scaling=linear,model.rope.factor=2,model.rope.original_max_len=8")
 
