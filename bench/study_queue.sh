@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# The extrapolation study (README, "Pre-registration") and its candidates, in order: train the 15 runs from a
-# worktree pinned at the training commit, score them with --score-only from a worktree pinned at the scoring
-# commit, then the same for the candidates (which link the study's sinusoidal runs as their baseline).
-# Resumable: run it again after any interruption (a session's end, a reboot); each step skips what is done. While a
-# study's last runs train with a core to spare, bench/study_prescore.sh scores its finished runs with the scoring
-# worktree's test.py, exactly as the scoring step would (which then skips them).
+# The extrapolation study (README, "Pre-registration"), its candidates and its continuation, in the order README
+# declares: train the candidates (with the baseline sinusoidal runs they share with the study) from a worktree pinned
+# at the training commit and score them with --score-only from a worktree pinned at the scoring commit; train the
+# study's other runs to 2,250 steps (they link those sinusoidal runs); then the continuation to a flattened budget:
+# the rule (bench/pilot_rule.py, from a third pinned worktree) raises the study's budget by 450 steps while any
+# encoding's seed-mean validation BLEU still gains 1.0 (cap 4,500), and the study is scored at the budget it fixes.
+# After each training step bench/study_replay.py says, in the log, whether the retrained runs repeat the published
+# study's (validation BLEU at every evaluation, and hypotheses once scored); it reads only.
+# Resumable: run it again after any interruption (a session's end, a reboot, a new machine); each step skips what is
+# done. While the candidates' last run trains with a core to spare, bench/study_prescore.sh scores their finished
+# runs with the scoring worktree's test.py, exactly as the scoring step would (which then skips them).
 #
 #   bash bench/study_queue.sh [RUNS_DIR]        # default ../study-runs; returns at once, log: RUNS_DIR/queue.log
 #
 # It goes on in the background in a session of its own (setsid: no terminal's hangup stops it, and its priority
 # does not touch the caller's). On a machine without the worktrees it makes them beside this checkout
-# (../study-wt, ../score-wt), each with a virtual environment: a copy of this checkout's .venv when there is
-# one, else a fresh install as .ci/run makes.
+# (../study-wt, ../score-wt, ../rule-wt), each with a virtual environment: a copy of this checkout's .venv when there
+# is one, else a fresh install as .ci/run makes.
 set -u
 # The whole script is one function, read before it runs: an edit to this file while a queue runs cannot change it.
 main() {
@@ -25,7 +30,9 @@ main() {
     fi
     TRAIN_COMMIT=44dd6fe   # trains every run of both studies (README: the amendment of 2026-11-26)
     SCORE_COMMIT=2b7045d   # scores them (README: "Scoring, once every run is at 2,250 steps")
-    COMMON="--preset train-short-test-long --seeds 3 --jobs 2 --steps 2250 --eval-every 150 --checkpoint last --runs $RUNS"
+    RULE_COMMIT=68e0f57    # reads only: the continuation's budget rule (bench/pilot_rule.py --seed 1,2,3), bench/study_replay.py
+    BASE="--preset train-short-test-long --seeds 3 --jobs 2 --eval-every 150 --checkpoint last --runs $RUNS"
+    COMMON="$BASE --steps 2250"
     STUDY="--name extrapolation --variants sinusoidal,learnable,alibi,t5,rope"
     CANDS="--name extrapolation-candidates --variants sinusoidal+shape,kerple_log,fire,decoder-nope"
 
@@ -74,14 +81,49 @@ main() {
         return "$rc"
     }
 
+    replayed() {  # replayed STUDY_DIR...: do the retrained runs repeat the published study's? (log only)
+        echo "== $(date -Is) replay check against bench/studies/extrapolation"
+        (cd "$RULE_WT" && .venv/bin/python bench/study_replay.py bench/studies/extrapolation "$@") || true
+    }
+
+    continued() {  # the continuation: raise the study's budget by the rule, then score it at the budget it fixes
+        local verdict budget
+        while :; do
+            verdict=$(cd "$RULE_WT" && .venv/bin/python bench/pilot_rule.py "$RUNS/study_extrapolation" --seed 1,2,3 \
+                --start 2250 --cap 4500) || return 1
+            echo "== $(date -Is) issue 21 continuation: the budget rule"
+            echo "$verdict"
+            verdict=$(tail -n 1 <<< "$verdict")
+            case $verdict in
+                "rule: budget B = "*)
+                    budget=${verdict#rule: budget B = }
+                    budget=${budget%% *}
+                    break ;;
+                *"raise the study's --steps to "*)
+                    budget=${verdict##* }
+                    # shellcheck disable=SC2086
+                    step "$TRAIN_WT" "issue 21 continuation: training" $STUDY $BASE --steps "$budget" --train-only || return 1
+                    replayed "$RUNS/study_extrapolation" ;;
+                *) return 1 ;;
+            esac
+        done
+        # shellcheck disable=SC2086
+        step "$SCORE_WT" "issue 21 continuation: scoring" $STUDY $BASE --steps "$budget" --bootstrap 10000 --score-only
+    }
+
     TRAIN_WT=$(realpath -m "$ROOT/../study-wt")
     SCORE_WT=$(realpath -m "$ROOT/../score-wt")
-    worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" || exit 1
+    RULE_WT=$(realpath -m "$ROOT/../rule-wt")
+    worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" && worktree "$RULE_WT" "$RULE_COMMIT" ||
+        exit 1
     # shellcheck disable=SC2086  # the option strings split into words on purpose
-    trained "$RUNS/study_extrapolation" step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
-        step "$SCORE_WT" "issue 21 study: scoring" $STUDY $COMMON --bootstrap 10000 --score-only &&
-        trained "$RUNS/study_extrapolation-candidates" step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
+    trained "$RUNS/study_extrapolation-candidates" step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
+        replayed "$RUNS/study_extrapolation-candidates" &&
         step "$SCORE_WT" "issue 24 candidates: scoring" $CANDS $COMMON --bootstrap 10000 --score-only &&
+        replayed "$RUNS/study_extrapolation-candidates" &&
+        step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
+        replayed "$RUNS/study_extrapolation" &&
+        continued &&
         echo "== $(date -Is) queue done"
 }
 main "$@"; exit $?

@@ -85,33 +85,50 @@ def _flags(words: list[str]) -> dict[str, str | None]:
 
 
 def test_the_study_queue_runs_readmes_study_commands_at_their_pinned_commits() -> None:
-    """bench/study_queue.sh chains the four study commands README gives (train, score; study, candidates): each
-    from its worktree, with the same flags and values and the same pinned commits, so the script and the
-    pre-registration cannot drift apart."""
+    """bench/study_queue.sh chains the study commands README gives, in README's order (the candidates trained and
+    scored, the study trained to 2,250 steps, its continuation trained to the budget the rule sets and scored
+    there): each from its worktree, with the same flags and values and the same pinned commits, the rule with
+    README's own command, so the script and the pre-registration cannot drift apart. A budget the rule decides
+    (``--steps "$budget"``) matches README's ``--steps B``."""
     script = (ROOT / "bench" / "study_queue.sh").read_text()
     var = {k: v.strip('"') for k, v in re.findall(r'^\s*([A-Z_]+)=("[^"]*"|\S+)', script, re.M)}
     readme = (ROOT / "README.md").read_text()
-    assert f"git worktree add --detach ../study-wt {var['TRAIN_COMMIT']}" in readme
-    assert f"git worktree add --detach ../score-wt {var['SCORE_COMMIT']}" in readme
+    for name, folder in (("TRAIN_COMMIT", "study-wt"), ("SCORE_COMMIT", "score-wt"), ("RULE_COMMIT", "rule-wt")):
+        assert f"git worktree add --detach ../{folder} {var[name]}" in readme, name
     documented = []
     for command in _shell_commands(readme):
         if "bench/study.py" in command and "--preset train-short-test-long" in command:
             where, flags = command.split("bench/study.py", 1)
             documented.append((where.split("&&")[0].strip(), _flags(shlex.split(flags))))
-    steps = re.findall(r'step "\$(\w+)" "[^"]*" (.*?)(?: &&)?$', script, re.M)
-    assert len(steps) == 4, steps
+    step = re.compile(r'step "\$(\w+)" "[^"]*" (.*?)(?: &&| \|\| return 1)?$', re.M)
+    chain = script[script.index('worktree "$TRAIN_WT" "$TRAIN_COMMIT" &&'):]  # what runs, in order
+    continuation = script[script.index("continued() {"):script.index('TRAIN_WT=$(realpath')]
+    assert re.search(r"--train-only &&\n\s*replayed \S+ &&\n\s*continued &&", chain)  # after the study's training
+    steps = step.findall(chain) + step.findall(continuation)
+    assert len(steps) == 5, steps
     worktree = {"TRAIN_WT": "cd ../study-wt", "SCORE_WT": "cd ../score-wt"}
+    def expand(words: list[str]) -> list[str]:  # the script's option strings ($STUDY, $COMMON, $BASE) as words
+        return [w for a in words for w in (expand(var[a[1:]].split()) if a[1:] in var and a != "$RUNS" else [a])]
+
     for wt, args in steps:
-        words = [w for a in args.split() for w in (var[a[1:]].split() if a.startswith("$") else [a])]
-        flags = _flags(words)
+        words = expand(args.split())
+        flags = _flags(["B" if w == '"$budget"' else w for w in words])
         assert flags["--runs"] == "$RUNS"
         flags["--runs"] = "../study-runs"
         assert (worktree[wt], flags) in documented, (wt, args)
-    assert [wt for wt, _ in steps] == ["TRAIN_WT", "SCORE_WT", "TRAIN_WT", "SCORE_WT"]
-    assert ["--train-only" in a for _, a in steps] == [True, False, True, False]
+    assert [wt for wt, _ in steps] == ["TRAIN_WT", "SCORE_WT", "TRAIN_WT", "TRAIN_WT", "SCORE_WT"]
+    assert ["--train-only" in a for _, a in steps] == [True, False, True, True, False]
+    assert ["$CANDS" in a for _, a in steps] == [True, True, False, False, False]
+    rule = re.search(r'\.venv/bin/python (bench/pilot_rule\.py "\$RUNS/study_extrapolation" [^)]*?)\)', script, re.S)
+    assert rule is not None
+    rule_words = shlex.split(rule.group(1).replace("\\\n", " ").replace('"$RUNS', '"../study-runs'))
+    assert f"cd ../rule-wt && .venv/bin/python {' '.join(rule_words)}" in _shell_commands(readme)
     assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "study_queue.sh")]).returncode == 0
-    for commit in (var["TRAIN_COMMIT"], var["SCORE_COMMIT"]):
+    for commit in (var["TRAIN_COMMIT"], var["SCORE_COMMIT"], var["RULE_COMMIT"]):
         assert subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"]).returncode == 0
+    rule_wt = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", var["RULE_COMMIT"], "bench/"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert {"bench/pilot_rule.py", "bench/study_replay.py"} <= set(rule_wt)  # what the queue runs from there
 
 
 def test_readmes_encoding_lists_and_quoted_errors_follow_the_registry() -> None:
