@@ -94,13 +94,11 @@ main() {
             echo "== $(date -Is) issue 21 continuation: the budget rule"
             echo "$verdict"
             verdict=$(tail -n 1 <<< "$verdict")
+            budget=$(grep -o '[0-9][0-9]*' <<< "$verdict" | head -n 1)  # the line's first number is the budget
             case $verdict in
-                "rule: budget B = "*)
-                    budget=${verdict#rule: budget B = }
-                    budget=${budget%% *}
-                    break ;;
-                *"raise the study's --steps to "*)
-                    budget=${verdict##* }
+                "rule: budget B = "*) break ;;
+                # a raise, or one a stopped queue began: train every run to that budget
+                *"raise the study's --steps to "* | *"the runs are still training toward "*)
                     # shellcheck disable=SC2086
                     step "$TRAIN_WT" "issue 21 continuation: training" $STUDY $BASE --steps "$budget" --train-only || return 1
                     replayed "$RUNS/study_extrapolation" ;;
@@ -111,19 +109,30 @@ main() {
         step "$SCORE_WT" "issue 21 continuation: scoring" $STUDY $BASE --steps "$budget" --bootstrap 10000 --score-only
     }
 
+    once() {  # once NAME COMMAND...: COMMAND, unless a queue before this one finished it (RUNS/queue-done/NAME): the
+        # candidates' steps are not run again once the continuation has trained their shared sinusoidal runs on
+        local name=$1
+        shift
+        if [ -f "$RUNS/queue-done/$name" ]; then
+            echo "== $(date -Is) $name: done by an earlier queue"
+            return 0
+        fi
+        "$@" && mkdir -p "$RUNS/queue-done" && touch "$RUNS/queue-done/$name"
+    }
+
     TRAIN_WT=$(realpath -m "$ROOT/../study-wt")
     SCORE_WT=$(realpath -m "$ROOT/../score-wt")
     RULE_WT=$(realpath -m "$ROOT/../rule-wt")
     worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" && worktree "$RULE_WT" "$RULE_COMMIT" ||
         exit 1
     # shellcheck disable=SC2086  # the option strings split into words on purpose
-    trained "$RUNS/study_extrapolation-candidates" step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
+    once candidates-trained trained "$RUNS/study_extrapolation-candidates" step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
         replayed "$RUNS/study_extrapolation-candidates" &&
-        step "$SCORE_WT" "issue 24 candidates: scoring" $CANDS $COMMON --bootstrap 10000 --score-only &&
+        once candidates-scored step "$SCORE_WT" "issue 24 candidates: scoring" $CANDS $COMMON --bootstrap 10000 --score-only &&
         replayed "$RUNS/study_extrapolation-candidates" &&
-        step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
+        once study-trained-2250 step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
         replayed "$RUNS/study_extrapolation" &&
-        continued &&
+        once continuation-scored continued &&
         echo "== $(date -Is) queue done"
 }
 main "$@"; exit $?

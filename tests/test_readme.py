@@ -102,8 +102,8 @@ def test_the_study_queue_runs_readmes_study_commands_at_their_pinned_commits() -
             documented.append((where.split("&&")[0].strip(), _flags(shlex.split(flags))))
     step = re.compile(r'step "\$(\w+)" "[^"]*" (.*?)(?: &&| \|\| return 1)?$', re.M)
     chain = script[script.index('worktree "$TRAIN_WT" "$TRAIN_COMMIT" &&'):]  # what runs, in order
-    continuation = script[script.index("continued() {"):script.index('TRAIN_WT=$(realpath')]
-    assert re.search(r"--train-only &&\n\s*replayed \S+ &&\n\s*continued &&", chain)  # after the study's training
+    continuation = script[script.index("continued() {"):script.index("once() {")]
+    assert re.search(r"--train-only &&\n\s*replayed \S+ &&\n\s*once \S+ continued &&", chain)  # after the study's
     steps = step.findall(chain) + step.findall(continuation)
     assert len(steps) == 5, steps
     worktree = {"TRAIN_WT": "cd ../study-wt", "SCORE_WT": "cd ../score-wt"}

@@ -1,0 +1,87 @@
+"""bench/study_queue.sh's own logic, run in bash with stand-ins for the study commands: the continuation raises
+the budget as long as the rule says so and scores at the budget it fixes, resumes a raise a stopped queue began,
+stops on a verdict it does not know, and steps an earlier queue finished are not run again."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from conftest import ROOT
+
+SCRIPT = (ROOT / "bench" / "study_queue.sh").read_text()
+
+
+def _function(name: str) -> str:
+    """The text of one of the queue's functions (defined inside ``main``, four spaces in)."""
+    match = re.search(rf"^    {name}\(\) \{{.*?^    \}}$", SCRIPT, re.S | re.M)
+    assert match, name
+    return match.group(0)
+
+
+def _queue(tmp: Path, verdicts: list[str], call: str) -> tuple[int, list[str]]:
+    """Runs ``call`` with the queue's ``continued`` and ``once``; the rule's worktree python prints the next of
+    ``verdicts`` (a table line, then the verdict, as bench/pilot_rule.py); ``step`` and ``replayed`` log their
+    arguments. Returns the exit status and the log's lines."""
+    rule = tmp / "rule-wt"
+    (rule / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    for i, verdict in enumerate(verdicts):
+        (tmp / f"verdict{i}").write_text(f"| sinusoidal | 49.65 |\n\n{verdict}\n")
+    python = rule / ".venv" / "bin" / "python"
+    python.write_text(f'#!/usr/bin/env bash\necho "rule $*" >> {tmp}/log\nn=$(cat {tmp}/n 2>/dev/null || echo 0)\n'
+                      f'echo $((n + 1)) > {tmp}/n\ncat {tmp}/verdict$n\n')
+    python.chmod(0o755)
+    stubs = (f'step() {{ echo "step $*" >> {tmp}/log; [ ! -f {tmp}/fail ]; }}\n'
+             f'replayed() {{ echo "replayed $*" >> {tmp}/log; }}\n')
+    script = (f'RUNS={tmp}/runs; RULE_WT={rule}; TRAIN_WT=T; SCORE_WT=S; STUDY="--name x"; BASE="--seeds 3"\n'
+              + stubs + _function("continued") + "\n" + _function("once") + "\n" + call + "\n")
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    log = tmp / "log"
+    return res.returncode, log.read_text().splitlines() if log.exists() else []
+
+
+def test_the_continuation_raises_while_the_rule_says_so_then_scores_at_its_budget(tmp_path: Path) -> None:
+    rc, log = _queue(tmp_path, ["rule: not decided; raise the study's --steps to 2700",
+                                "rule: not decided; raise the study's --steps to 3150",
+                                "rule: budget B = 3150 steps (gains over the last 450 steps: sinusoidal +0.41, "
+                                "rope +0.98)"], "continued")
+    assert rc == 0
+    rule = f"rule bench/pilot_rule.py {tmp_path}/runs/study_extrapolation --seed 1,2,3 --start 2250 --cap 4500"
+    train = "step T issue 21 continuation: training --name x --seeds 3 --steps {} --train-only"
+    assert log == [rule, train.format(2700), f"replayed {tmp_path}/runs/study_extrapolation",
+                   rule, train.format(3150), f"replayed {tmp_path}/runs/study_extrapolation",
+                   rule, "step S issue 21 continuation: scoring --name x --seeds 3 --steps 3150 --bootstrap 10000 "
+                         "--score-only"]
+
+
+def test_a_raise_a_stopped_queue_began_is_trained_to_its_end(tmp_path: Path) -> None:
+    """Restarted mid-raise, the rule says the runs still train toward 2,700: they are trained there, not refused."""
+    rc, log = _queue(tmp_path, ["rule: not decided; the runs are still training toward 2700 steps",
+                                "rule: budget B = 2700 steps (gains over the last 450 steps: sinusoidal +0.10)"],
+                     "continued")
+    assert rc == 0
+    assert [line.split(" --")[0] for line in log if line.startswith("step")] == [
+        "step T issue 21 continuation: training", "step S issue 21 continuation: scoring"]
+    assert "--steps 2700 --train-only" in log[1] and "--steps 2700 --bootstrap 10000" in log[-1]
+
+
+def test_an_unknown_verdict_or_a_failed_training_stops_the_queue(tmp_path: Path) -> None:
+    rc, log = _queue(tmp_path, ["something else"], "continued")
+    assert rc == 1 and not any(line.startswith("step") for line in log)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "fail").touch()
+    rc, log = _queue(tmp_path / "other", ["rule: not decided; raise the study's --steps to 2700",
+                                          "rule: budget B = 2700 steps"], "continued")
+    assert rc == 1 and [line for line in log if line.startswith("step")] == [
+        "step T issue 21 continuation: training --name x --seeds 3 --steps 2700 --train-only"]  # never scored
+
+
+def test_a_step_an_earlier_queue_finished_is_not_run_again(tmp_path: Path) -> None:
+    """``once``: done steps are marked in RUNS/queue-done and skipped (the candidates' scoring would refuse their
+    sinusoidal runs once the continuation trained them past 2,250 steps); a failed step is not marked."""
+    rc, log = _queue(tmp_path, [], 'once scored step S score && once scored step S again && echo ok >> "$RUNS/../log"')
+    assert rc == 0 and log == ["step S score", "ok"] and (tmp_path / "runs" / "queue-done" / "scored").is_file()
+    (tmp_path / "fail").touch()
+    rc, log = _queue(tmp_path, [], "once other step S fails")
+    assert rc == 1 and log[-1] == "step S fails" and not (tmp_path / "runs" / "queue-done" / "other").exists()
