@@ -70,3 +70,46 @@ def test_a_killed_study_takes_its_child_along_and_resumes_to_the_same_weights(tm
     assert wa["trainer"]["iteration"] == wb["trainer"]["iteration"] == 24
     assert all(torch.equal(wa["model"][k], wb["model"][k]) for k in wa["model"])
     assert "Traceback" not in log.read_text()
+
+
+def test_a_study_stopped_as_a_group_stops_its_run_once_and_saves_last_pt(tmp_path: Path) -> None:
+    """``kill -- -PGID`` (or Ctrl-C) on a study reaches its train.py twice at once: from the kill, and as the
+    study's death signal when the study dies of it. That is one stop: the step is finished and last.pt saved (it
+    used to abort without saving, losing everything since the last checkpoint). The death signal is sent here
+    right after the group's, as a study dying at once sends it, so that the test does not race the step."""
+    study = subprocess.Popen(study_cmd(tmp_path / "b", tmp_path / "c"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)  # its own group, as in a terminal
+    log = tmp_path / "b" / "study_k" / "runs" / "attention_pe_rope" / "seed1" / "study.log"
+    deadline = time.monotonic() + 600
+    while not (log.is_file() and " step 3 " in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (child,) = children(study.pid)
+    os.killpg(study.pid, signal.SIGTERM)
+    os.kill(child, signal.SIGTERM)  # the death signal (PR_SET_PDEATHSIG), mid-step
+    study.wait(timeout=120)
+    deadline = time.monotonic() + 120
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    text = log.read_text()
+    assert "SIGTERM received" in text and "Engine run is terminating due to exception" not in text, text[-2000:]
+    stopped = [line for line in text.splitlines() if "stop requested by a signal" in line]
+    assert len(stopped) == 1, text[-2000:]
+    step = int(stopped[0].split("stopping at step ")[1].split(":")[0])
+    run = next((tmp_path / "b" / "study_k" / "runs" / "attention_pe_rope" / "seed1").glob("demo_*"))
+    assert step >= 3 and load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] == step
+
+
+def test_a_second_signal_aborts_only_when_it_is_asked_for_again() -> None:
+    from utils.training.guards import StopRequest
+
+    with StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)  # the same stop, delivered twice within a moment
+        assert stop.reason == "SIGINT"
+        stop._at -= StopRequest.SAME_STOP  # asked again later: stop now
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("a signal asked again did not abort")

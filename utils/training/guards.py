@@ -54,10 +54,16 @@ class NonFiniteGuard:
 
 
 class StopRequest:
-    """Turns the first SIGINT/SIGTERM into a request honoured at the next iteration boundary."""
+    """Turns the first SIGINT/SIGTERM into a request honoured at the next iteration boundary; a signal again
+    aborts at once, unless it comes within ``SAME_STOP`` seconds of the first: Ctrl-C or ``kill -- -PGID`` on a
+    study reaches its train.py twice at once (from the terminal or the kill, and as the study's death signal),
+    and that is one stop, which must still save last.pt."""
+
+    SAME_STOP = 2.0
 
     def __init__(self) -> None:
         self.reason: str | None = None
+        self._at = 0.0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
@@ -73,9 +79,13 @@ class StopRequest:
             signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.reason is not None:  # second signal: stop now
-            raise KeyboardInterrupt
-        self.reason = signal.Signals(signum).name
+        import time
+
+        if self.reason is not None:
+            if time.monotonic() - self._at < self.SAME_STOP:  # the same stop, delivered twice
+                return
+            raise KeyboardInterrupt  # asked again: stop now
+        self.reason, self._at = signal.Signals(signum).name, time.monotonic()
         log.warning("%s received: finishing this step, saving checkpoints/last.pt (again to abort)", self.reason)
 
 
