@@ -5,6 +5,7 @@ both keys; a tiny model trains with each method through train.py and translates.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -101,6 +102,38 @@ def test_cape_shift_jitter_and_scaling_stay_within_their_bounds() -> None:
         assert pos.dtype == torch.float64 and (pos.diff() > 0).all()
     still = cape_positions(9, CapeConfig(max_global_shift=0, max_local_shift=0, max_global_scaling=1), g)
     assert torch.equal(still, torch.arange(9, dtype=torch.float64))
+
+
+def reference_cape_row(n_tokens: int, max_global_shift: float, max_local_shift: float, max_global_scaling: float,
+                       u_shift: float, u_local: torch.Tensor, u_scale: float, pos_scale: float = 1.0) -> torch.Tensor:
+    """One sequence of gcambara/cape's ``CAPE1d._augment_positions`` (training, ``normalize=False``), written out
+    here with its uniform draws given as u in [0, 1) (``uniform_(a, b)`` is a + (b - a) u): positions
+    pos_scale * t, delta ~ U(-max_global_shift, max_global_shift), delta_local ~ U(-eps/2, eps/2) with
+    eps = pos_scale * max_local_shift, log_lambda ~ U(-log s, log s); (positions + delta + delta_local) *
+    exp(log_lambda)."""
+    positions = pos_scale * torch.arange(n_tokens, dtype=torch.float64)
+    delta = -max_global_shift + 2 * max_global_shift * u_shift
+    epsilon = pos_scale * max_local_shift
+    delta_local = -epsilon / 2 + epsilon * u_local
+    log_l = math.log(max_global_scaling)
+    log_lambda = -log_l + 2 * log_l * u_scale
+    return (positions + delta + delta_local) * math.exp(log_lambda)
+
+
+@pytest.mark.parametrize("shift,local,scaling", [(5.0, 1.0, 1.03), (3.0, 0.5, 2.0), (0.0, 1.0, 1.5)])
+def test_cape_positions_are_the_reference_codes_on_the_same_draws(shift: float, local: float, scaling: float) -> None:
+    """``cape_positions`` against gcambara/cape's augmentation (above, per sequence) fed the same uniform draws, in
+    the order ours takes them from its generator (Delta, the T jitters, lambda): the same positions, the global
+    shift inside the scaling (lambda (i + Delta), not lambda i + Delta) and the jitter's width w = max_local_shift."""
+    for seed in range(20):
+        g = gen(seed)
+        u_shift = float(torch.rand((), dtype=torch.float64, generator=g))
+        u_local = torch.rand(13, dtype=torch.float64, generator=g)
+        u_scale = float(torch.rand((), dtype=torch.float64, generator=g))
+        ours = cape_positions(13, CapeConfig(max_global_shift=shift, max_local_shift=local,
+                                             max_global_scaling=scaling), gen(seed))
+        reference = reference_cape_row(13, shift, local, scaling, u_shift, u_local, u_scale)
+        torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("cfg", [{"method": "shape"}, {"method": "randomized", "randomized": {"max_length": 40}},
@@ -299,6 +332,7 @@ def test_train_py_trains_with_each_method_and_inference_py_translates(tmp_path: 
     run_dir = next(p for p in (tmp_path / "runs").glob("demo_2*") if p.is_dir())
     log = (run_dir / "train.log").read_text()
     assert f"; in training {described}" in log
+    assert json.loads((run_dir / "summary.json").read_text())["augment"] == described  # what the run trained with
     run = load_run(run_dir, device="cpu")
     assert run.cfg.model.augment.method == method and run.step == 3 and not run.model.training
     sources = ["Le chat dort.", "Il fait beau aujourd'hui."]
@@ -356,3 +390,112 @@ def test_the_newer_attention_encodings_take_real_positions_from_cape(name: str) 
     src, tgt = batch()
     assert torch.isfinite(ours.train()(src, tgt)).all()
     assert torch.equal(ours.eval()(src, tgt), plain.eval()(src, tgt))
+
+
+# ---------------------------------------------------------------------------------------------- registry-wide
+
+
+def _augmented_cases() -> list[tuple[str, str, str]]:
+    """(method, input encoding, attention encoding): each encoding of the registry with each method validation
+    accepts it with on the tiny model's sizes, beside the first partner that makes the pair valid (an input
+    encoding beside no attention encoding or else RoPE; an attention encoding, causal-only ones in decoder
+    self-attention, beside no input encoding or else the sinusoids)."""
+    from models.positional import REGISTRY
+
+    def valid(method: str, inp: str, att: str) -> bool:
+        try:
+            load_config(DEMO, [*_sets(method, inp, att), "data.max_len=24", "data.max_train_len=16"])
+        except ConfigError:
+            return False
+        return True
+
+    cases = []
+    for method in AUGMENT:
+        pairs = [[(inp, att) for att in ("none", "rope")] for inp in REGISTRY["input"]]
+        pairs += [[(inp, att) for inp in ("none", "sinusoidal")] for att in REGISTRY["attention"]]
+        for options in pairs:
+            chosen = next(((method, i, a) for i, a in options if valid(method, i, a)), None)
+            if chosen is not None and chosen not in cases:
+                cases.append(chosen)
+    return cases
+
+
+AUGMENT = {"shape": {"method": "shape", "shape": {"max_shift": 10}},  # 17 + 10 positions: one-hot's 32 hold them
+           "randomized": {"method": "randomized", "randomized": {"max_length": 30}},
+           "cape": {"method": "cape"}}
+
+
+def _placed(att: str) -> dict:
+    from models.positional import REGISTRY
+
+    cls = REGISTRY["attention"][att]
+    return {"attention_pe": "none", "decoder_pe": {"attention": att}} if cls and cls.causal_only else {
+        "attention_pe": att}
+
+
+def _sets(method: str, inp: str, att: str) -> list[str]:
+    """The overrides that give demo.yaml the tiny model's encodings, sizes and augmentation."""
+    sets = [f"model.input_pe={inp}", "model.d_model=32", "model.n_heads=4", "model.max_positions=128",
+            *(f"model.{k}={v}" if not isinstance(v, dict) else f"model.decoder_pe.attention={v['attention']}"
+              for k, v in _placed(att).items())]
+    for key, value in AUGMENT[method].items():
+        sets += [f"model.augment.{key}.{k}={v}" for k, v in value.items()] if isinstance(value, dict) else [
+            f"model.augment.{key}={value}"]
+    return sets
+
+
+AUGMENTED = _augmented_cases()
+
+
+def test_every_method_is_covered_with_every_encoding_it_can_take() -> None:
+    """The registry-wide test below covers each encoding with each method validation accepts it with: CAPE with
+    every real-position encoding, randomized positions and SHAPE with every encoding (SHAPE with a shift-invariant
+    attention encoding beside the sinusoids: they are what it shifts)."""
+    from models.positional import REGISTRY
+
+    by = {m: [(i, a) for mm, i, a in AUGMENTED if mm == m] for m in AUGMENT}
+    real = {n for level in REGISTRY.values() for n, c in level.items() if c is not None and c.positions == "real"}
+    assert {x for pair in by["cape"] for x in pair} == real | {"none"}
+    every = set(REGISTRY["input"]) | set(REGISTRY["attention"])
+    assert {x for pair in by["randomized"] for x in pair} == every
+    assert {x for pair in by["shape"] for x in pair} == every
+    assert {a for i, a in by["shape"] if i == "none"} == {"fire"}  # the one attention encoding SHAPE changes alone
+
+
+@pytest.mark.parametrize("method,input_pe,attention_pe", AUGMENTED,
+                         ids=[f"{m}-{i}-{a}" for m, i, a in AUGMENTED])
+def test_every_accepted_encoding_trains_and_decodes_with_every_method(method: str, input_pe: str,
+                                                                      attention_pe: str) -> None:
+    """The registry-wide tests under augmentation: in training mode (positions drawn) the fused attention equals the
+    explicit path on the same draw and gradients are finite; in eval mode the model equals the one without the
+    setting, bit for bit, and KV-cached decoding equals full decoding."""
+    def tiny(augment: dict | None) -> Seq2SeqTransformer:
+        torch.manual_seed(0)
+        cfg = dict(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0, max_positions=128,
+                   input_pe=input_pe, augment=augment or {}, **_placed(attention_pe))
+        return Seq2SeqTransformer(ModelConfig(**cfg), 40, PAD)
+
+    ours = tiny(AUGMENT[method])
+    for name, p in ours.named_parameters():  # a table that starts at zeros (CoPE's) would hide its positions
+        if ".pe." in name and p.abs().max() == 0:
+            torch.nn.init.normal_(p)
+    plain = tiny(None)
+    plain.load_state_dict(ours.state_dict())
+    src, tgt = batch()
+    ours.train()
+    torch.manual_seed(3)
+    fused = ours(src, tgt)
+    torch.manual_seed(3)
+    explicit, _ = ours.forward_with_attention(src, tgt)
+    torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
+    fused.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in ours.parameters() if p.requires_grad)
+    ours.eval()
+    plain.eval()
+    with torch.no_grad():
+        full = ours(src, tgt)
+        assert torch.equal(full, plain(src, tgt))
+        memory, src_mask = ours.encode(src)
+        cache = ours.new_cache()
+        steps = [ours.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache) for t in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)

@@ -151,6 +151,58 @@ def test_forward_backward_and_explicit_path_matches_fused(input_pe: str, attenti
     assert attn.cross[0][1, :, :, 6:].abs().max() == 0
 
 
+#: Encodings per stack (``model.encoder_pe``, ``model.decoder_pe``): (encoder, decoder), each (input, attention).
+MIXED = [(("none", "rope"), ("none", "none")),  # decoder-nope: the causal mask alone carries the decoder's order
+         (("none", "alibi"), ("sinusoidal", "none")),
+         (("none", "kerple_power"), ("none", "cope")),
+         (("none", "sandwich"), ("learnable", "xpos")),
+         (("sinusoidal", "fire"), ("none", "t5")),
+         (("binary", "dpb"), ("none", "shaw"))]
+
+
+def mixed_model(encoder: tuple[str, str], decoder: tuple[str, str]) -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, encoder_layers=2, decoder_layers=2, d_ff=64, dropout=0.0,
+                      max_positions=64, input_pe="none", attention_pe="none",
+                      encoder_pe=StackPE(input=encoder[0], attention=encoder[1]),
+                      decoder_pe=StackPE(input=decoder[0], attention=decoder[1]))
+    model = Seq2SeqTransformer(cfg, 40, PAD).eval()
+    for name, p in model.named_parameters():  # tables that start at zeros or tiny: make positions distinct
+        if ".pe." in name or name.startswith(("src_pe", "tgt_pe")):
+            torch.nn.init.normal_(p)
+    return model
+
+
+@pytest.mark.parametrize("encoder,decoder", MIXED, ids=[f"{e[1]}-{d[1]}" for e, d in MIXED])
+def test_per_stack_encodings_pass_the_registry_wide_tests(encoder: tuple[str, str], decoder: tuple[str, str]) -> None:
+    """Each stack builds its own encodings: cached decoding equals full decoding, fused attention equals the
+    explicit path with finite gradients, and each stack's output depends on its word order (the decoder's through
+    its own encoding, or the causal mask alone where it has none)."""
+    model = mixed_model(encoder, decoder)
+    assert model.cfg.encodings()["encoder self-attention"] == encoder[1]
+    assert model.cfg.encodings()["decoder self-attention"] == decoder[1]
+    assert_incremental_equals_full(model)
+    src, tgt = batch()
+    model.train()
+    logits = model(src, tgt)
+    explicit, _ = model.forward_with_attention(src, tgt)
+    torch.testing.assert_close(explicit, logits, atol=1e-5, rtol=1e-5)
+    logits.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    model.eval()
+    perm = torch.tensor([3, 0, 6, 1, 7, 2, 5, 4])
+    one = torch.randint(4, 40, (1, 8), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        out, _ = model.encode(one)
+        out_perm, _ = model.encode(one[:, perm])
+        assert (out_perm - out[:, perm]).abs().max() > 1e-3  # the encoder is order-aware
+        tgt = torch.cat((tgt, tgt[:, :1]), dim=1)
+        last = model(src, tgt)[:, -1]
+        shuffled = model(src, torch.cat((tgt[:, :-1][:, torch.tensor([3, 0, 6, 1, 2, 5, 4])], tgt[:, -1:]), dim=1))
+    assert (shuffled[:, -1] - last).abs().max() > 1e-3  # the decoder's last token depends on the order before it
+    # (without a decoder encoding too: two causal layers, NoPE)
+
+
 def test_encoder_without_positions_is_permutation_equivariant() -> None:
     model = make_model("none", "none")
     src = torch.randint(4, 40, (1, 8))

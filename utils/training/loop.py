@@ -384,6 +384,7 @@ class Recipe:
             "valid_ppl": metrics.get("ppl"),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this process
             "encodings": self.cfg.model.encodings(),  # where each positional encoding acts
+            "augment": self.cfg.model.augment.describe() or None,  # training-time positions (model.augment)
         }
         resumed = (f" (resumed at step {summary['resumed_from_step']}: {summary['run_steps']} in the run)"
                    if self.resumed_at else "")
