@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import ROOT, make_tiny_config, train_cli, translate_cli
 from torch import nn
 
@@ -105,22 +106,25 @@ def test_a_new_attention_encoding_is_one_class_and_one_registry_line(tmp_path: P
 
 @pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "sandwich", "dpb"])
 def test_distance_biases_train_translate_through_the_cli_plot_and_export(name: str, tmp_path: Path) -> None:
-    """The registered distance biases (KERPLE, Sandwich, DPB) end to end: 2 training steps, inference.py on the run,
+    """The registered distance biases (KERPLE, Sandwich, DPB) end to end: 2 training steps by train.py, inference.py
+    on the run,
     their bias figures, and a CTranslate2 export whose (KV-cached) greedy decoding picks our greedy tokens and scores
     them as our model does teacher-forced. (Not the text of beam search: an untrained model's hypotheses all reach
     the length cap, where ours add the forced EOS to the score and CTranslate2 does not, so the two may rank them
     differently.)"""
     from utils.figures.maps import position_figures
     from utils.run.load import load_run
-    from utils.run.store import create_run_dir
-    from utils.training.loop import train
     from utils.translation.translate import encode_sources, translate
 
     base = make_tiny_config(tmp_path, max_steps=2, eval_every=2, valid_bleu_sentences=2)
     cfg = from_dict(base.to_dict(), ["decode.max_len_a=0", "decode.max_len_b=8", "model.input_pe=none",
                                      f"model.attention_pe={name}"])
-    run_dir = create_run_dir(cfg, tmp_path / "runs")
-    train(cfg, run_dir)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(cfg.to_dict()))
+    res = subprocess.run([sys.executable, "train.py", "--config", str(config), "--runs", str(tmp_path / "runs")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_dir = (tmp_path / "runs" / "tiny_latest").resolve()
     res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run_dir), "--src_text", SENTENCE,
                           "--beam", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

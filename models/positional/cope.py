@@ -24,6 +24,8 @@ its last row, as the paper allows).
 CoPE needs the keys, so it uses the ``logits_bias`` hook (q, k, positions and the mask -> an additive
 ``[B, H, Tq, Tk]`` term that reaches ``scaled_dot_product_attention`` in its float mask, the fused path); in a
 cached decoding step k holds the cached keys, so one new query counts over all of them.
+
+CTranslate2: refused in one line (its positions depend on the keys' content: no table of i - j can hold them).
 """
 
 from __future__ import annotations

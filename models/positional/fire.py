@@ -33,6 +33,9 @@ FIRE is not shift-invariant: moving every position by s changes psi(max(L, i)) o
 (every query position <= L) the normaliser is the constant psi(L) and the bias depends on i - j alone.
 
 The MLPs run in float32 with autocast off, also when training in bf16 (their output is the bias itself).
+
+CTranslate2: refused in one line (it has no MLP bias, and the normaliser makes the bias depend on the query's
+position, not on i - j alone, so no relative table can hold it).
 """
 
 from __future__ import annotations
