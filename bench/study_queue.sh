@@ -40,10 +40,12 @@ main() {
     echo -10 > /proc/self/autogroup 2>/dev/null || true
     mkdir -p "$RUNS" && exec >> "$RUNS/queue.log" 2>&1 < /dev/null || exit 1
 
-    worktree() {  # worktree DIR COMMIT: the pinned checkout, unchanged, and its virtual environment
+    worktree() {  # worktree DIR COMMIT [movable]: the pinned checkout, unchanged, and its virtual environment
         local dir=$1 commit=$2
         if [ ! -d "$dir" ]; then
             git -C "$ROOT" worktree add --detach "$dir" "$commit" || return 1
+        elif [ "${3:-}" = movable ] && [ -z "$(git -C "$dir" status --porcelain --untracked-files=no)" ]; then
+            git -C "$dir" checkout -q --detach "$commit" || return 1  # reads only: a newer pin may replace it
         fi
         if [ "$(git -C "$dir" rev-parse HEAD)" != "$(git -C "$ROOT" rev-parse "$commit^{commit}")" ] ||
             [ -n "$(git -C "$dir" status --porcelain --untracked-files=no)" ]; then
@@ -81,13 +83,15 @@ main() {
         return "$rc"
     }
 
-    replayed() {  # replayed STUDY_DIR...: do the retrained runs repeat the published study's? (log only)
+    replayed() {  # replayed STUDY_DIR...: do the retrained runs repeat the published study's? Logged, and kept in
+        # the first study folder's replay.txt for its report (it stops nothing: a difference is reported, not hidden)
         echo "== $(date -Is) replay check against bench/studies/extrapolation"
-        (cd "$RULE_WT" && .venv/bin/python bench/study_replay.py bench/studies/extrapolation "$@") || true
+        (cd "$RULE_WT" && .venv/bin/python bench/study_replay.py bench/studies/extrapolation "$@") |
+            tee "$1/replay.txt" || true
     }
 
     continued() {  # the continuation: raise the study's budget by the rule, then score it at the budget it fixes
-        local verdict budget
+        local verdict budget before=""
         while :; do
             verdict=$(cd "$RULE_WT" && .venv/bin/python bench/pilot_rule.py "$RUNS/study_extrapolation" --seed 1,2,3 \
                 --start 2250 --cap 4500) || return 1
@@ -95,6 +99,12 @@ main() {
             echo "$verdict"
             verdict=$(tail -n 1 <<< "$verdict")
             budget=$(grep -o '[0-9][0-9]*' <<< "$verdict" | head -n 1)  # the line's first number is the budget
+            if [ "$verdict" = "$before" ]; then  # trained, yet the rule still waits: an evaluation it needs is missing
+                echo "the rule's verdict did not move after training to $budget steps (a run lacks an evaluation the" \
+                    "rule reads, e.g. its validation event was lost when it was killed): stopping; see its train.log"
+                return 1
+            fi
+            before=$verdict
             case $verdict in
                 "rule: budget B = "*) break ;;
                 # a raise, or one a stopped queue began: train every run to that budget
@@ -123,7 +133,7 @@ main() {
     TRAIN_WT=$(realpath -m "$ROOT/../study-wt")
     SCORE_WT=$(realpath -m "$ROOT/../score-wt")
     RULE_WT=$(realpath -m "$ROOT/../rule-wt")
-    worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" && worktree "$RULE_WT" "$RULE_COMMIT" ||
+    worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" && worktree "$RULE_WT" "$RULE_COMMIT" movable ||
         exit 1
     # shellcheck disable=SC2086  # the option strings split into words on purpose
     once candidates-trained trained "$RUNS/study_extrapolation-candidates" step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&

@@ -4,10 +4,12 @@
         [../study-runs/study_extrapolation ...]
 
 For every run of the study folders that the published study also holds (same system label and seed), compares its
-validation BLEU at each evaluation both reached with the published ``results.json`` (``systems[label].valid_bleu``,
-exact float equality: one changed weight bit changes some hypothesis long before 2,250 steps), and, once the folder
-has been scored (its own ``hypotheses/``), every published hypothesis of that system and seed (each test split,
-beam 5 and greedy). Prints a line per run and a verdict; exits 1 when a compared value differs, 0 otherwise
+validation BLEU at each published evaluation the run has passed with the published ``results.json``
+(``systems[label].valid_bleu``, exact float equality: one changed weight bit changes some hypothesis long before
+2,250 steps; a published evaluation the run has no value for counts as a difference), and, once the folder has
+been scored at the published study's step budget (its own ``hypotheses/``), every published hypothesis of that
+system and seed (each test split, beam 5 and greedy); hypotheses scored at another budget are not compared.
+Prints a line per run and a verdict; exits 1 when a compared value differs, 0 otherwise
 (also when no run has reached a published evaluation yet). Reads only: no number of either study changes.
 """
 
@@ -34,10 +36,13 @@ def published_curves(folder: Path) -> dict[tuple[str, int], dict[int, float]]:
     return out
 
 
-def compare_curves(published: dict[int, float], retrained: dict[int, float]) -> tuple[int, list[int]]:
-    """(how many evaluations both reached, the steps among them whose BLEU differs)."""
-    common = sorted(set(published) & set(retrained))
-    return len(common), [s for s in common if published[s] != retrained[s]]
+def compare_curves(published: dict[int, float], retrained: dict[int, float]) -> tuple[int, list[int], list[int]]:
+    """(how many published evaluations the run has passed, the steps among them whose BLEU differs, those it has
+    no value for: an evaluation lost, e.g. a TensorBoard event not yet flushed when the run was killed)."""
+    last = max(retrained, default=-1)
+    due = sorted(s for s in published if s <= last)
+    return len(due), [s for s in due if s in retrained and published[s] != retrained[s]], [
+        s for s in due if s not in retrained]
 
 
 def compare_hypotheses(published: dict[str, dict[str, list[str]]], retrained: dict[str, dict[str, list[str]]]
@@ -56,33 +61,48 @@ def _hypotheses(folder: Path, label: str, seed: int) -> dict[str, Any] | None:
     return json.loads(lzma.decompress(path.read_bytes())) if path.is_file() else None
 
 
+def _scored_steps(folder: Path) -> int | None:
+    """The step budget a scored study folder's hypotheses were decoded at (its ``results.json``), else None."""
+    results = folder / "results.json"
+    return json.loads(results.read_text())["spec"].get("steps") if results.is_file() else None
+
+
 def replay(published: Path, studies: list[Path]) -> tuple[list[str], bool | None]:
     """Report lines, and whether every compared value is identical (None: nothing to compare yet)."""
     from bench.study import run_dirs, slug
     from bench.study_runs import valid_curve
+    from utils.run.layout import RunDir
 
     curves = published_curves(published)
-    lines, same, seen, compared = [], True, set(), 0
+    at = _scored_steps(published)
+    lines, same, seen = [], True, set()
     for study in studies:
         spec = json.loads((study / "study.json").read_text())
+        scored = _scored_steps(study)
         for variant in spec["variants"]:
             for seed in spec["seeds"]:
                 key = (variant["label"], seed)
                 if key not in curves or key in seen:
                     continue
                 runs = run_dirs(study / "runs" / slug(variant["label"]) / f"seed{seed}")  # read only: never waits
+                runs = [r for r in runs if RunDir(r).last.is_file()] or runs  # the run a study resumes or scores
                 if not runs:
                     continue
-                seen.add(key)
-                n, diff = compare_curves(curves[key], dict(valid_curve(runs[-1])))
+                n, diff, missing = compare_curves(curves[key], dict(valid_curve(runs[-1])))
                 if not n:
                     continue  # not evaluated yet
-                compared += 1
-                line = f"{key[0]} seed {seed}: validation BLEU {n - len(diff)} of {n} evaluations identical"
+                seen.add(key)
+                same_n = n - len(diff) - len(missing)
+                line = f"{key[0]} seed {seed}: validation BLEU {same_n} of {n} evaluations identical"
                 if diff:
                     line += f" (differs at steps {', '.join(map(str, diff))})"
+                if missing:
+                    line += f" (no value at steps {', '.join(map(str, missing))})"
+                diff = diff + missing
                 hyp_pub, hyp_new = _hypotheses(published, *key), _hypotheses(study, *key)
-                if hyp_pub is not None and hyp_new is not None:
+                if hyp_pub is not None and hyp_new is not None and scored != at:
+                    line += f"; hypotheses not compared (scored at step {scored}, published at {at})"
+                elif hyp_pub is not None and hyp_new is not None:
                     m, hdiff = compare_hypotheses(hyp_pub, hyp_new)
                     line += f"; hypotheses {m - len(hdiff)} of {m} split/decoder outputs identical"
                     if hdiff:
@@ -90,7 +110,7 @@ def replay(published: Path, studies: list[Path]) -> tuple[list[str], bool | None
                     diff = diff or hdiff
                 same = same and not diff
                 lines.append(line)
-    return lines, same if compared else None
+    return lines, same if seen else None
 
 
 def main() -> int:
@@ -105,7 +125,8 @@ def main() -> int:
         parser.error(f"{', '.join(missing)}: no study.json")
     lines, same = replay(args.published, args.studies)
     if same is None:
-        print(f"replay of {args.published}: no run of these folders has reached an evaluation it holds")
+        print(f"replay of {args.published}: no run of these folders (same system label and seed) has reached an "
+              "evaluation it holds")
         return 0
     print("\n".join(lines))
     print(f"replay of {args.published}: " + ("every compared value identical" if same else "DIFFERS"))

@@ -261,6 +261,9 @@ REFUSED = [
     (["model.augment.method=cape", "model.input_pe=none"],
      r"^model.augment.method=cape: no encoding in use reads positions \(model.input_pe=none, "
      r"model.attention_pe=none\)$"),
+    (["model.augment.method=cape", "model.input_pe=none", "model.decoder_pe.attention=cope"],
+     r"^model.augment.method=cape: no encoding in use reads positions \(model.input_pe=none, model.attention_pe=none, "
+     r"model.decoder_pe.attention=cope; cope reads only their order, which every method keeps\)$"),
     (["model.augment.method=cape", "model.augment.cape.max_local_shift=1.5"],
      r"^model.augment.cape.max_local_shift: must be <= 1 \(a jitter of at most half a position either way keeps "
      r"positions in order, which the decoder's causal mask needs\), got 1.5$"),
@@ -382,11 +385,12 @@ def test_the_newer_attention_encodings_take_real_positions_from_cape(name: str) 
 
     placed = ({"attention_pe": "none", "decoder_pe": {"attention": name}} if REGISTRY["attention"][name].causal_only
               else {"attention_pe": name})
+    input_pe = "sinusoidal" if REGISTRY["attention"][name].order_only else "none"  # CoPE alone: refused (above)
     sets = [f"model.{k}={v}" for k, v in placed.items() if k == "attention_pe"]
     sets += [f"model.decoder_pe.attention={name}"] if "decoder_pe" in placed else []
     load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml",
-                ["model.input_pe=none", "model.augment.method=cape", *sets])  # validates
-    ours, plain = model({"method": "cape"}, "none", **placed), model(None, "none", **placed)
+                [f"model.input_pe={input_pe}", "model.augment.method=cape", *sets])  # validates
+    ours, plain = model({"method": "cape"}, input_pe, **placed), model(None, input_pe, **placed)
     src, tgt = batch()
     assert torch.isfinite(ours.train()(src, tgt)).all()
     assert torch.equal(ours.eval()(src, tgt), plain.eval()(src, tgt))
@@ -488,6 +492,10 @@ def test_every_accepted_encoding_trains_and_decodes_with_every_method(method: st
     torch.manual_seed(3)
     explicit, _ = ours.forward_with_attention(src, tgt)
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
+    acts = not torch.allclose(fused, plain.train()(src, tgt), atol=1e-5)
+    # The augmentation acts, but SHAPE on FIRE alone: below its threshold L (512) FIRE's normaliser is constant and
+    # its bias depends on i - j only, so a shift of every position changes nothing.
+    assert acts == ((method, input_pe, attention_pe) != ("shape", "none", "fire"))
     fused.sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in ours.parameters() if p.requires_grad)
     ours.eval()

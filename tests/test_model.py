@@ -179,8 +179,11 @@ def test_per_stack_encodings_pass_the_registry_wide_tests(encoder: tuple[str, st
     explicit path with finite gradients, and each stack's output depends on its word order (the decoder's through
     its own encoding, or the causal mask alone where it has none)."""
     model = mixed_model(encoder, decoder)
-    assert model.cfg.encodings()["encoder self-attention"] == encoder[1]
-    assert model.cfg.encodings()["decoder self-attention"] == decoder[1]
+    built = {name: type(m) for name, m in model.named_modules() if name.endswith(".pe") or name in ("src_pe", "tgt_pe")}
+    assert built["src_pe"] is REGISTRY["input"][encoder[0]] and built["tgt_pe"] is REGISTRY["input"][decoder[0]]
+    for stack, (_, attention) in (("encoder", encoder), ("decoder", decoder)):  # each stack's layers, its own
+        cls = REGISTRY["attention"][attention]
+        assert [t for n, t in built.items() if n.startswith(f"{stack}.")] == ([cls, cls] if cls else [])
     assert_incremental_equals_full(model)
     src, tgt = batch()
     model.train()

@@ -325,6 +325,8 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     changed = json.loads((published / "results.json").read_text())
     curve = changed["systems"]["attention_pe=rope"]["valid_bleu"][1]  # seed 2
     curve[-1][1] += 1e-9  # one evaluation off by one part in a billion
+    other = changed["systems"]["attention_pe=none"]["valid_bleu"][1]
+    other.insert(1, [6, other[0][1]])  # a published evaluation the retrained run lacks (e.g. its event lost)
     (published / "results.json").write_text(json.dumps(changed))
     import lzma
 
@@ -338,6 +340,12 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
         in differs.stdout
     assert "attention_pe=none seed 1: validation BLEU 2 of 2 evaluations identical; hypotheses 1 of 2 split/decoder " \
         "outputs identical (differ: test/greedy)" in differs.stdout.splitlines()
+    assert "attention_pe=none seed 2: validation BLEU 2 of 3 evaluations identical (no value at steps 6); " \
+        "hypotheses 2 of 2 split/decoder outputs identical" in differs.stdout.splitlines()
+    changed["spec"]["steps"] = 4  # published at another budget: hypotheses scored at 8 steps are not compared
+    (published / "results.json").write_text(json.dumps(changed))
+    assert "attention_pe=none seed 1: validation BLEU 2 of 2 evaluations identical; hypotheses not compared " \
+        "(scored at step 8, published at 4)" in replay(published, root).stdout.splitlines()
 
 
 def replay(published: Path, *studies: Path) -> subprocess.CompletedProcess[str]:

@@ -72,11 +72,11 @@ def test_a_killed_study_takes_its_child_along_and_resumes_to_the_same_weights(tm
     assert "Traceback" not in log.read_text()
 
 
-def test_a_study_stopped_as_a_group_stops_its_run_once_and_saves_last_pt(tmp_path: Path) -> None:
-    """``kill -- -PGID`` (or Ctrl-C) on a study reaches its train.py twice at once: from the kill, and as the
-    study's death signal when the study dies of it. That is one stop: the step is finished and last.pt saved (it
-    used to abort without saving, losing everything since the last checkpoint). The death signal is sent here
-    right after the group's, as a study dying at once sends it, so that the test does not race the step."""
+def test_ctrl_c_on_a_study_stops_its_run_once_and_saves_last_pt(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the study's process group) reaches its train.py twice: from the terminal, and as the death
+    signal of the study when it exits. That is one stop: the step is finished and last.pt saved (it used to abort
+    without saving, losing everything since the last checkpoint). The child is held (SIGSTOP) until the study has
+    died, so both signals are pending when it resumes, whatever the step's length."""
     study = subprocess.Popen(study_cmd(tmp_path / "b", tmp_path / "c"), cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)  # its own group, as in a terminal
     log = tmp_path / "b" / "study_k" / "runs" / "attention_pe_rope" / "seed1" / "study.log"
@@ -84,14 +84,16 @@ def test_a_study_stopped_as_a_group_stops_its_run_once_and_saves_last_pt(tmp_pat
     while not (log.is_file() and " step 3 " in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     (child,) = children(study.pid)
-    os.killpg(study.pid, signal.SIGTERM)
-    os.kill(child, signal.SIGTERM)  # the death signal (PR_SET_PDEATHSIG), mid-step
-    study.wait(timeout=120)
+    os.kill(child, signal.SIGSTOP)
+    os.killpg(study.pid, signal.SIGINT)  # Ctrl-C
+    assert study.wait(timeout=120) == 130  # "interrupted"
+    os.kill(child, signal.SIGCONT)  # now holding SIGINT and the study's death signal (SIGTERM)
     deadline = time.monotonic() + 120
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     text = log.read_text()
-    assert "SIGTERM received" in text and "Engine run is terminating due to exception" not in text, text[-2000:]
+    assert "SIGTERM: the parent process ended; still finishing this step" in text, text[-2000:]
+    assert "Engine run is terminating due to exception" not in text, text[-2000:]
     stopped = [line for line in text.splitlines() if "stop requested by a signal" in line]
     assert len(stopped) == 1, text[-2000:]
     step = int(stopped[0].split("stopping at step ")[1].split(":")[0])
@@ -99,17 +101,21 @@ def test_a_study_stopped_as_a_group_stops_its_run_once_and_saves_last_pt(tmp_pat
     assert step >= 3 and load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] == step
 
 
-def test_a_second_signal_aborts_only_when_it_is_asked_for_again() -> None:
+def test_a_second_signal_aborts_unless_it_is_the_dying_parents() -> None:
     from utils.training.guards import StopRequest
 
-    with StopRequest() as stop:
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGTERM)  # the same stop, delivered twice within a moment
-        assert stop.reason == "SIGINT"
-        stop._at -= StopRequest.SAME_STOP  # asked again later: stop now
+    def aborts(sig: signal.Signals) -> bool:
         try:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sig)
         except KeyboardInterrupt:
-            pass
-        else:
-            raise AssertionError("a signal asked again did not abort")
+            return True
+        return False
+
+    with StopRequest() as stop:  # Ctrl-C twice on train.py: the second aborts
+        assert not aborts(signal.SIGINT) and stop.reason == "SIGINT"
+        assert aborts(signal.SIGINT)
+    with StopRequest() as stop:
+        assert not aborts(signal.SIGINT)
+        stop._parent = -1  # the parent has died since the start: its death signal is the same stop, once
+        assert not aborts(signal.SIGTERM) and stop.reason == "SIGINT"
+        assert aborts(signal.SIGINT)  # asked again after that: stop now

@@ -1,6 +1,7 @@
 """bench/study_queue.sh's own logic, run in bash with stand-ins for the study commands: the continuation raises
 the budget as long as the rule says so and scores at the budget it fixes, resumes a raise a stopped queue began,
-stops on a verdict it does not know, and steps an earlier queue finished are not run again."""
+stops on a verdict it does not know or one that training does not move, and steps an earlier queue finished are
+not run again (the candidates' and the study's steps at 2,250 are wrapped so)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,17 @@ def test_an_unknown_verdict_or_a_failed_training_stops_the_queue(tmp_path: Path)
         "step T issue 21 continuation: training --name x --seeds 3 --steps 2700 --train-only"]  # never scored
 
 
+def test_a_verdict_that_does_not_move_after_training_stops_the_queue(tmp_path: Path) -> None:
+    """Trained to 2,700 steps, yet the rule still waits for 2,700 (an evaluation it reads was lost with a killed
+    run): one line and exit 1, not a loop that trains nothing forever."""
+    waiting = "rule: not decided; the runs are still training toward 2700 steps"
+    rc, log = _queue(tmp_path, [waiting, waiting, waiting], "continued")
+    assert rc == 1
+    assert [line for line in log if line.startswith("step")] == [
+        "step T issue 21 continuation: training --name x --seeds 3 --steps 2700 --train-only"]
+    assert sum(line.startswith("rule ") for line in log) == 2
+
+
 def test_a_step_an_earlier_queue_finished_is_not_run_again(tmp_path: Path) -> None:
     """``once``: done steps are marked in RUNS/queue-done and skipped (the candidates' scoring would refuse their
     sinusoidal runs once the continuation trained them past 2,250 steps); a failed step is not marked."""
@@ -85,3 +97,10 @@ def test_a_step_an_earlier_queue_finished_is_not_run_again(tmp_path: Path) -> No
     (tmp_path / "fail").touch()
     rc, log = _queue(tmp_path, [], "once other step S fails")
     assert rc == 1 and log[-1] == "step S fails" and not (tmp_path / "runs" / "queue-done" / "other").exists()
+
+
+def test_the_steps_at_2250_and_the_continuation_are_run_once() -> None:
+    chain = SCRIPT[SCRIPT.index('worktree "$TRAIN_WT" "$TRAIN_COMMIT" &&'):]
+    steps = [line.strip() for line in chain.splitlines() if " step " in f" {line.strip()}" or "continued" in line]
+    assert [line.split()[:2] for line in steps] == [["once", "candidates-trained"], ["once", "candidates-scored"],
+                                                    ["once", "study-trained-2250"], ["once", "continuation-scored"]]

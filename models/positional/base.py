@@ -191,6 +191,9 @@ class AttentionPE(nn.Module):
     #: Whether the hooks depend on positions only through their differences i - j (adding one offset to every
     #: position changes nothing): validation refuses SHAPE where every encoding in use is.
     shift_invariant: ClassVar[bool] = False
+    #: Whether the hooks depend on positions only through their order (e.g. CoPE: the causal test j <= i), which
+    #: every ``model.augment`` method keeps: validation refuses a method where no other encoding in use reads them.
+    order_only: ClassVar[bool] = False
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__()

@@ -56,6 +56,7 @@ class CopePE(AttentionPE):
 
     positions = "real"  # positions only order keys (the causal test j <= i); counts come from gates
     shift_invariant = True
+    order_only = True  # so no model.augment method changes it
 
     settings = ("cope", CopeConfig)
     causal_only = True

@@ -55,18 +55,21 @@ class NonFiniteGuard:
 
 class StopRequest:
     """Turns the first SIGINT/SIGTERM into a request honoured at the next iteration boundary; a signal again
-    aborts at once, unless it comes within ``SAME_STOP`` seconds of the first: Ctrl-C or ``kill -- -PGID`` on a
-    study reaches its train.py twice at once (from the terminal or the kill, and as the study's death signal),
-    and that is one stop, which must still save last.pt."""
-
-    SAME_STOP = 2.0
+    aborts at once, except the one a dying parent sends: ``kill -- -PGID`` or Ctrl-C on ``bench/study.py`` reaches
+    its train.py from the kill and again as the study's death signal (``PR_SET_PDEATHSIG``), and that is one stop,
+    which must still save last.pt. So the first repeat after the parent process changed is taken as that death
+    signal (said in the log); any other repeat, e.g. Ctrl-C twice on train.py, aborts."""
 
     def __init__(self) -> None:
         self.reason: str | None = None
-        self._at = 0.0
+        self._parent = 0
+        self._absorbed = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
+        import os
+
+        self._parent = os.getppid()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -79,13 +82,16 @@ class StopRequest:
             signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        import time
+        import os
 
         if self.reason is not None:
-            if time.monotonic() - self._at < self.SAME_STOP:  # the same stop, delivered twice
+            if not self._absorbed and os.getppid() != self._parent:  # the parent died: its death signal
+                self._absorbed = True
+                log.warning("%s: the parent process ended; still finishing this step and saving checkpoints/last.pt "
+                            "(again to abort)", signal.Signals(signum).name)
                 return
             raise KeyboardInterrupt  # asked again: stop now
-        self.reason, self._at = signal.Signals(signum).name, time.monotonic()
+        self.reason = signal.Signals(signum).name
         log.warning("%s received: finishing this step, saving checkpoints/last.pt (again to abort)", self.reason)
 
 
