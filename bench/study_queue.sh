@@ -30,7 +30,7 @@ main() {
     fi
     TRAIN_COMMIT=44dd6fe   # trains every run of both studies (README: the amendment of 2026-11-26)
     SCORE_COMMIT=2b7045d   # scores them (README: "Scoring, once every run is at 2,250 steps")
-    RULE_COMMIT=68e0f57    # reads only: the continuation's budget rule (bench/pilot_rule.py --seed 1,2,3), bench/study_replay.py
+    RULE_COMMIT=139ce20    # reads only: the continuation's budget rule (bench/pilot_rule.py --seed 1,2,3), bench/study_replay.py
     BASE="--preset train-short-test-long --seeds 3 --jobs 2 --eval-every 150 --checkpoint last --runs $RUNS"
     COMMON="$BASE --steps 2250"
     STUDY="--name extrapolation --variants sinusoidal,learnable,alibi,t5,rope"
