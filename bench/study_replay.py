@@ -53,12 +53,14 @@ def compare_hypotheses(published: dict[str, dict[str, list[str]]], retrained: di
 
 
 def _hypotheses(folder: Path, label: str, seed: int) -> dict[str, Any] | None:
-    import lzma
+    """One system's and seed's published hypotheses ``{split: {decoder: lines}}``, None if the folder has none."""
+    from bench.study_report import read_hypotheses
 
-    from bench.study_report import _slug
-
-    path = folder / "hypotheses" / f"{_slug(label)}.seed{seed}.json.xz"
-    return json.loads(lzma.decompress(path.read_bytes())) if path.is_file() else None
+    try:
+        per_split = read_hypotheses(folder / "hypotheses", [label], [seed])[label]
+    except FileNotFoundError:
+        return None
+    return {split: {dec: hyps[0] for dec, hyps in per_dec.items()} for split, per_dec in per_split.items()}
 
 
 def _scored_steps(folder: Path) -> int | None:

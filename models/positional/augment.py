@@ -175,8 +175,8 @@ def check_augmentation(cfg: Config, registry: dict[str, dict[str, Any]]) -> None
     places = list({key: (key, name, level, cls) for key, name, level, cls in places}.values())  # shorthand once
     reading = [p for p in places if p[3] is not None and not issubclass(p[3], NoInputPE)]
     in_use = ", ".join(f"{key}={name}" for key, name, _, _ in places)
-    order = [name for _, name, _, cls in reading if getattr(cls, "order_only", False)]
-    reading = [p for p in reading if not getattr(p[3], "order_only", False)]
+    order = [name for _, name, _, cls in reading if getattr(cls, "order_only", False)]  # CoPE: input PEs lack it
+    reading = [p for p in reading if p[1] not in order]
     if not reading:
         raise ConfigError(f"{what}: no encoding in use reads positions ({in_use}"
                           + (f"; {', '.join(order)} reads only their order, which every method keeps" if order else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 from typing import Any
 
@@ -67,8 +68,6 @@ class StopRequest:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
-        import os
-
         self._parent = os.getppid()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
@@ -82,8 +81,6 @@ class StopRequest:
             signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        import os
-
         if self.reason is not None:
             if not self._absorbed and os.getppid() != self._parent:  # the parent died: its death signal
                 self._absorbed = True
