@@ -60,6 +60,7 @@ from bench.study_runs import (  # noqa: E402
     eval_current,
     eval_file,
     file_tag,
+    read_attention,
     run_cfg,
 )
 from utils.cli import add_set_arg  # noqa: E402
@@ -301,7 +302,7 @@ def find_run(root: Path, poll: float = 2.0) -> Path | None:
                 said = True
             time.sleep(poll)
     for run in runs:
-        if not discard_if_untrained(run) and not RunDir(run).last.is_file():
+        if not discard_if_untrained(run) and not RunDir(run).last.is_file() and not RunDir(run).summary_json.is_file():
             shutil.rmtree(run)  # killed between a periodic checkpoint and its last.pt: nothing to resume from
     runs = [p for p in runs if p.is_dir()]
     return runs[-1] if runs else None
@@ -392,6 +393,13 @@ def linked_elsewhere(jobs: list[Job], baseline: str, family: dict[str, Any], sco
 def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
     from utils.run.checkpoint import load_checkpoint
 
+    if not RunDir(run).last.is_file():  # scored, then its checkpoints removed: what its closing summary says
+        try:
+            done = json.loads(RunDir(run).summary_json.read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        return bool(steps and done.get("run_steps", 0) >= steps
+                    or tokens and done.get("run_target_tokens", 0) >= tokens)
     state = load_checkpoint(RunDir(run).last)
     accumulate = run_cfg(run).train.accumulate
     if steps and state["trainer"]["iteration"] >= steps * accumulate:
@@ -399,13 +407,38 @@ def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
     return bool(tokens) and int(state.get("tokens_seen", {}).get("tokens", 0)) >= tokens
 
 
+def recorded_step(run: Path, checkpoint: str) -> int | None:
+    """The training step that every score file of ``checkpoint`` in the run records (test.py writes it), when
+    there is at least one and they agree; else None. The step of a scored run whose checkpoint is gone (deleted
+    to save disk, or the run fetched from another machine without its weights)."""
+    steps = set()
+    for path in RunDir(run).eval_dir.glob(f"*.{checkpoint}.beam*.json"):
+        try:
+            steps.add(json.loads(path.read_text()).get("step"))
+        except (OSError, json.JSONDecodeError):
+            return None
+    return steps.pop() if len(steps) == 1 and isinstance(next(iter(steps)), int) else None
+
+
+def checkpoint_step(run: Path, checkpoint: str) -> int:
+    """The training step (iterations, as test.py records them) of the run's ``checkpoint``, read from the file,
+    or, where the file is gone, the step its score files record; ConfigError if neither says."""
+    from utils.run.checkpoint import load_checkpoint
+
+    path = RunDir(run).checkpoint(checkpoint)
+    if not path.is_file():
+        step = recorded_step(run, checkpoint)
+        if step is None:
+            raise ConfigError(f"{path}: no such checkpoint, and no score file of it records its step")
+        return step
+    trainer = load_checkpoint(path).get("trainer")
+    return int(trainer.get("iteration", 0)) if isinstance(trainer, dict) else 0
+
+
 def scored_step(run: Path, checkpoint: str, steps: int | None) -> int:
     """The training step of the checkpoint a study scores; ConfigError if it is ``last`` and not exactly the
     step budget (a run trained past it, or stopped short, is not the model the study declares)."""
-    from utils.run.checkpoint import load_checkpoint
-
-    trainer = load_checkpoint(RunDir(run).checkpoint(checkpoint)).get("trainer")
-    step = int(trainer.get("iteration", 0)) if isinstance(trainer, dict) else 0  # iterations, as test.py records
+    step = checkpoint_step(run, checkpoint)
     accumulate = run_cfg(run).train.accumulate
     if checkpoint == "last" and steps and step != steps * accumulate:
         raise ConfigError(f"{RunDir(run).checkpoint(checkpoint)} is at step {step // accumulate}, not the study's "
@@ -561,6 +594,12 @@ def main() -> int:
     parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap samples (default 10000)")
     parser.add_argument("--attention-sentences", type=int, default=200, help="validation pairs for attention stats")
     parser.add_argument("--max-sentences", type=int, help="score only the first N sentences of each split (quick)")
+    parser.add_argument("--decoders", default=",".join(DECODERS), metavar="NAME,...",
+                        help=f"decoders scored and reported, of {', '.join(DECODERS)} (default all); the primary "
+                             "family's must be among them")
+    parser.add_argument("--splits", metavar="SPLIT,...",
+                        help="test splits scored and reported (default: every one of the config's data.test); the "
+                             "primary family's, and the x1 split of each of its drops, must be among them")
     parser.add_argument("--runs", default="runs", help="folder for the study (default runs)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="without GPUs: runs (and scorings) at a time on the CPU, each with its share of the "
@@ -626,6 +665,11 @@ def main() -> int:
             for key in (x.partition("=")[0].strip() for x in extra):
                 if key in STUDY_KEYS:
                     parser.error(f"--test-variant {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
+    decoders = {d.strip(): DECODERS.get(d.strip()) for d in args.decoders.split(",") if d.strip()}
+    if not decoders or None in decoders.values():
+        parser.error(f"--decoders {args.decoders}: give some of {', '.join(DECODERS)}")
+    if "beam5" not in decoders:
+        parser.error(f"--decoders {args.decoders}: beam5 is needed (the primary family and the report's tables)")
     labels = [v.label for v in variants]
     baseline = args.baseline or baseline or labels[0]
     if baseline not in labels:
@@ -634,6 +678,16 @@ def main() -> int:
     from utils.config import load_config
 
     base_cfg = load_config(config, args.overrides)
+    splits = list(base_cfg.data.test)
+    if args.splits:
+        splits = [x.strip() for x in args.splits.split(",") if x.strip()]
+        unknown = [x for x in splits if x not in base_cfg.data.test]
+        if unknown or not splits:
+            parser.error(f"--splits {args.splits}: not among the config's test splits "
+                         f"({', '.join(base_cfg.data.test)})")
+        needed = [*(family.get("splits") or []), *(family.get("drops") or {}).values(), *(family.get("drops") or {})]
+        if family and (missing := [x for x in dict.fromkeys(needed) if x not in splits]):
+            parser.error(f"--splits {args.splits}: the primary family needs {', '.join(missing)} too")
     for v in variants:  # every variant must load before anything runs
         trained = load_config(config, [*args.overrides, *v.overrides])
         for tag, extra in v.tests.items():
@@ -652,6 +706,8 @@ def main() -> int:
             "baseline": baseline, "seeds": seeds, "steps": args.steps, "tokens": args.tokens,
             "overrides": args.overrides, "checkpoint": args.checkpoint, "max_sentences": args.max_sentences,
             "attention_sentences": args.attention_sentences, "family": family}
+    if args.splits or list(decoders) != list(DECODERS):  # a study scored on part of its sets or decoders says so
+        spec |= {"splits": splits, "decoders": list(decoders)}
     if recorded is not None:
         spec = merge_spec(recorded, spec, study)
     # 1. Train what is not trained yet (resuming killed runs).
@@ -701,11 +757,12 @@ def main() -> int:
         print(f"study {name}: every run trained to the budget (--train-only: not scored)")
         return 0
 
-    # 2. Score every run on every test split, beam 5 and greedy (and each inference-only test variant).
+    # 2. Score every run on every test split (--splits), beam 5 and greedy (--decoders), and each inference-only
+    # test variant. A run whose checkpoint is gone is scored from its score files, which must all be there.
     from data.sources import load_corpus
 
     corpus = load_corpus(base_cfg.data)
-    sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in base_cfg.data.test}
+    sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in splits}
     todo = []
     runs = {job.key: find_run(job.root) for job in jobs}
     for job in jobs:
@@ -716,12 +773,17 @@ def main() -> int:
         step = steps[job.key]
         for tag, extra in [(None, []), *job.variant.tests.items()]:
             files = file_tag(tag, args.max_sentences)
-            beams = [str(beam) for beam in DECODERS.values()  # the decoders not yet scored, in one test.py
+            beams = [str(beam) for beam in decoders.values()  # the decoders not yet scored, in one test.py
                      if not all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra, step)
                                 for split, n in sizes.items())]
             if not beams:
                 continue
+            if not RunDir(run).checkpoint(args.checkpoint).is_file():
+                raise ConfigError(f"{run}: its {args.checkpoint} checkpoint is gone and beam {' '.join(beams)} "
+                                  f"{'(' + tag + ') ' if tag else ''}is not scored on every one of "
+                                  f"{', '.join(sizes)}: nothing was scored")
             flags = ["--tag", files] if files else []
+            flags += [f for split in (splits if args.splits else []) for f in ("--split", split)]
             flags += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
             cmd = project_command("test.py", "--model_path", RunDir(run).checkpoint(args.checkpoint),
                                   "--beam", *beams, *flags, overrides=extra)
@@ -731,11 +793,15 @@ def main() -> int:
 
     # 3. Attention statistics, aggregation, report.
     for job in jobs:
-        compute_attention(runs[job.key], args.checkpoint, args.attention_sentences, steps[job.key])
+        if RunDir(runs[job.key]).checkpoint(args.checkpoint).is_file():
+            compute_attention(runs[job.key], args.checkpoint, args.attention_sentences, steps[job.key])
+        elif read_attention(runs[job.key], args.checkpoint, args.attention_sentences) is None:
+            print(f"  {job.key}: no checkpoint, so no attention statistics (the report leaves its system's out)",
+                  flush=True)
     from bench.study_report import aggregate, write_report
 
-    results = aggregate(jobs, runs, corpus, base_cfg.data.test, baseline, args.checkpoint, args.bootstrap,
-                        args.attention_sentences, args.max_sentences, family)
+    results = aggregate(jobs, runs, corpus, splits, baseline, args.checkpoint, args.bootstrap,
+                        args.attention_sentences, args.max_sentences, family, list(decoders))
     write_report(study, spec, results)
     print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
     return 0

@@ -202,21 +202,23 @@ def _holm(tests: list[dict[str, Any]], alpha: float) -> None:
 
 def exploratory(analysis: Analysis, systems: list[str], splits: list[str], family: Family,
                 bucket_from: int | None, own: dict[str, str] | None = None,
-                declared: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                declared: list[dict[str, Any]] | None = None,
+                decoders: list[str] | None = None) -> list[dict[str, Any]]:
     """Everything else, unadjusted and labelled exploratory: each split's score in both metrics and decoders,
     every drop to a length-shifted split, the buckets of sentences longer than ``bucket_from`` tokens, and each
     test-time variant against its own trained models (``own``: system -> trained system; the same models, so
     the seed-level test is the paired t-test). A contrast already in the ``declared`` family is left out (one
-    test per quantity: the family's)."""
+    test per quantity: the family's). ``decoders``: those scored (default all of ``DECODERS``)."""
+    decoders = list(decoders or DECODERS)
     contrasts = [s for s in systems if s != analysis.baseline]
-    quantities = [Quantity("score", s, m, d) for d in DECODERS for m in METRICS for s in splits]
+    quantities = [Quantity("score", s, m, d) for d in decoders for m in METRICS for s in splits]
     if analysis.stats is not None:
         for split in splits:
             from data.sources import length_shifted
 
             shifted = length_shifted(split)
             if shifted and shifted[0] in splits:
-                quantities += [Quantity("drop", split, m, d, base_split=shifted[0]) for d in DECODERS for m in METRICS]
+                quantities += [Quantity("drop", split, m, d, base_split=shifted[0]) for d in decoders for m in METRICS]
         if bucket_from is not None:
             for split, buckets in analysis.buckets.items():
                 for label, idx in buckets.items():

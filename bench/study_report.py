@@ -30,11 +30,13 @@ def _read_lines(path: Path) -> list[str]:
 
 def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str], baseline: str, checkpoint: str,
               samples: int, attention_sentences: int, max_sentences: int | None = None,
-              family: dict[str, Any] | None = None) -> dict[str, Any]:
+              family: dict[str, Any] | None = None, decoders: list[str] | None = None) -> dict[str, Any]:
     """Every number of the study: per system (variant or test variant), split and decoder each seed's scores,
     length ratio and buckets; the declared family of primary tests and the exploratory ones
     (bench/study_analysis.py); ``corpus`` holds the test splits (data.sources.load_corpus). The hypotheses
-    are returned under ``"_hypotheses"`` for ``write_report`` to publish."""
+    are returned under ``"_hypotheses"`` for ``write_report`` to publish. ``decoders``: those of ``DECODERS``
+    scored (default all). A system missing the attention statistics of a seed (its checkpoint was gone at
+    scoring) has none in the report."""
     from bench.study_runs import eval_file, file_tag, read_attention, valid_curve
     from utils.config import load_config
     from utils.run.layout import RunDir
@@ -52,7 +54,7 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
             name = label if tag is None else f"{label}+{tag}"
             entry: dict[str, Any] = {"variant": label, "test_variant": tag}
             for split in splits:
-                for decoder, beam in DECODERS.items():
+                for decoder, beam in ((d, DECODERS[d]) for d in decoders or DECODERS):
                     per_seed = []
                     for seed in seeds:
                         js = eval_file(runs[by_key[(label, seed)].key], split, beam, checkpoint,
@@ -67,19 +69,16 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
                                   "chrf_signature": per_seed[0][0]["chrf_signature"]}
                     entry.setdefault("splits", {}).setdefault(split, {})[decoder] = signatures
             if tag is None:
-                entry["attention"] = []
-                for s in seeds:
-                    stats = read_attention(runs[by_key[(label, s)].key], checkpoint, attention_sentences)
-                    if stats is None:
-                        raise ValueError(f"{runs[by_key[(label, s)].key]}: no attention statistics on "
-                                         f"{attention_sentences} sentences")
-                    entry["attention"].append(stats)
+                attention = [read_attention(runs[by_key[(label, s)].key], checkpoint, attention_sentences)
+                             for s in seeds]
+                if all(a is not None for a in attention):
+                    entry["attention"] = attention
                 entry["valid_bleu"] = [valid_curve(runs[by_key[(label, s)].key]) for s in seeds]
             systems[name] = entry
     references = {split: list(corpus[split]["tgt"]) for split in splits}
     results = analyse(systems, hypotheses, references, lengths, splits, baseline, seeds, samples,
                       first_cfg.tokenizer.lowercase, first_cfg.eval.length_buckets, first_cfg.data.max_train_len,
-                      family)
+                      family, decoders)
     results["length_unit"] = f"{first_cfg.tokenizer.type} tokens of {baseline}'s tokenizer"
     results["source_lengths"] = lengths
     results["_hypotheses"] = hypotheses
@@ -88,9 +87,10 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
 
 def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | None, references: dict[str, list[str]],
             lengths: dict[str, list[int]] | None, splits: list[str], baseline: str, seeds: list[int], samples: int,
-            lowercase: bool, edges: list[int], train_len: int | None, family: dict[str, Any] | None) -> dict[str, Any]:
+            lowercase: bool, edges: list[int], train_len: int | None, family: dict[str, Any] | None,
+            decoders: list[str] | None = None) -> dict[str, Any]:
     """Scores, buckets, primary and exploratory tests from the hypotheses (or, without them, from the per-seed
-    scores already in ``systems``: the seed-level tests only)."""
+    scores already in ``systems``: the seed-level tests only), for ``decoders`` (default all)."""
     from bench.study_analysis import Analysis, Family, attention_tests, exploratory, metric_for, primary
     from bench.study_stats import corpus_score, sentence_stats
 
@@ -100,7 +100,7 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
     buckets = {}
     for name, entry in systems.items():
         for split in splits:
-            for decoder in DECODERS:
+            for decoder in decoders or DECODERS:
                 row = entry["splits"][split][decoder]
                 if hypotheses is not None:
                     hyps = hypotheses[name][split][decoder]
@@ -126,11 +126,14 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
     attention = {f"{n}|{kind}.{stat}": _attention_runs(systems[n]["attention"], kind, stat)
                  for n in with_attention for kind, stat in ATTENTION_STATS}
     declared = primary(analysis, fam, names, splits)
-    return {"baseline": baseline, "seeds": seeds, "splits": splits, "systems": systems, "bootstrap_samples": samples,
+    decoders = list(decoders or DECODERS)
+    scope = {"decoders": decoders} if decoders != list(DECODERS) else {}  # recorded where not every decoder ran
+    return {"baseline": baseline, "seeds": seeds, "splits": splits, **scope, "systems": systems,
+            "bootstrap_samples": samples,
             "alpha": fam.alpha, "primary": declared,
             "exploratory": exploratory(analysis, names, splits, fam, train_len,
                                        {n: e["variant"] for n, e in systems.items() if e.get("test_variant")},
-                                       declared["tests"]),
+                                       declared["tests"], decoders),
             "attention_tests": attention_tests(attention, baseline, fam.alpha) if baseline in with_attention else {}}
 
 
@@ -359,6 +362,12 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
            f"Baseline: **{base}**. Checkpoint scored: {spec['checkpoint']}.pt. Scores are sacreBLEU's chrF "
            "(primary) and BLEU (signatures below); tables give the mean ± standard deviation over the seeds, each "
            "seed's value, and the hypothesis/reference length ratio (len).", ""]
+    if "decoders" in results or spec.get("splits"):
+        out += [f"Scored on part of the study's sets or decoders: {', '.join(results['splits'])}; "
+                f"{', '.join(results.get('decoders', DECODERS))}.", ""]
+    lacking = [n for n, e in results["systems"].items() if not e.get("test_variant") and "attention" not in e]
+    if lacking:
+        out += [f"Attention statistics: not computed for {', '.join(lacking)} (no checkpoint when scored).", ""]
     out += _primary_lines(results)
     fam = results["primary"]["family"]
     drops = [f"{x1} → {xk}" for xk, x1 in fam.get("drops", {}).items()]
@@ -372,7 +381,8 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
             "column and system is exploratory.", "",
             *_score_table(results, "chrF", "beam5"), "",
             "## BLEU, beam 5 (secondary, exploratory; each seed)", "", *_score_table(results, "BLEU", "beam5"), "",
-            "## chrF, greedy (exploratory)", "", *_score_table(results, "chrF", "greedy"), ""]
+            *(["## chrF, greedy (exploratory)", "", *_score_table(results, "chrF", "greedy"), ""]
+              if "greedy" in results.get("decoders", DECODERS) else [])]
     out += _bucket_lines(results) + _bucket_lines(results, "bleu")
     out += _exploratory_lines(results)
     att = results.get("attention_tests", {})
@@ -540,6 +550,8 @@ def _figures(results: dict[str, Any], out: Path) -> list[Path]:
            title=f"validation: {caption.replace('bars', 'band')}")
     ax.legend(fontsize=7, ncol=2)
     paths.append(_save(fig, out / "valid_bleu.png"))
+    if not any("attention" in results["systems"][name] for name in names):  # none computed: no empty figures
+        return paths
     for kind, stats_names in (("encoder", ("distance", "entropy")), ("decoder", ("distance", "entropy")),
                               ("cross", ("distance", "entropy", "diagonal"))):
         fig, axes = plt.subplots(1, len(stats_names), figsize=(4.5 * len(stats_names), 3.8))
@@ -615,7 +627,8 @@ def _hparams(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> None
         for i, seed in enumerate(results["seeds"]):
             hparams = {"variant": name, "seed": seed, **overrides}
             metrics = {f"test/{split}/{m}_{dec}": entry["splits"][split][dec][m][i]
-                       for split in results["splits"] for dec in DECODERS for m in ("chrf", "bleu")}
+                       for split in results["splits"] for dec in results.get("decoders", DECODERS)
+                       for m in ("chrf", "bleu")}
             writer = SummaryWriter(log_dir=str(study / "tb" / f"{name}_seed{seed}"))
             writer.add_hparams(hparams, metrics, run_name=".")
             writer.close()
@@ -628,10 +641,11 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
     old = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     spec = old["spec"]
     splits, baseline, seeds = old["splits"], old["baseline"], old["seeds"]
+    decoders = old.get("decoders", list(DECODERS))
     systems = {name: {k: v for k, v in entry.items() if k in ("variant", "test_variant", "attention", "valid_bleu")}
                | {"splits": {s: {d: {k: entry["splits"][s][d][k] for k in
                                      ("bleu", "chrf", "signature", "chrf_signature", "by_source_length")
-                                     if k in entry["splits"][s][d]} for d in DECODERS} for s in splits}}
+                                     if k in entry["splits"][s][d]} for d in decoders} for s in splits}}
                for name, entry in old["systems"].items()}
     hypotheses = references = lengths = None
     cfg = None
@@ -647,7 +661,7 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
     results = analyse(systems, hypotheses, references or {}, lengths, splits, baseline, seeds,
                       samples or old.get("bootstrap_samples", 10000), cfg.tokenizer.lowercase if cfg else False,
                       cfg.eval.length_buckets if cfg else [], cfg.data.max_train_len if cfg else None,
-                      spec.get("family"))
+                      spec.get("family"), decoders)
     for key in ("length_unit", "source_lengths"):
         if key in old:
             results[key] = old[key]

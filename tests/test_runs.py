@@ -57,6 +57,12 @@ def test_untrained_run_is_discarded_and_a_trained_one_kept(tmp_path: Path) -> No
     (kept / "checkpoints" / "last.pt").write_bytes(b"x")
     assert discard_if_untrained(run) and not run.exists()
     assert not discard_if_untrained(kept) and kept.is_dir()
+    # A scored run whose checkpoints were deleted (to save disk, or fetched from another machine without them) is
+    # kept: its scores are what a study reports from.
+    scored = create_run_dir(Config(name="demo"), tmp_path / "runs")
+    (scored / "eval").mkdir()
+    (scored / "eval" / "test.last.beam5.json").write_text('{"step": 8}')
+    assert not discard_if_untrained(scored) and (scored / "eval" / "test.last.beam5.json").is_file()
 
 
 def test_runs_root_that_cannot_hold_runs_is_one_line(tmp_path: Path) -> None:

@@ -106,9 +106,9 @@ def test_budget_never_uses_wall_time_or_early_stopping() -> None:
 
 
 def run_study(tmp: Path, *extra: str, grid: str = "model.attention_pe=none,rope",
-              name: str = "t") -> subprocess.CompletedProcess[str]:
+              name: str = "t", cache: Path | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid",
-           grid, "--set", "model.input_pe=none", "--set", "data.cache_dir=" + str(tmp / "c"),
+           grid, "--set", "model.input_pe=none", "--set", "data.cache_dir=" + str(cache or tmp / "c"),
            "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.encoder_layers=1",
            "--set", "model.decoder_layers=1", "--seeds", "2", "--steps", "8", "--eval-every", "4", "--name", name,
            "--runs", str(tmp), "--max-sentences", "12", "--attention-sentences", "6", "--bootstrap", "100", *extra]
@@ -269,6 +269,35 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert again.returncode == 0 and "4 runs, 4 trained, 0 to train" in again.stdout
     assert "  test " not in again.stdout  # every evaluation was already there
     assert sorted(p for p in root.glob("runs/*/seed*/demo_2*")) == runs
+
+    # Scored from its score files alone: a copy of study t without checkpoints or attention statistics (deleted
+    # to save disk, or runs fetched from another machine without their weights) is reported again, beam 5 only
+    # (--decoders) on the splits asked (--splits); nothing is deleted, nothing decoded, and the report says what
+    # it lacks. A decoder whose scores are missing there is refused in one line.
+    bare = tmp_path / "bare"
+    shutil.copytree(root, bare / "study_t", symlinks=True, ignore=shutil.ignore_patterns("*.pt", "attention_stats.*"))
+    partial = run_study(bare, *LINEAR, "--score-only", "--decoders", "beam5", "--splits", "test", cache=tmp_path / "c")
+    assert partial.returncode == 0, partial.stdout + partial.stderr
+    assert "  test " not in partial.stdout and "no checkpoint, so no attention statistics" in partial.stdout
+    assert len(list(bare.glob("study_t/runs/*/seed*/demo_2*/eval/test.best.beam5.n12.json"))) == 4  # all kept
+    part = json.loads((bare / "study_t" / "results.json").read_text())
+    assert part["decoders"] == ["beam5"] and part["spec"]["decoders"] == ["beam5"] and part["splits"] == ["test"]
+    assert set(part["systems"]["attention_pe=rope"]["splits"]["test"]) == {"beam5"}
+    assert not any("attention" in e for e in part["systems"].values()) and part["attention_tests"] == {}
+    assert part["systems"]["attention_pe=rope"]["splits"]["test"]["beam5"]["chrf"] == rope["chrf"]
+    assert [t["seed_test"] for t in part["primary"]["tests"]] == [t["seed_test"] for t in primary["tests"]]
+    text = (bare / "study_t" / "report.md").read_text()
+    assert "Scored on part of the study's sets or decoders: test; beam5." in text and "greedy" not in text
+    assert "Attention statistics: not computed for attention_pe=none, attention_pe=rope" in text
+    assert not list((bare / "study_t" / "figures").glob("attention_*.png"))
+    for greedy in bare.glob("study_t/runs/attention_pe_none/seed1/demo_2*/eval/test.best.beam1.n12.json"):
+        greedy.unlink()
+    lacking = run_study(bare, *LINEAR, "--score-only", cache=tmp_path / "c")
+    assert lacking.returncode == 2 and "  test " not in lacking.stdout
+    assert lacking.stderr.strip().splitlines()[-1].endswith(
+        "its best checkpoint is gone and beam 1 is not scored on every one of test: nothing was scored")
+    no_beam = run_study(bare, *LINEAR, "--score-only", "--decoders", "greedy", cache=tmp_path / "c")
+    assert no_beam.returncode == 2 and "beam5 is needed" in no_beam.stderr
 
     # Another study in the same runs folder, sweeping tokenization: its bpe variant has exactly the config of
     # study t's attention_pe=none, so those runs are linked, not trained; char is trained.
