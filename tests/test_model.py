@@ -151,6 +151,23 @@ def test_forward_backward_and_explicit_path_matches_fused(input_pe: str, attenti
     assert attn.cross[0][1, :, :, 6:].abs().max() == 0
 
 
+@pytest.mark.parametrize("cross_pe", [n for n in ATTENTION if n != "none" and not causal_only(n)])
+def test_cross_attention_encodings_pass_forward_backward_and_explicit_equals_fused(cross_pe: str) -> None:
+    """Every encoding cross-attention takes (``model.cross_attention_pe``; the causal-only ones are refused there):
+    finite gradients, and the explicit path (the weights the figures draw) equals the fused one."""
+    model = make_model("sinusoidal", "none", cross_attention_pe=cross_pe)
+    src, tgt = batch()
+    logits = model(src, tgt)
+    logits.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+    explicit, attn = model.forward_with_attention(src, tgt)
+    torch.testing.assert_close(explicit, logits, atol=1e-5, rtol=1e-5)
+    assert attn.cross[0][1, :, :, 6:].abs().max() == 0  # no weight on the padded sentence's pad keys
+    plain = make_model("sinusoidal", "none")
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k in plain.state_dict()}, strict=False)
+    assert not torch.allclose(plain(src, tgt), logits, atol=1e-4)  # the encoding acts in cross-attention
+
+
 #: Encodings per stack (``model.encoder_pe``, ``model.decoder_pe``): (encoder, decoder), each (input, attention).
 MIXED = [(("none", "rope"), ("none", "none")),  # decoder-nope: the causal mask alone carries the decoder's order
          (("none", "alibi"), ("sinusoidal", "none")),

@@ -131,6 +131,23 @@ def test_the_study_queue_runs_readmes_study_commands_at_their_pinned_commits() -
     assert {"bench/pilot_rule.py", "bench/study_replay.py"} <= set(rule_wt)  # what the queue runs from there
 
 
+def test_readmes_encoding_tables_have_a_row_for_every_registered_encoding() -> None:
+    """README's two tables under "Positional encodings" (``model.input_pe``, ``model.attention_pe``) list exactly
+    the registry's names, each once, and every augmentation method of ``model.augment`` has its row."""
+    from typing import get_args
+
+    from models.positional import REGISTRY
+    from models.positional.augment import Method
+
+    section = (ROOT / "README.md").read_text().split("## Positional encodings", 1)[1].split("\n## ", 1)[0]
+    for level in ("input", "attention"):
+        table = section.split(f"| `model.{level}_pe` |", 1)[1].split("\n\n", 1)[0]
+        rows = re.findall(r"^\| `(\w+)` \|", table, re.M)
+        assert len(rows) == len(set(rows)) and set(rows) == set(REGISTRY[level]), level
+    methods = re.findall(r"^\| `(\w+)` \|", section.split("| `method` |", 1)[1].split("\n\n", 1)[0], re.M)
+    assert methods == [m for m in get_args(Method) if m != "none"]
+
+
 def test_readmes_encoding_lists_and_quoted_errors_follow_the_registry() -> None:
     """README's augmentation table names every encoding that sees only i - j (SHAPE refused) and every one defined
     on real positions (CAPE), from the registry's declarations; its quoted errors are what the code says."""
