@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# The extrapolation study (README, "Pre-registration"), its candidates and its continuation, in the order README
-# declares: train the candidates (with the baseline sinusoidal runs they share with the study) from a worktree pinned
-# at the training commit and score them with --score-only from a worktree pinned at the scoring commit; train the
-# study's other runs to 2,250 steps (they link those sinusoidal runs); then the continuation to a flattened budget:
-# the rule (bench/pilot_rule.py, from a third pinned worktree) raises the study's budget by 450 steps while any
-# encoding's seed-mean validation BLEU still gains 1.0 (cap 4,500), and the study is scored at the budget it fixes.
+# The extrapolation study (README, "Pre-registration") and its continuation, in the order README declares: train the
+# study's 15 runs to 2,250 steps from a worktree pinned at the training commit; then the continuation to a flattened
+# budget: the rule (bench/pilot_rule.py, from a third pinned worktree) raises the study's budget by 450 steps while
+# any encoding's seed-mean validation BLEU still gains 1.0 (cap 4,500), and the study is scored with --score-only at
+# the budget it fixes, from a worktree pinned at the scoring commit. (The candidates of issue 24, queued here first
+# until 2026-11-28, were trained and scored on a lent GPU instead: README, "The candidates ... on a GPU".)
 # After each training step bench/study_replay.py says, in the log, whether the retrained runs repeat the published
-# study's (validation BLEU at every evaluation, and hypotheses once scored); it reads only.
+# study's (validation BLEU at every evaluation); it reads only.
 # Resumable: run it again after any interruption (a session's end, a reboot, a new machine); each step skips what is
-# done. While the candidates' last run trains with a core to spare, bench/study_prescore.sh scores their finished
-# runs with the scoring worktree's test.py, exactly as the scoring step would (which then skips them).
+# done.
 #
 #   bash bench/study_queue.sh [RUNS_DIR]        # default ../study-runs; returns at once, log: RUNS_DIR/queue.log
 #
@@ -34,7 +33,6 @@ main() {
     BASE="--preset train-short-test-long --seeds 3 --jobs 2 --eval-every 150 --checkpoint last --runs $RUNS"
     COMMON="$BASE --steps 2250"
     STUDY="--name extrapolation --variants sinusoidal,learnable,alibi,t5,rope"
-    CANDS="--name extrapolation-candidates --variants sinusoidal+shape,kerple_log,fire,decoder-nope"
 
     # Above other work on the machine (training results do not depend on timing; this only keeps the study moving).
     echo -10 > /proc/self/autogroup 2>/dev/null || true
@@ -67,20 +65,6 @@ main() {
         shift 2
         echo "== $(date -Is) $what"
         (cd "$dir" && .venv/bin/python bench/study.py "$@")
-    }
-
-    trained() {  # trained STUDY_DIR step ...: a training step, and beside it bench/study_prescore.sh, which scores
-        # finished runs while a core idles (the last run of an odd number trains alone); the scoring step skips them
-        local study=$1 pid scorer rc
-        shift
-        "$@" &
-        pid=$!
-        bash "$ROOT/bench/study_prescore.sh" "$study" "$pid" "$SCORE_WT" &
-        scorer=$!
-        wait "$pid"
-        rc=$?
-        wait "$scorer"
-        return "$rc"
     }
 
     replayed() {  # replayed STUDY_DIR...: do the retrained runs repeat the published study's? Logged, and kept in
@@ -120,7 +104,7 @@ main() {
     }
 
     once() {  # once NAME COMMAND...: COMMAND, unless a queue before this one finished it (RUNS/queue-done/NAME): the
-        # candidates' steps are not run again once the continuation has trained their shared sinusoidal runs on
+        # step at 2,250 is not run again once the continuation has trained its runs on
         local name=$1
         shift
         if [ -f "$RUNS/queue-done/$name" ]; then
@@ -136,11 +120,7 @@ main() {
     worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" && worktree "$RULE_WT" "$RULE_COMMIT" movable ||
         exit 1
     # shellcheck disable=SC2086  # the option strings split into words on purpose
-    once candidates-trained trained "$RUNS/study_extrapolation-candidates" step "$TRAIN_WT" "issue 24 candidates: training" $CANDS $COMMON --train-only &&
-        replayed "$RUNS/study_extrapolation-candidates" &&
-        once candidates-scored step "$SCORE_WT" "issue 24 candidates: scoring" $CANDS $COMMON --bootstrap 10000 --score-only &&
-        replayed "$RUNS/study_extrapolation-candidates" &&
-        once study-trained-2250 step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
+    once study-trained-2250 step "$TRAIN_WT" "issue 21 study: training" $STUDY $COMMON --train-only &&
         replayed "$RUNS/study_extrapolation" &&
         once continuation-scored continued &&
         echo "== $(date -Is) queue done"

@@ -560,7 +560,8 @@ def test_readme_tables_are_the_published_reports() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for heading, study_name, n in (("### The seed table with error bars", "seed-table", 3),
                                    ("### All eleven encodings of 2026-11-25 with error bars", "all-encodings", 11),
-                                   ("### Results of the extrapolation study", "extrapolation", 8)):
+                                   ("### Results of the extrapolation study", "extrapolation", 8),
+                                   ("### Results of the candidates", "extrapolation-candidates", 5)):
         section = readme.split(heading, 1)[1].split("\n### ", 1)[0]
         rows = [line for line in section.splitlines() if line.startswith("| ") and "±" in line]
         report = (ROOT / "bench" / "studies" / study_name / "report.md").read_text(encoding="utf-8").splitlines()
@@ -580,6 +581,11 @@ def test_readme_tables_are_the_published_reports() -> None:
                     for t, p in zip(primary, adjusted, strict=True) if p < 0.05]
             assert kept == [("alibi", "test.tatoeba.x4", 0.0066), ("t5", "drop", 0.0418)]
             assert "ALiBi on Tatoeba ×4 (Holm p 0.0066) and T5's drop on Multi30k (0.042)" in section
+        if study_name == "extrapolation-candidates":  # and the 16 tests of their family, with their verdicts
+            tests = [line for line in section.splitlines()
+                     if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
+            assert len(tests) == 16 and [r for r in tests if r not in report] == []
+            assert sum(r.endswith("| **yes** |") for r in tests) == 5 and "5 of the 16 tests are resolved" in section
 
 
 def test_length_buckets_from_sentence_statistics_are_test_pys_scores_by_length() -> None:
@@ -651,6 +657,14 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
         assert family["drops"] == {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"}
         assert family["smallest_effect"] == 1.0 and results["bootstrap_samples"] == 10000
         assert sum(t["resolved"] for t in results["primary"]["tests"]) == 11
+    elif name == "extrapolation-candidates":  # README: its own family, declared 2026-11-26; scored from beam 5 files
+        assert systems == {"kerple_log", "fire", "decoder-nope", "sinusoidal+shape"}
+        assert results["primary"]["size"] == 16 and results["bootstrap_samples"] == 10000
+        assert results["decoders"] == ["beam5"] and len(results["splits"]) == 8
+        assert results["primary"]["family"]["declared"].startswith("exploratory")
+        assert [(t["system"], t["label"].split()[1]) for t in results["primary"]["tests"] if t["resolved"]] == [
+            ("fire", "test.multi30k-2016.x4"), ("fire", "drop"), ("sinusoidal+shape", "drop"), ("fire", "drop"),
+            ("sinusoidal+shape", "drop")]
     else:
         assert systems == {"learnable", "rope"} and results["primary"]["size"] == 6
 

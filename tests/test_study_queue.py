@@ -1,7 +1,7 @@
 """bench/study_queue.sh's own logic, run in bash with stand-ins for the study commands: the continuation raises
 the budget as long as the rule says so and scores at the budget it fixes, resumes a raise a stopped queue began,
 stops on a verdict it does not know or one that training does not move, and steps an earlier queue finished are
-not run again (the candidates' and the study's steps at 2,250 are wrapped so)."""
+not run again (the study's step at 2,250 and the continuation are wrapped so)."""
 
 from __future__ import annotations
 
@@ -90,8 +90,8 @@ def test_a_verdict_that_does_not_move_after_training_stops_the_queue(tmp_path: P
 
 
 def test_a_step_an_earlier_queue_finished_is_not_run_again(tmp_path: Path) -> None:
-    """``once``: done steps are marked in RUNS/queue-done and skipped (the candidates' scoring would refuse their
-    sinusoidal runs once the continuation trained them past 2,250 steps); a failed step is not marked."""
+    """``once``: done steps are marked in RUNS/queue-done and skipped (the step at 2,250 steps would refuse the
+    runs once the continuation trained them past it); a failed step is not marked."""
     rc, log = _queue(tmp_path, [], 'once scored step S score && once scored step S again && echo ok >> "$RUNS/../log"')
     assert rc == 0 and log == ["step S score", "ok"] and (tmp_path / "runs" / "queue-done" / "scored").is_file()
     (tmp_path / "fail").touch()
@@ -102,5 +102,4 @@ def test_a_step_an_earlier_queue_finished_is_not_run_again(tmp_path: Path) -> No
 def test_the_steps_at_2250_and_the_continuation_are_run_once() -> None:
     chain = SCRIPT[SCRIPT.index('worktree "$TRAIN_WT" "$TRAIN_COMMIT" &&'):]
     steps = [line.strip() for line in chain.splitlines() if " step " in f" {line.strip()}" or "continued" in line]
-    assert [line.split()[:2] for line in steps] == [["once", "candidates-trained"], ["once", "candidates-scored"],
-                                                    ["once", "study-trained-2250"], ["once", "continuation-scored"]]
+    assert [line.split()[:2] for line in steps] == [["once", "study-trained-2250"], ["once", "continuation-scored"]]
