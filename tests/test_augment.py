@@ -75,6 +75,15 @@ def test_randomized_positions_are_a_sorted_uniform_subset_of_0_to_l() -> None:
     assert sorted(seen) == list(range(12))
     assert all(abs(n / draws - 5 / 12) < 0.05 for n in seen.values()), seen
     assert torch.equal(randomized_positions(12, 12, g), torch.arange(12))  # T = L: all of them
+    # Uniform over subsets, not only over positions (the reference's choice(arange(L), (T,), replace=False)): each
+    # of the C(6, 3) = 20 subsets about equally often (a chi-square test, seeded, so the same draws every run).
+    from itertools import combinations
+
+    from scipy.stats import chisquare
+
+    subsets = Counter(tuple(randomized_positions(3, 6, g).tolist()) for _ in range(4000))
+    assert sorted(subsets) == list(combinations(range(6), 3))
+    assert chisquare(list(subsets.values())).pvalue > 0.01, subsets
     with pytest.raises(ValueError, match="needs more positions than model.augment.randomized.max_length=4"):
         randomized_positions(5, 4, g)
 
