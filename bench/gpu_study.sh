@@ -26,8 +26,10 @@ ARGS="--preset train-short-test-long --name extrapolation-candidates --variants 
 STUDY=runs/study_extrapolation-candidates
 echo "== $(el) s: training"
 # shellcheck disable=SC2086  # the option string splits into words on purpose
-timeout -s TERM $(( ${TRAIN_UNTIL:-450} - $(el) )) python3 bench/study.py $ARGS --train-only
-echo "== $(el) s: training rc $?"
+left=$(( ${TRAIN_UNTIL:-450} - $(el) ))
+timeout -s TERM $(( left > 1 ? left : 1 )) python3 bench/study.py $ARGS --train-only
+rc=$?
+echo "== $(el) s: training rc $rc"
 for f in "$STUDY"/runs/*/seed*/study.log; do
     echo "$f: $(grep -a -o 'step [0-9]*' "$f" | tail -n 1) | $(grep -a 'valid loss' "$f" | tail -n 1 | cut -c1-160)"
 done
@@ -36,7 +38,8 @@ if [ "$left" -gt 30 ]; then
     echo "== $(el) s: scoring"
     # shellcheck disable=SC2086
     timeout -s TERM "$left" python3 bench/study.py $ARGS --bootstrap 1000 --score-only
-    echo "== $(el) s: scoring rc $?"
+    rc=$?
+    echo "== $(el) s: scoring rc $rc"
 fi
 kill %1 2>/dev/null
 tar -cJf "$OUT/study.tar.xz" --exclude='*.pt' --exclude='cache' "$STUDY"

@@ -302,7 +302,8 @@ def find_run(root: Path, poll: float = 2.0) -> Path | None:
                 said = True
             time.sleep(poll)
     for run in runs:
-        if not discard_if_untrained(run) and not RunDir(run).last.is_file() and not RunDir(run).summary_json.is_file():
+        kept = RunDir(run).summary_json.is_file() or any(RunDir(run).eval_dir.glob("*.json"))  # trained, scored
+        if not discard_if_untrained(run) and not RunDir(run).last.is_file() and not kept:
             shutil.rmtree(run)  # killed between a periodic checkpoint and its last.pt: nothing to resume from
     runs = [p for p in runs if p.is_dir()]
     return runs[-1] if runs else None
@@ -413,6 +414,8 @@ def recorded_step(run: Path, checkpoint: str) -> int | None:
     to save disk, or the run fetched from another machine without its weights)."""
     steps = set()
     for path in RunDir(run).eval_dir.glob(f"*.{checkpoint}.beam*.json"):
+        if path.name.startswith("all."):  # test.py's summary of several splits: each split's own file says
+            continue
         try:
             steps.add(json.loads(path.read_text()).get("step"))
         except (OSError, json.JSONDecodeError):
@@ -665,10 +668,11 @@ def main() -> int:
             for key in (x.partition("=")[0].strip() for x in extra):
                 if key in STUDY_KEYS:
                     parser.error(f"--test-variant {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
-    decoders = {d.strip(): DECODERS.get(d.strip()) for d in args.decoders.split(",") if d.strip()}
-    if not decoders or None in decoders.values():
+    asked = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    if not asked or any(d not in DECODERS for d in asked):
         parser.error(f"--decoders {args.decoders}: give some of {', '.join(DECODERS)}")
-    if "beam5" not in decoders:
+    decoders = {d: beam for d, beam in DECODERS.items() if d in asked}  # in the report's order, whatever was asked
+    if "beam5" not in decoders or (family or {}).get("decoder", "beam5") not in decoders:
         parser.error(f"--decoders {args.decoders}: beam5 is needed (the primary family and the report's tables)")
     labels = [v.label for v in variants]
     baseline = args.baseline or baseline or labels[0]
@@ -729,6 +733,9 @@ def main() -> int:
             if not args.train_only:  # a run past the budget is refused now, not after the others trained
                 steps[job.key] = scored_step(run, args.checkpoint, args.steps)
             continue
+        if run is not None and not RunDir(run).last.is_file():
+            raise ConfigError(f"{run}: its checkpoints are gone and it is short of the budget: it cannot be trained "
+                              "on; nothing was trained or scored")
         todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
                      job.root / "study.log"))
     elsewhere = linked_elsewhere(jobs, baseline, family, {"checkpoint": args.checkpoint,
@@ -795,13 +802,14 @@ def main() -> int:
     for job in jobs:
         if RunDir(runs[job.key]).checkpoint(args.checkpoint).is_file():
             compute_attention(runs[job.key], args.checkpoint, args.attention_sentences, steps[job.key])
-        elif read_attention(runs[job.key], args.checkpoint, args.attention_sentences) is None:
+        elif (read_attention(runs[job.key], args.checkpoint, args.attention_sentences) or {}).get(
+                "step") != steps[job.key]:  # none, or of another step: not this model's
             print(f"  {job.key}: no checkpoint, so no attention statistics (the report leaves its system's out)",
                   flush=True)
     from bench.study_report import aggregate, write_report
 
     results = aggregate(jobs, runs, corpus, splits, baseline, args.checkpoint, args.bootstrap,
-                        args.attention_sentences, args.max_sentences, family, list(decoders))
+                        args.attention_sentences, args.max_sentences, family, list(decoders), steps)
     write_report(study, spec, results)
     print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
     return 0

@@ -30,13 +30,14 @@ def _read_lines(path: Path) -> list[str]:
 
 def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str], baseline: str, checkpoint: str,
               samples: int, attention_sentences: int, max_sentences: int | None = None,
-              family: dict[str, Any] | None = None, decoders: list[str] | None = None) -> dict[str, Any]:
+              family: dict[str, Any] | None = None, decoders: list[str] | None = None,
+              steps: dict[str, int] | None = None) -> dict[str, Any]:
     """Every number of the study: per system (variant or test variant), split and decoder each seed's scores,
     length ratio and buckets; the declared family of primary tests and the exploratory ones
     (bench/study_analysis.py); ``corpus`` holds the test splits (data.sources.load_corpus). The hypotheses
     are returned under ``"_hypotheses"`` for ``write_report`` to publish. ``decoders``: those of ``DECODERS``
     scored (default all). A system missing the attention statistics of a seed (its checkpoint was gone at
-    scoring) has none in the report."""
+    scoring), or holding ones of another training step than ``steps`` gives its run, has none in the report."""
     from bench.study_runs import eval_file, file_tag, read_attention, valid_curve
     from utils.config import load_config
     from utils.run.layout import RunDir
@@ -69,9 +70,10 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
                                   "chrf_signature": per_seed[0][0]["chrf_signature"]}
                     entry.setdefault("splits", {}).setdefault(split, {})[decoder] = signatures
             if tag is None:
-                attention = [read_attention(runs[by_key[(label, s)].key], checkpoint, attention_sentences)
-                             for s in seeds]
-                if all(a is not None for a in attention):
+                keys = [by_key[(label, s)].key for s in seeds]
+                attention = [read_attention(runs[k], checkpoint, attention_sentences) for k in keys]
+                if all(a is not None and (steps is None or a.get("step") == steps[k])
+                       for a, k in zip(attention, keys, strict=True)):
                     entry["attention"] = attention
                 entry["valid_bleu"] = [valid_curve(runs[by_key[(label, s)].key]) for s in seeds]
             systems[name] = entry

@@ -298,6 +298,11 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
         "its best checkpoint is gone and beam 1 is not scored on every one of test: nothing was scored")
     no_beam = run_study(bare, *LINEAR, "--score-only", "--decoders", "greedy", cache=tmp_path / "c")
     assert no_beam.returncode == 2 and "beam5 is needed" in no_beam.stderr
+    raised = run_study(bare, *LINEAR, "--steps", "12", "--train-only", cache=tmp_path / "c")  # weights gone
+    assert raised.returncode == 2 and "  train " not in raised.stdout
+    assert raised.stderr.strip().splitlines()[-1].endswith(
+        "its checkpoints are gone and it is short of the budget: it cannot be trained on; nothing was trained or "
+        "scored")
 
     # Another study in the same runs folder, sweeping tokenization: its bpe variant has exactly the config of
     # study t's attention_pe=none, so those runs are linked, not trained; char is trained.
@@ -493,6 +498,29 @@ def test_a_run_without_a_resume_point_is_started_again(tmp_path: Path) -> None:
     (resumable / "checkpoints" / "last.pt").unlink()
     (resumable / "checkpoints" / "step_1.pt").write_bytes(b"weights")
     assert study.find_run(root) is None and not resumable.exists()
+
+
+def test_a_scored_run_without_checkpoints_is_kept_at_the_step_its_scores_record(tmp_path: Path) -> None:
+    """A run whose checkpoints are gone (deleted after scoring, or fetched without its weights) is found, not
+    removed, when it holds score files or its closing summary; its step is what every split's score file records
+    (test.py's ``all.*`` summary of several splits, which records none at its top, is not one of them)."""
+    scored = tmp_path / "seed1" / "demo_20260101_000000"
+    (scored / "checkpoints").mkdir(parents=True)
+    (scored / "eval").mkdir()
+    for split in ("test", "test.x2"):
+        (scored / "eval" / f"{split}.last.beam5.json").write_text(json.dumps({"step": 9, "bleu": 1.0}))
+    (scored / "eval" / "all.last.beam5.json").write_text(json.dumps({"test": {"step": 9}, "test.x2": {"step": 9}}))
+    assert study.find_run(tmp_path / "seed1") == scored and scored.is_dir()
+    assert study.recorded_step(scored, "last") == 9 and study.checkpoint_step(scored, "last") == 9
+    assert study.recorded_step(scored, "best") is None  # no score file of that checkpoint
+    with pytest.raises(ConfigError, match="no such checkpoint, and no score file of it records its step"):
+        study.checkpoint_step(scored, "best")
+    (scored / "eval" / "test.x2.last.beam5.json").write_text(json.dumps({"step": 7}))
+    assert study.recorded_step(scored, "last") is None  # files that disagree say no step
+    summarised = tmp_path / "seed2" / "demo_20260101_000000"
+    (summarised / "checkpoints").mkdir(parents=True)
+    (summarised / "summary.json").write_text(json.dumps({"run_steps": 8}))
+    assert study.find_run(tmp_path / "seed2") == summarised
 
 
 def test_test_variants_name_a_variant_or_all_of_them() -> None:

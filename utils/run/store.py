@@ -135,9 +135,11 @@ def point_latest(run_dir: Path) -> None:
 def discard_if_untrained(run_dir: Path) -> bool:
     """Remove a run directory that never got a checkpoint (a start that failed); True if removed. A directory
     another process trains in (its lock is held) is never removed, nor one holding test scores (a scored run whose
-    checkpoints were deleted to save disk, or fetched from another machine without them)."""
+    checkpoints were deleted to save disk, or fetched from another machine without them) or the closing summary of
+    a finished training."""
     rd = RunDir(run_dir)
-    if any(rd.checkpoints.glob("*.pt")) or any(rd.eval_dir.glob("*.json")) or run_locked_by(run_dir) is not None:
+    if (any(rd.checkpoints.glob("*.pt")) or any(rd.eval_dir.glob("*.json")) or rd.summary_json.is_file()
+            or run_locked_by(run_dir) is not None):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
     unlock_run(run_dir)
