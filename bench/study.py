@@ -291,7 +291,7 @@ def find_run(root: Path, poll: float = 2.0) -> Path | None:
     its step) is waited for, never removed or trained at the same time."""
     import time
 
-    from utils.run.store import discard_if_untrained, run_locked_by
+    from utils.run.store import discard_if_untrained, has_results, run_locked_by
 
     runs = run_dirs(root)
     for run in runs:
@@ -302,8 +302,7 @@ def find_run(root: Path, poll: float = 2.0) -> Path | None:
                 said = True
             time.sleep(poll)
     for run in runs:
-        kept = RunDir(run).summary_json.is_file() or any(RunDir(run).eval_dir.glob("*.json"))  # trained, scored
-        if not discard_if_untrained(run) and not RunDir(run).last.is_file() and not kept:
+        if not discard_if_untrained(run) and not RunDir(run).last.is_file() and not has_results(run):
             shutil.rmtree(run)  # killed between a periodic checkpoint and its last.pt: nothing to resume from
     runs = [p for p in runs if p.is_dir()]
     return runs[-1] if runs else None

@@ -132,13 +132,17 @@ def point_latest(run_dir: Path) -> None:
             tmp.unlink()
 
 
+def has_results(run_dir: Path) -> bool:
+    """Whether a run holds test scores or the closing summary of a finished training: what a study reports from
+    when its checkpoints were deleted to save disk, or the run fetched from another machine without them."""
+    rd = RunDir(run_dir)
+    return rd.summary_json.is_file() or any(rd.eval_dir.glob("*.json"))
+
+
 def discard_if_untrained(run_dir: Path) -> bool:
     """Remove a run directory that never got a checkpoint (a start that failed); True if removed. A directory
-    another process trains in (its lock is held) is never removed, nor one holding test scores (a scored run whose
-    checkpoints were deleted to save disk, or fetched from another machine without them) or the closing summary of
-    a finished training."""
-    rd = RunDir(run_dir)
-    if (any(rd.checkpoints.glob("*.pt")) or any(rd.eval_dir.glob("*.json")) or rd.summary_json.is_file()
+    another process trains in (its lock is held) is never removed, nor one that ``has_results``."""
+    if (any(RunDir(run_dir).checkpoints.glob("*.pt")) or has_results(run_dir)
             or run_locked_by(run_dir) is not None):
         return False
     shutil.rmtree(run_dir, ignore_errors=True)
