@@ -7,8 +7,9 @@ positive definite kernel is a constant, which the softmax absorbs):
     kerple_log:    b_h(i, j) = -r1_h * log(1 + r2_h * |i - j|)      r1_h, r2_h > 0
     kerple_power:  b_h(i, j) = -r1_h * |i - j|^r2_h                 r1_h > 0, 0 < r2_h <= 2
 
-r1 and r2 are learned per head, in every attention layer it serves: 2H parameters a layer. (Equation numbers of
-the paper were not checked here; the kernels are as the authors' code computes them, below.)
+r1 and r2 are learned per head, in every attention layer it serves: 2H parameters a layer. In the paper these are
+the unnumbered displays of sec. 4 ("Practical Choice"): the composite kernel of its eq. (4) with the bias kernel of
+eq. (3) taken from Corollary 1 (b) (log) and (a) (power); the kernels are as the authors' code computes them, below.
 
 Initialisation and positivity follow the authors' code (github.com/chijames/KERPLE, ``megatron/mpu/layers.py``,
 ``ParallelKerpleLog`` and ``ParallelKerplePower``): uniform draws, log: r1 (their ``bias_p``) ~ U[0, 2),

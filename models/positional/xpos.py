@@ -8,7 +8,9 @@ RoPE (``rotary.py``) whose rotation is also scaled, per pair of dimensions i = 0
     q~_n . k~_m = sum_i zeta_i^((n - m) / B) * [pair i of q . pair i of k, rotated by (n - m) theta_i]
 
 where R_n is RoPE's rotation of pair i by n * theta_i, theta_i = theta^(-2i/d) (``model.xpos.theta``), and B is
-the reference code's ``scale_base`` (a setting of its own, apart from gamma). Each pair's RoPE score is multiplied
+the reference code's ``scale_base`` (a setting of its own, apart from gamma). zeta_i is eq. (9) of the paper (arXiv
+v1, sec. 3.2) and the scaled rotation of q and k its eq. (10); v1 names neither gamma = 0.4 nor B: both values are
+torchscale's defaults. Each pair's RoPE score is multiplied
 by zeta_i^((n - m)/B) <= 1: a decay with the distance n - m >= 0, fastest for the high-frequency pairs (small i).
 For m > n the factor grows without bound, so xPos is defined for causal attention only: ``causal_only`` makes
 validation refuse it in the encoder and in cross-attention in one line (``model.decoder_pe.attention=xpos`` puts
