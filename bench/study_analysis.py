@@ -102,6 +102,7 @@ class Analysis:
         self.scores, self.stats, self.baseline, self.samples = scores, stats, baseline, samples
         self.lowercase = lowercase
         self.buckets = buckets or {}  # split -> bucket label -> sentence indices
+        self._resampled: dict = {}  # each (system, quantity)'s bootstrap values, shared by its contrasts
 
     def seeds(self, system: str, q: Quantity) -> list[float]:
         if q.kind == "score":
@@ -135,7 +136,8 @@ class Analysis:
         sys_parts = [self._parts(system, q, k) for k in seeds]
         base_parts = [self._parts(base or self.baseline, q, k) for k in seeds]
         return bootstrap_quantity(metric_for(q.metric, self.lowercase), [p for p, _ in sys_parts],
-                                  [p for p, _ in base_parts], sys_parts[0][1], self.samples)
+                                  [p for p, _ in base_parts], sys_parts[0][1], self.samples,
+                                  memo=self._resampled, keys=((system, q), (base or self.baseline, q)))
 
     def test(self, q: Quantity, systems: list[str], contrasts: list[str],
              base: str | None = None) -> tuple[list[dict[str, Any]], dict]:

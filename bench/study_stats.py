@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,7 +286,9 @@ def _scores(metric: Any, summed: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], baseline: Sequence[Sequence[np.ndarray]],
-                       coefficients: Sequence[float], samples: int, seed: int | None = None) -> dict[str, Any]:
+                       coefficients: Sequence[float], samples: int, seed: int | None = None,
+                       memo: dict[Hashable, tuple[float, np.ndarray]] | None = None,
+                       keys: tuple[Hashable, Hashable] | None = None) -> dict[str, Any]:
     """Paired bootstrap over test units of ``delta = mean_k sum_p c_p [score(system[k][p]) - score(baseline[k][p])]``.
 
     ``system[k][p]`` / ``baseline[k][p]``: seed k's statistics ``[units, statistics]`` for part p of the
@@ -298,7 +300,10 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
     rule (``_compute_p_value`` of the absolute differences centred on their mean), which for a normal bootstrap
     distribution is a half to a third of the two-sided p, in effect a one-sided test. Both exactly 1 for an
     observed delta of 0 (identical systems are no difference).
-    ``seed`` (default ``$SACREBLEU_SEED`` or 12345) makes it repeatable."""
+    ``seed`` (default ``$SACREBLEU_SEED`` or 12345) makes it repeatable. ``memo`` with ``keys`` (one for each
+    side, naming what its statistics are, e.g. the system and quantity) keeps each side's values for the next
+    call: the draws depend only on the units, samples and seed, so a baseline compared with several systems is
+    resampled once, with the same floats."""
     from sacrebleu.significance import _compute_p_value
 
     if seed is None:
@@ -309,21 +314,28 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
     units = system[0][0].shape[0]
     if any(x.shape[0] != units for s in (*system, *baseline) for x in s):
         raise ValueError("every part must cover the same test units")
-    rng = np.random.default_rng(seed)
-    idx = rng.choice(units, size=(samples, units), replace=True)  # sacreBLEU's draws: one seed repeats its test
-    counts = np.stack([np.bincount(row, minlength=units) for row in idx]).astype(np.float64)  # [samples, units]
+    counts: np.ndarray | None = None
 
-    def value(side: Sequence[Sequence[np.ndarray]]) -> tuple[float, np.ndarray]:
+    def value(side: Sequence[Sequence[np.ndarray]], key: Hashable | None) -> tuple[float, np.ndarray]:
+        nonlocal counts
+        if memo is not None and key is not None and (key, units, samples, seed) in memo:
+            return memo[key, units, samples, seed]
+        if counts is None:
+            rng = np.random.default_rng(seed)
+            idx = rng.choice(units, size=(samples, units), replace=True)  # sacreBLEU's draws: a seed repeats its test
+            counts = np.stack([np.bincount(row, minlength=units) for row in idx]).astype(np.float64)  # [samples, units]
         full, resampled = 0.0, np.zeros(samples)
         for k in range(seeds):
             for p, c in enumerate(coefficients):
                 stats = side[k][p]
                 full += c * corpus_score(metric, stats.sum(0)) / seeds
                 resampled += c * _scores(metric, counts @ stats) / seeds
+        if memo is not None and key is not None:
+            memo[key, units, samples, seed] = full, resampled
         return full, resampled
 
-    s_full, s_res = value(system)
-    b_full, b_res = value(baseline)
+    s_full, s_res = value(system, keys[0] if keys else None)
+    b_full, b_res = value(baseline, keys[1] if keys else None)
     observed = s_full - b_full
     diffs = s_res - b_res
     distance = np.abs(diffs)

@@ -143,6 +143,29 @@ def test_bootstrap_resamples_the_mean_of_the_per_seed_differences_not_a_pooled_c
     assert abs(out["delta"] - pooled) > 1e-3  # the old pooled quantity is another number
 
 
+def test_a_memo_resamples_a_shared_baseline_once_with_the_same_numbers(monkeypatch):
+    """Several systems against one baseline: with a memo the baseline's side is resampled once, and every result
+    is the one computed without it (the same draws, the same floats)."""
+    import bench.study_stats as study_stats
+
+    metric = CHRF()
+    base = [[sentence_stats(metric, HYP_A, REFS)]]
+    systems = {"b": [[sentence_stats(metric, HYP_B, REFS)]], "a": [[sentence_stats(metric, HYP_A[::-1], REFS)]]}
+    plain = {name: bootstrap_quantity(metric, side, base, [1.0], samples=300, seed=3) for name, side in systems.items()}
+    calls = []
+    scores = study_stats._scores
+    monkeypatch.setattr(study_stats, "_scores", lambda m, summed: calls.append(1) or scores(m, summed))
+    memo: dict = {}
+    kept = {name: bootstrap_quantity(metric, side, base, [1.0], samples=300, seed=3, memo=memo, keys=(name, "base"))
+            for name, side in systems.items()}
+    assert kept == plain  # every p-value, interval and delta exactly
+    assert len(calls) == 3 and len(memo) == 3  # b, the baseline, a: not the baseline twice
+    other_seed = bootstrap_quantity(metric, systems["b"], base, [1.0], samples=300, seed=4, memo=memo,
+                                    keys=("b", "base"))
+    assert len(calls) == 5  # other draws: both sides resampled again, not read from the memo
+    assert other_seed["ci95"] != plain["b"]["ci95"]
+
+
 def test_bootstrap_of_identical_systems_is_no_difference():
     from sacrebleu.metrics import BLEU
 
