@@ -132,12 +132,13 @@ class Analysis:
     def bootstrap(self, system: str, q: Quantity, base: str | None = None) -> dict[str, Any] | None:
         if self.stats is None:
             return None
+        base = base or self.baseline
         seeds = range(self._n_seeds(system))
         sys_parts = [self._parts(system, q, k) for k in seeds]
-        base_parts = [self._parts(base or self.baseline, q, k) for k in seeds]
+        base_parts = [self._parts(base, q, k) for k in seeds]
         return bootstrap_quantity(metric_for(q.metric, self.lowercase), [p for p, _ in sys_parts],
                                   [p for p, _ in base_parts], sys_parts[0][1], self.samples,
-                                  memo=self._resampled, keys=((system, q), (base or self.baseline, q)))
+                                  memo=self._resampled, keys=((system, q), (base, q)))
 
     def test(self, q: Quantity, systems: list[str], contrasts: list[str],
              base: str | None = None) -> tuple[list[dict[str, Any]], dict]:

@@ -315,11 +315,13 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
     if any(x.shape[0] != units for s in (*system, *baseline) for x in s):
         raise ValueError("every part must cover the same test units")
     counts: np.ndarray | None = None
+    memo = {} if memo is None else memo
 
     def value(side: Sequence[Sequence[np.ndarray]], key: Hashable | None) -> tuple[float, np.ndarray]:
         nonlocal counts
-        if memo is not None and key is not None and (key, units, samples, seed) in memo:
-            return memo[key, units, samples, seed]
+        slot = None if key is None else (key, units, samples, seed)
+        if slot in memo:
+            return memo[slot]
         if counts is None:
             rng = np.random.default_rng(seed)
             idx = rng.choice(units, size=(samples, units), replace=True)  # sacreBLEU's draws: a seed repeats its test
@@ -330,8 +332,8 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
                 stats = side[k][p]
                 full += c * corpus_score(metric, stats.sum(0)) / seeds
                 resampled += c * _scores(metric, counts @ stats) / seeds
-        if memo is not None and key is not None:
-            memo[key, units, samples, seed] = full, resampled
+        if slot is not None:
+            memo[slot] = full, resampled
         return full, resampled
 
     s_full, s_res = value(system, keys[0] if keys else None)
