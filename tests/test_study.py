@@ -589,6 +589,7 @@ def test_readme_tables_are_the_published_reports() -> None:
     for heading, study_name, n in (("### The seed table with error bars", "seed-table", 3),
                                    ("### All eleven encodings of 2026-11-25 with error bars", "all-encodings", 11),
                                    ("### Results of the extrapolation study", "extrapolation", 8),
+                                   ("### Results of the continuation", "extrapolation-2700", 8),
                                    ("### Results of the candidates", "extrapolation-candidates", 5)):
         section = readme.split(heading, 1)[1].split("\n### ", 1)[0]
         rows = [line for line in section.splitlines() if line.startswith("| ") and "±" in line]
@@ -609,6 +610,22 @@ def test_readme_tables_are_the_published_reports() -> None:
                     for t, p in zip(primary, adjusted, strict=True) if p < 0.05]
             assert kept == [("alibi", "test.tatoeba.x4", 0.0066), ("t5", "drop", 0.0418)]
             assert "ALiBi on Tatoeba ×4 (Holm p 0.0066) and T5's drop on Multi30k (0.042)" in section
+        if study_name == "extrapolation-2700":  # the same family at the continuation's budget, and its checks
+            tests = [line for line in section.splitlines()
+                     if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
+            assert len(tests) == 24 and [r for r in tests if r not in report] == []
+            assert sum(r.endswith("| **yes** |") for r in tests) == 4 and "4 of the 24 tests are resolved" in section
+            from bench.study_stats import holm
+
+            results = json.loads((ROOT / "bench" / "studies" / study_name / "results.json").read_text("utf-8"))
+            primary = results["primary"]["tests"]
+            assert results["spec"]["steps"] == 2700 and "2700 optimizer steps" in report[0]
+            adjusted = holm([t["paired_t"]["p_value"] for t in primary])
+            kept = [(t["system"], t["label"].split()[1], round(p, 3))
+                    for t, p in zip(primary, adjusted, strict=True) if p < 0.05]
+            assert kept == [("t5", "drop", 0.033)] and "T5's drop on Multi30k (Holm p 0.033)" in section
+            power = results["primary"]["power"]
+            assert (round(power["pooled_residual_sd"], 2), round(power["detectable_at_80"], 2)) == (1.30, 5.19)
         if study_name == "extrapolation-candidates":  # and the 16 tests of their family, with their verdicts
             tests = [line for line in section.splitlines()
                      if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
@@ -677,14 +694,18 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
     if name == "all-encodings":
         assert results["primary"]["family"]["elsewhere"] == {"learnable": "seed-table", "rope": "seed-table"}
         assert not systems & {"learnable", "rope"} and results["primary"]["size"] == 24
-    elif name == "extrapolation":  # README's pre-registration: 6 contrasts x 2 sets x (chrF, drop), Holm over 24
+    elif name in ("extrapolation", "extrapolation-2700"):  # README's pre-registration: 6 contrasts x 2 sets x
+        # (chrF, drop), Holm over 24; the continuation scores the same family at its budget
         family = results["primary"]["family"]
         assert systems == {"learnable", "rope", "rope+ntk", "rope+yarn", "alibi", "t5"}
         assert results["primary"]["size"] == 24
         assert family["splits"] == ["test.tatoeba.x4", "test.multi30k-2016.x4"] and family["decoder"] == "beam5"
         assert family["drops"] == {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"}
         assert family["smallest_effect"] == 1.0 and results["bootstrap_samples"] == 10000
-        assert sum(t["resolved"] for t in results["primary"]["tests"]) == 11
+        assert sum(t["resolved"] for t in results["primary"]["tests"]) == {"extrapolation": 11,
+                                                                          "extrapolation-2700": 4}[name]
+        spec = json.loads((published / "results.json").read_text(encoding="utf-8"))["spec"]
+        assert spec["steps"] == {"extrapolation": 2250, "extrapolation-2700": 2700}[name]
     elif name == "extrapolation-candidates":  # README: its own family, declared 2026-11-26; scored from beam 5 files
         assert systems == {"kerple_log", "fire", "decoder-nope", "sinusoidal+shape"}
         assert results["primary"]["size"] == 16 and results["bootstrap_samples"] == 10000
