@@ -584,53 +584,44 @@ def test_each_gpu_takes_the_next_run_as_soon_as_its_own_ends(tmp_path: Path) -> 
 
 
 def test_readme_tables_are_the_published_reports() -> None:
-    """The README's study tables are copied from the reports in bench/studies/, digit for digit."""
+    """The README's study tables are copied from the reports in bench/studies/, digit for digit; so are the primary
+    tests of the declared families with their verdicts, and the README's robustness check (each contrast's own
+    paired t over seeds, Holm over the family) keeps what the README says it keeps."""
+    from bench.study_stats import holm
+
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for heading, study_name, n in (("### The seed table with error bars", "seed-table", 3),
-                                   ("### All eleven encodings of 2026-11-25 with error bars", "all-encodings", 11),
-                                   ("### Results of the extrapolation study", "extrapolation", 8),
-                                   ("### Results of the continuation", "extrapolation-2700", 8),
-                                   ("### Results of the candidates", "extrapolation-candidates", 5)):
+    # heading, study, "±" rows, then for a declared family: its size, resolved, and (paired-t Holm kept, README text)
+    extrapolation_2250 = ([("alibi", "test.tatoeba.x4", 0.0066), ("t5", "drop", 0.0418)],
+                          "ALiBi on Tatoeba ×4 (Holm p 0.0066) and T5's drop on Multi30k (0.042)")
+    extrapolation_2700 = ([("t5", "drop", 0.0326)], "T5's drop on Multi30k (Holm p 0.033)")
+    for heading, study_name, n, family in (
+            ("### The seed table with error bars", "seed-table", 3, None),
+            ("### All eleven encodings of 2026-11-25 with error bars", "all-encodings", 11, None),
+            ("### Results of the extrapolation study", "extrapolation", 8, (24, 11, extrapolation_2250)),
+            ("### Results of the continuation", "extrapolation-2700", 8, (24, 4, extrapolation_2700)),
+            ("### Results of the candidates", "extrapolation-candidates", 5, (16, 5, None))):
         section = readme.split(heading, 1)[1].split("\n### ", 1)[0]
         rows = [line for line in section.splitlines() if line.startswith("| ") and "±" in line]
-        report = (ROOT / "bench" / "studies" / study_name / "report.md").read_text(encoding="utf-8").splitlines()
+        folder = ROOT / "bench" / "studies" / study_name
+        report = (folder / "report.md").read_text(encoding="utf-8").splitlines()
         assert len(rows) == n and [r for r in rows if r not in report] == [], study_name
-        if study_name == "extrapolation":  # and the 24 tests of the pre-registered family, with their verdicts
-            tests = [line for line in section.splitlines()
-                     if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
-            assert len(tests) == 24 and [r for r in tests if r not in report] == []
-            assert sum(r.endswith("| **yes** |") for r in tests) == 11 and "11 of the 24 tests are resolved" in section
-            # README's robustness check: each contrast's own paired t over seeds, Holm over the 24, keeps two
-            from bench.study_stats import holm
-
-            results = json.loads((ROOT / "bench" / "studies" / study_name / "results.json").read_text("utf-8"))
-            primary = results["primary"]["tests"]
+        if family is None:
+            continue
+        size, resolved, robustness = family
+        tests = [line for line in section.splitlines()
+                 if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
+        assert len(tests) == size and [r for r in tests if r not in report] == [], study_name
+        assert sum(r.endswith("| **yes** |") for r in tests) == resolved
+        assert f"{resolved} of the {size} tests are resolved" in section
+        if robustness is not None:
+            primary = json.loads((folder / "results.json").read_text("utf-8"))["primary"]["tests"]
             adjusted = holm([t["paired_t"]["p_value"] for t in primary])
             kept = [(t["system"], t["label"].split()[1], round(p, 4))
                     for t, p in zip(primary, adjusted, strict=True) if p < 0.05]
-            assert kept == [("alibi", "test.tatoeba.x4", 0.0066), ("t5", "drop", 0.0418)]
-            assert "ALiBi on Tatoeba ×4 (Holm p 0.0066) and T5's drop on Multi30k (0.042)" in section
-        if study_name == "extrapolation-2700":  # the same family at the continuation's budget, and its checks
-            tests = [line for line in section.splitlines()
-                     if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
-            assert len(tests) == 24 and [r for r in tests if r not in report] == []
-            assert sum(r.endswith("| **yes** |") for r in tests) == 4 and "4 of the 24 tests are resolved" in section
-            from bench.study_stats import holm
-
-            results = json.loads((ROOT / "bench" / "studies" / study_name / "results.json").read_text("utf-8"))
-            primary = results["primary"]["tests"]
-            assert results["spec"]["steps"] == 2700 and "2700 optimizer steps" in report[0]
-            adjusted = holm([t["paired_t"]["p_value"] for t in primary])
-            kept = [(t["system"], t["label"].split()[1], round(p, 3))
-                    for t, p in zip(primary, adjusted, strict=True) if p < 0.05]
-            assert kept == [("t5", "drop", 0.033)] and "T5's drop on Multi30k (Holm p 0.033)" in section
-            power = results["primary"]["power"]
-            assert (round(power["pooled_residual_sd"], 2), round(power["detectable_at_80"], 2)) == (1.30, 5.19)
-        if study_name == "extrapolation-candidates":  # and the 16 tests of their family, with their verdicts
-            tests = [line for line in section.splitlines()
-                     if line.startswith("| ") and line.endswith((" no |", " **yes** |"))]
-            assert len(tests) == 16 and [r for r in tests if r not in report] == []
-            assert sum(r.endswith("| **yes** |") for r in tests) == 5 and "5 of the 16 tests are resolved" in section
+            assert kept == robustness[0] and robustness[1] in section, study_name
+    results = json.loads((ROOT / "bench" / "studies" / "extrapolation-2700" / "results.json").read_text("utf-8"))
+    power = results["primary"]["power"]  # README's power at the continuation's budget
+    assert (round(power["pooled_residual_sd"], 2), round(power["detectable_at_80"], 2)) == (1.30, 5.19)
 
 
 def test_length_buckets_from_sentence_statistics_are_test_pys_scores_by_length() -> None:
