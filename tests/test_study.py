@@ -613,15 +613,15 @@ def test_readme_tables_are_the_published_reports() -> None:
         assert len(tests) == size and [r for r in tests if r not in report] == [], study_name
         assert sum(r.endswith("| **yes** |") for r in tests) == resolved
         assert f"{resolved} of the {size} tests are resolved" in section
+        primary = json.loads((folder / "results.json").read_text("utf-8"))["primary"]
+        power = primary["power"]  # README's residual and detectable effect are the report's
+        assert f"{power['pooled_residual_sd']:.2f} chrF" in section, study_name
+        assert f"power needs {power['detectable_at_80']:.2f}" in section, study_name
         if robustness is not None:
-            primary = json.loads((folder / "results.json").read_text("utf-8"))["primary"]["tests"]
-            adjusted = holm([t["paired_t"]["p_value"] for t in primary])
+            adjusted = holm([t["paired_t"]["p_value"] for t in primary["tests"]])
             kept = [(t["system"], t["label"].split()[1], round(p, 4))
-                    for t, p in zip(primary, adjusted, strict=True) if p < 0.05]
+                    for t, p in zip(primary["tests"], adjusted, strict=True) if p < 0.05]
             assert kept == robustness[0] and robustness[1] in section, study_name
-    results = json.loads((ROOT / "bench" / "studies" / "extrapolation-2700" / "results.json").read_text("utf-8"))
-    power = results["primary"]["power"]  # README's power at the continuation's budget
-    assert (round(power["pooled_residual_sd"], 2), round(power["detectable_at_80"], 2)) == (1.30, 5.19)
 
 
 def test_length_buckets_from_sentence_statistics_are_test_pys_scores_by_length() -> None:
@@ -671,7 +671,8 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
             pytest.skip(f"shared data not found at {SHARED_DATA} (set FR2EN_SHARED_DATA): the references")
         shutil.copytree(published / "hypotheses", copy / "hypotheses")
     results = reanalyse(copy)
-    before = json.loads((published / "results.json").read_text(encoding="utf-8"))["primary"]
+    published_results = json.loads((published / "results.json").read_text(encoding="utf-8"))
+    before = published_results["primary"]
     assert [(t["system"], t["label"]) for t in results["primary"]["tests"]] == [
         (t["system"], t["label"]) for t in before["tests"]]
     for new, old in zip(results["primary"]["tests"], before["tests"], strict=True):
@@ -693,10 +694,9 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
         assert family["splits"] == ["test.tatoeba.x4", "test.multi30k-2016.x4"] and family["decoder"] == "beam5"
         assert family["drops"] == {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"}
         assert family["smallest_effect"] == 1.0 and results["bootstrap_samples"] == 10000
-        assert sum(t["resolved"] for t in results["primary"]["tests"]) == {"extrapolation": 11,
-                                                                          "extrapolation-2700": 4}[name]
-        spec = json.loads((published / "results.json").read_text(encoding="utf-8"))["spec"]
-        assert spec["steps"] == {"extrapolation": 2250, "extrapolation-2700": 2700}[name]
+        resolved, steps = {"extrapolation": (11, 2250), "extrapolation-2700": (4, 2700)}[name]
+        assert sum(t["resolved"] for t in results["primary"]["tests"]) == resolved
+        assert published_results["spec"]["steps"] == steps
     elif name == "extrapolation-candidates":  # README: its own family, declared 2026-11-26; scored from beam 5 files
         assert systems == {"kerple_log", "fire", "decoder-nope", "sinusoidal+shape"}
         assert results["primary"]["size"] == 16 and results["bootstrap_samples"] == 10000
