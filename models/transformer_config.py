@@ -22,33 +22,54 @@ class StackPE(Section):
     position at all in the decoder, whose causal mask carries order (NoPE, Kazemnejad et al. 2023):
     ``model.encoder_pe.attention=rope``, ``model.decoder_pe.attention=none``, ``model.input_pe=none``."""
 
-    input: str | None = None
-    attention: str | None = None
+    input: str | None = Field(None, description="This stack's input-level encoding (a `model.input_pe` name); null: "
+                              "`model.input_pe`.")
+    attention: str | None = Field(None, description="This stack's self-attention encoding (a `model.attention_pe` "
+                                  "name); null: `model.attention_pe`.")
 
 
 class TransformerConfig(Section):
     """The Transformer's own fields (``models.config.ModelConfig`` adds the training-time position augmentation
     and each encoding's settings section)."""
 
-    d_model: int = Field(512, ge=1)
-    n_heads: int = Field(8, ge=1)
-    encoder_layers: int = Field(6, ge=1)
-    decoder_layers: int = Field(6, ge=1)
-    d_ff: int = Field(2048, ge=1)
-    dropout: float = Field(0.1, ge=0, lt=1)
-    attention_dropout: float = Field(0.0, ge=0, lt=1)
-    activation_dropout: float = Field(0.0, ge=0, lt=1)  # FFN hidden layer (fairseq's; 0 in the paper)
-    activation: Literal["relu", "gelu"] = "relu"
-    norm: Literal["pre", "post"] = "pre"
-    tie_embeddings: bool = True
-    scale_embeddings: bool = True
-    input_pe: str = "sinusoidal"
-    attention_pe: str = "none"
-    cross_attention_pe: str = "none"
-    max_positions: int = Field(1024, ge=1)  # size of learned position tables; longer inputs are an error
-    gaussian_sigma: float = Field(2.0, gt=0)  # input_pe=gaussian: width of the window around each position
-    encoder_pe: StackPE = Field(default_factory=StackPE)  # the encoder's own, where it differs from the shorthand
-    decoder_pe: StackPE = Field(default_factory=StackPE)  # the decoder's own (cross-attention: cross_attention_pe)
+    d_model: int = Field(512, ge=1, description="Width of the model: embeddings and every layer's input and output.")
+    n_heads: int = Field(8, ge=1, description="Attention heads per layer; must divide `model.d_model` (head "
+                         "dimension = d_model / n_heads).")
+    encoder_layers: int = Field(6, ge=1, description="Layers of the encoder.")
+    decoder_layers: int = Field(6, ge=1, description="Layers of the decoder.")
+    d_ff: int = Field(2048, ge=1, description="Hidden width of each layer's feed-forward network.")
+    dropout: float = Field(0.1, ge=0, lt=1, description="Dropout rate on the embeddings and on the output of every "
+                           "attention and feed-forward block (residual dropout); 0: none.")
+    attention_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate on the attention weights.")
+    activation_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate on the feed-forward hidden layer "
+                                      "(fairseq's; 0 in the original Transformer).")
+    activation: Literal["relu", "gelu"] = Field("relu", description="Activation of the feed-forward hidden layer.")
+    norm: Literal["pre", "post"] = Field(
+        "pre", description="Where LayerNorm sits: `pre` normalises each block's input, the residual path stays "
+        "un-normalised and each stack ends with a LayerNorm (pre-LN, Xiong et al. 2020: trains stably); `post` "
+        "normalises after each residual addition, as the original Transformer.")
+    tie_embeddings: bool = Field(True, description="One embedding table for source, target and output layer (the "
+                                 "vocabulary is shared by both languages; Press & Wolf 2017).")
+    scale_embeddings: bool = Field(True, description="Multiply token embeddings by sqrt(`model.d_model`) before the "
+                                   "input positional encoding is added (Vaswani et al. 2017).")
+    input_pe: str = Field("sinusoidal", description="Input-level positional encoding, added to the token embeddings "
+                          "of both stacks (unless `model.encoder_pe.input` / `model.decoder_pe.input` set their "
+                          "own).")
+    attention_pe: str = Field("none", description="Attention-level positional encoding inside the self-attention of "
+                              "both stacks (unless `model.encoder_pe.attention` / `model.decoder_pe.attention` set "
+                              "their own).")
+    cross_attention_pe: str = Field("none", description="Attention-level positional encoding in cross-attention "
+                                    "(target position i, source position j); `none` as in the original "
+                                    "Transformer. Source and target positions are not aligned: an experiment.")
+    max_positions: int = Field(1024, ge=1, description="Positions of the learned tables (`learnable`, "
+                               "`learnable_ln`; `binary` takes ceil(log2 of it) bits): a longer input is an "
+                               "error.")
+    gaussian_sigma: float = Field(2.0, gt=0, description="Only with input encoding `gaussian`: width (standard "
+                                  "deviation, in positions) of the normal window around each position.")
+    encoder_pe: StackPE = Field(default_factory=StackPE, description="The encoder's own encodings, where they "
+                                "differ from the shorthand.")
+    decoder_pe: StackPE = Field(default_factory=StackPE, description="The decoder's own encodings, where they "
+                                "differ from the shorthand (cross-attention: `model.cross_attention_pe`).")
 
     def pe(self, stack: Stack, level: Level) -> str:
         """The registry name of ``stack``'s ``level`` encoding: its own if set, else the shorthand."""

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 # Closed sets whose members live in a registry are checked against that registry at validation time
-# (see ``_registry_choices``) so that adding an encoding needs no edit here.
+# (see ``registry_choices``) so that adding an encoding needs no edit here.
 INPUT_PE_KEY = "model.input_pe"
 ATTENTION_PE_KEY = "model.attention_pe"
 CROSS_ATTENTION_PE_KEY = "model.cross_attention_pe"
@@ -43,85 +43,128 @@ CROSS_ATTENTION_PE_KEY = "model.cross_attention_pe"
 class TrainConfig(Section):
     """Optimisation, schedule, evaluation and stopping."""
 
-    epochs: int = Field(50, ge=1)
-    max_steps: int | None = Field(None, ge=1)  # stop after this many optimizer steps
-    max_target_tokens: int | None = Field(None, ge=1)  # stop once this many target tokens were trained on (all ranks)
-    max_minutes: float | None = Field(None, gt=0)  # stop after this much wall time
-    lr: float = Field(5e-4, ge=0)  # 0 freezes the weights (a control run)
-    scheduler: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
-    warmup_steps: int = Field(4000, ge=0)
-    # The schedule at any batch size: warmup counted in target tokens (replaces warmup_steps), and a peak
-    # lr meant for batches of lr_batch_tokens target tokens, scaled by sqrt(batch / lr_batch_tokens) for
-    # others (Adam's square-root rule, Malladi et al. 2022). Batch = mean target tokens per optimizer step.
-    warmup_tokens: int | None = Field(None, ge=1)
-    lr_batch_tokens: int | None = Field(None, ge=1)
-    betas: list[float] = Field(default_factory=lambda: [0.9, 0.98])
-    eps: float = Field(1e-9, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    label_smoothing: float = Field(0.1, ge=0, lt=1)
-    # The output layer and its loss row chunk by row chunk, gradients in the same pass, never [N, V] logits
-    # (models/loss.py); false = F.linear then F.cross_entropy, the summation order of runs before it
-    fused_loss: bool = True
-    clip_norm: float = Field(1.0, ge=0)  # 0 = no clipping
-    # A step whose loss or gradient norm is NaN or inf: "stop" training with one line naming it, or "skip" it
-    # (no update; training stops after 20 skipped in a row). fp16 overflow steps are the grad scaler's to skip.
-    nonfinite: Literal["stop", "skip"] = "stop"
-    accumulate: int = Field(1, ge=1)  # gradient accumulation steps
-    eval_every: int = Field(0, ge=0)  # evaluate every N iterations; 0 = at the end of each epoch
-    patience: int = Field(10, ge=1)  # early stopping, in evaluations without a better validation BLEU
-    valid_bleu_sentences: int | None = Field(None, ge=1)  # score BLEU on the first N validation pairs (speed)
-    valid_beam: int = Field(1, ge=1)  # beam used for validation BLEU (1 = greedy)
-    log_every: int = Field(50, ge=1)
-    keep_checkpoints: int = Field(0, ge=0)  # keep the last K periodic checkpoints (step_<iteration>.pt) to average
-    checkpoint_every: int = Field(0, ge=0)  # periodic checkpoints (+ last.pt) every N iterations; 0 = each validation
-    log_attention_every: int = Field(0, ge=0)  # epochs between attention-map images in TensorBoard; 0 = off
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    amp: Literal["none", "bf16", "fp16"] = "none"  # autocast on CUDA; bf16 also works on CPU
-    # bf16 autocast on CPU as well (train.amp=bf16): "auto" where the CPU computes bf16 natively (AVX512-BF16,
-    # AMX, Arm BF16), where it measured faster than fp32 (README); true everywhere (emulated: slower); false never
-    amp_cpu: bool | Literal["auto"] = "auto"
-    num_threads: int | None = Field(None, ge=1)  # torch.set_num_threads on CPU
-    # torch.compile the training forward (inductor, dynamic shapes, eager's random numbers); off by default:
-    # slower than eager on the 2-core CPUs measured (README, "Where training time goes")
-    compile: bool = False
-    # torch.profiler over profile_steps optimizer steps after the first profile_after: <run>/profile/phases.json
-    # (ms per step by phase) and the trace (utils/training/profile.py); 0 = off
-    profile_steps: int = Field(0, ge=0)
-    profile_after: int = Field(10, ge=1)
+    epochs: int = Field(50, ge=1, description="Passes over the training data; training stops after the last one at "
+                        "the latest.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (validating and "
+                                  "saving `last.pt` first); null: no step limit.")
+    max_target_tokens: int | None = Field(None, ge=1, description="Stop once this many target tokens were trained on, "
+                                          "counted over every process; null: no limit.")
+    max_minutes: float | None = Field(None, gt=0, description="Stop after this much wall time, in minutes; null: no "
+                                      "limit.")
+    lr: float = Field(5e-4, ge=0, description="Peak learning rate of AdamW (the rate after warmup); with "
+                      "`train.lr_batch_tokens` the peak for batches of that size. 0 freezes the weights (a control "
+                      "run).")
+    scheduler: Literal["inverse_sqrt", "constant"] = Field(
+        "inverse_sqrt", description="Learning-rate schedule: `inverse_sqrt` rises linearly to `train.lr` over the "
+        "warmup, then decays as 1/sqrt(step) (Vaswani et al. 2017); `constant` keeps `train.lr` from the first step "
+        "(no warmup).")
+    warmup_steps: int = Field(4000, ge=0, description="Warmup length in optimizer steps; ignored when "
+                              "`train.warmup_tokens` is set (a `--set` of it is then refused).")
+    warmup_tokens: int | None = Field(None, ge=1, description="Warmup length in target tokens instead of steps, so "
+                                      "that it holds at any batch size (replaces `train.warmup_steps`); null: count "
+                                      "the warmup in steps.")
+    lr_batch_tokens: int | None = Field(None, ge=1, description="Makes `train.lr` the peak for batches of this many "
+                                        "target tokens, scaled by sqrt(batch / lr_batch_tokens) for other batch "
+                                        "sizes (Adam's square-root rule, Malladi et al. 2022); batch = mean target "
+                                        "tokens per optimizer step. null: `train.lr` as given.")
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.98], description="AdamW's two decay rates "
+                               "(beta1, beta2), each in [0, 1).")
+    eps: float = Field(1e-9, gt=0, description="AdamW's epsilon, added to the denominator for stability.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay; 0: none.")
+    label_smoothing: float = Field(0.1, ge=0, lt=1, description="Share of probability mass the training target "
+                                   "spreads over the whole vocabulary (label smoothing, Szegedy et al. 2016); 0: "
+                                   "plain cross-entropy.")
+    fused_loss: bool = Field(True, description="Compute the output layer and its loss chunk by chunk of rows, "
+                             "gradients in the same pass, never holding the full [tokens x vocabulary] logits "
+                             "(much less memory); false: the plain linear layer then cross-entropy.")
+    clip_norm: float = Field(1.0, ge=0, description="Clip the gradient's global norm to this value; 0: no clipping.")
+    nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="A step whose loss or gradient norm is NaN or infinite: `stop` training with one line "
+        "naming it, or `skip` it without an update (training stops after 20 skipped in a row). fp16 overflow steps "
+        "are the gradient scaler's to skip.")
+    accumulate: int = Field(1, ge=1, description="Batches whose gradients are summed per optimizer step (gradient "
+                            "accumulation): the effective batch is this many times `data.max_tokens`.")
+    eval_every: int = Field(0, ge=0, description="Validate (loss and BLEU) every N iterations (batches); 0: at the "
+                            "end of each epoch.")
+    patience: int = Field(10, ge=1, description="Early stopping: stop after this many validations in a row without a "
+                          "better validation BLEU.")
+    valid_bleu_sentences: int | None = Field(None, ge=1, description="Score validation BLEU on the first N "
+                                             "validation pairs only (faster); null: all of them.")
+    valid_beam: int = Field(1, ge=1, description="Beam size for validation BLEU; 1: greedy decoding.")
+    log_every: int = Field(50, ge=1, description="Log loss, learning rate and target tokens/s every N iterations "
+                           "(batches); without a terminal these lines are the progress report.")
+    keep_checkpoints: int = Field(0, ge=0, description="Keep the last K periodic checkpoints "
+                                  "(`checkpoints/step_<iteration>.pt`), e.g. to average them with `--average`; 0: "
+                                  "none.")
+    checkpoint_every: int = Field(0, ge=0, description="Write a periodic checkpoint (and refresh `last.pt`) every N "
+                                  "iterations; 0: at each validation. Only with `train.keep_checkpoints` > 0.")
+    log_attention_every: int = Field(0, ge=0, description="Log the attention maps of one validation sentence to "
+                                     "TensorBoard every N epochs; 0: off.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train: `auto` takes CUDA when "
+                                                   "present, else the CPU.")
+    amp: Literal["none", "bf16", "fp16"] = Field(
+        "none", description="Mixed precision (autocast) on CUDA: `bf16`, `fp16` (with a gradient scaler) or `none` "
+        "(fp32). `bf16` may also apply on CPU: see `train.amp_cpu`.")
+    amp_cpu: bool | Literal["auto"] = Field(
+        "auto", description="With `train.amp=bf16` on a CPU: `auto` uses bf16 autocast only where the CPU computes "
+        "bf16 natively (AVX512-BF16, AMX or Arm BF16 instructions; faster than fp32 there, with less memory) and "
+        "fp32 elsewhere, where bf16 is emulated and several times slower; `true` forces bf16, `false` forces fp32. "
+        "The training log names the precision chosen.")
+    num_threads: int | None = Field(None, ge=1, description="CPU threads for training (`torch.set_num_threads`), "
+                                    "shared by the processes of one machine under torchrun; null: every core.")
+    compile: bool = Field(False, description="`torch.compile` the training forward (inductor, dynamic shapes, the "
+                          "same random numbers as eager); off by default: slower than eager on the 2-core CPUs "
+                          "measured.")
+    profile_steps: int = Field(0, ge=0, description="Run the PyTorch profiler over this many optimizer steps and "
+                               "write `<run>/profile/phases.json` (milliseconds per step by phase) and the trace; 0: "
+                               "off.")
+    profile_after: int = Field(10, ge=1, description="Optimizer steps to skip (warm-up) before `train.profile_steps` "
+                               "starts profiling.")
 
 
 class DecodeConfig(Section):
     """Decoding defaults shared by validation, inference.py and test.py."""
 
-    beam: int = Field(5, ge=1)
-    nbest: int = Field(1, ge=1)
-    lenpen: float = Field(0.6, ge=0)  # GNMT length penalty alpha (Wu et al. 2016, eq. 14); 0 = raw log-prob
-    max_len_a: float = Field(1.5, ge=0)  # hypotheses are capped at a * src_len + b tokens
-    max_len_b: int = Field(10, ge=0)
-    batch_size: int = Field(64, ge=1)  # sentences per decoding batch
-    # When a sentence's beam search ends: "bound" once no alive beam can beat its finished n-best
-    # (finds what the model prefers); "k_finished" after K finished hypotheses (fairseq's rule).
-    beam_stop: Literal["bound", "k_finished"] = "bound"
+    beam: int = Field(5, ge=1, description="Beam size; 1: greedy decoding. `--beam` of inference.py and test.py "
+                      "overrides it.")
+    nbest: int = Field(1, ge=1, description="Hypotheses returned per sentence, best first; at most `decode.beam`.")
+    lenpen: float = Field(0.6, ge=0, description="GNMT length penalty alpha (Wu et al. 2016, eq. 14): finished "
+                          "hypotheses are ranked by log-probability / ((5 + length) / 6)^alpha, so larger values "
+                          "favour longer outputs; 0: raw log-probability.")
+    max_len_a: float = Field(1.5, ge=0, description="Output length cap: a hypothesis ends at a * source length + b "
+                             "tokens (`b` = `decode.max_len_b`).")
+    max_len_b: int = Field(10, ge=0, description="The `b` of the output length cap a * source length + b.")
+    batch_size: int = Field(64, ge=1, description="Sentences decoded together in one batch.")
+    beam_stop: Literal["bound", "k_finished"] = Field(
+        "bound", description="When a sentence's beam search ends: `bound` once no live hypothesis can beat its "
+        "finished n-best (finds the output the model prefers); `k_finished` once `decode.beam` hypotheses have "
+        "finished (fairseq's and CTranslate2's rule).")
 
 
 class EvalConfig(Section):
     """test.py reporting."""
 
-    # Source-length bucket edges in subword tokens: [1, 10), [10, 20), ..., [60, inf) by default.
-    length_buckets: list[int] = Field(default_factory=lambda: [10, 20, 30, 40, 60])
+    length_buckets: list[int] = Field(default_factory=lambda: [10, 20, 30, 40, 60], description="Edges of the "
+                                      "source-length buckets (subword tokens) that test.py reports BLEU for: the "
+                                      "default gives [1, 10), [10, 20), ..., [60, inf). Increasing, positive.")
 
 
 class Config(Section):
     """A whole experiment. ``name`` defaults to the config file's stem."""
 
-    name: str = "experiment"
-    seed: int = Field(1234, ge=0, lt=2**31)  # seed + rank seeds NumPy, which takes 0 .. 2**32 - 1
-    data: DataConfig = Field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    decode: DecodeConfig = Field(default_factory=DecodeConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
+    name: str = Field("experiment", description="The run's name: training writes `runs/<name>_<date>_<time>/` and "
+                      "links `runs/<name>_latest` to it. Defaults to the config file's name without `.yaml`.")
+    seed: int = Field(1234, ge=0, lt=2**31, description="Random seed of tokenizer training, weight initialisation, "
+                      "dropout, batch order and position-augmentation draws (process r of a multi-process run uses "
+                      "seed + r).")
+    data: DataConfig = Field(default_factory=DataConfig, description="The corpus, its filtering and batching.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="The vocabulary.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The Transformer and its positional "
+                               "encodings.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation, schedule, validation and "
+                               "stopping.")
+    decode: DecodeConfig = Field(default_factory=DecodeConfig, description="Decoding defaults.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="test.py reporting.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,7 +216,7 @@ def _check_encodings(cfg: Config) -> None:
             cls.check(cfg, key)
 
 
-def _registry_choices() -> dict[str, list[str]]:
+def registry_choices() -> dict[str, list[str]]:
     """Allowed positional-encoding names per key, read from the registry in ``models.positional`` (a stack's own
     key may also be null: the shorthand then applies)."""
     from models.positional import names
@@ -189,7 +232,7 @@ def _registry_choices() -> dict[str, list[str]]:
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks that types alone cannot express."""
-    for key, allowed in _registry_choices().items():
+    for key, allowed in registry_choices().items():
         value = name_at(cfg, key)
         if value not in allowed and not (value is None and key.count(".") == 2):
             raise ConfigError(f"{key}: {value!r} is not one of: {', '.join(allowed)}")

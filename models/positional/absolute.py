@@ -39,6 +39,18 @@ class SinusoidalPE(InputPE):
 
     positions = "real"
 
+    title = "Sinusoidal"
+    summary = (
+        "Adds to each token embedding a fixed vector of sines and cosines of its position, at geometric frequencies "
+        "from one cycle per 2π positions down to one per 10000·2π. Nothing is learned, every position has a "
+        "vector (no length limit), and the vector of position i + k is a linear function of that of i, which is "
+        "how the original Transformer hoped to let attention find relative positions."
+    )
+    paper = ("Ashish Vaswani, Noam Shazeer, Niki Parmar, Jakob Uszkoreit, Llion Jones, Aidan N. Gomez, Łukasz Kaiser, "
+             "Illia Polosukhin (2017). Attention Is All You Need. NeurIPS 2017, arXiv:1706.03762.")
+    formula = (r"h_i = x_i + P_i, \qquad P_{i,2k} = \sin\left(\frac{i}{10000^{2k/d}}\right), \quad "
+               r"P_{i,2k+1} = \cos\left(\frac{i}{10000^{2k/d}}\right)")
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.register_buffer("cached", sinusoid_table(cfg.max_positions, cfg.d_model), persistent=False)
@@ -60,6 +72,18 @@ class SinusoidalPE(InputPE):
 
 class LearnablePE(InputPE):
     """A learned position table (Gehring et al. 2017; BERT), ``max_positions`` rows, N(0, 0.02) init."""
+
+    title = "Learned absolute positions"
+    summary = (
+        "Adds a learned vector per position, one row of a table of `model.max_positions` rows initialised "
+        "N(0, 0.02²), as in ConvS2S and BERT. The encoder and the decoder have separate tables. A sentence longer "
+        "than the table is an error (`test.py` truncates instead, with a warning): positions past the table were "
+        "never trained."
+    )
+    paper = ("Jonas Gehring, Michael Auli, David Grangier, Denis Yarats, Yann N. Dauphin (2017). Convolutional "
+             "Sequence to Sequence Learning. ICML 2017, arXiv:1705.03122.")
+    formula = r"h_i = x_i + P_i, \qquad P \in \mathbb{R}^{N \times d} \text{ learned}, \quad i < N"
+    reads = ("max_positions",)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
@@ -90,6 +114,17 @@ class LearnableLNPE(LearnablePE):
     (``max_positions`` rows, N(0, 0.02) init, as in ``LearnablePE``) is added, so content and position
     enter at comparable scales (the "learned pre-LN" variant, cf. Wang et al.).
     """
+
+    title = "Learned positions after a LayerNorm"
+    summary = (
+        "The learned table of `learnable`, added to token embeddings that first go through a LayerNorm (with its "
+        "own gain and bias), so that content and position enter at comparable scales. Same length limit, "
+        "`model.max_positions`."
+    )
+    paper = ""
+    formula = r"h_i = \mathrm{LayerNorm}(x_i) + P_i, \qquad P \in \mathbb{R}^{N \times d} \text{ learned}"
+    ct2_export = ("The LayerNorm depends on the token alone, so it is folded into CTranslate2's token table; the "
+                  "learned table becomes its position table.")
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)

@@ -36,6 +36,26 @@ class ALiBiPE(AttentionPE):
     positions = "real"  # -m_h times any real distance
     shift_invariant = True
 
+    title = "ALiBi"
+    summary = (
+        "Each head subtracts from its attention scores a penalty proportional to the distance between query and "
+        "key, with a fixed slope per head (a geometric sequence: 1/2, 1/4, ..., 1/256 for 8 heads). No "
+        "parameters and nothing added to the embeddings; attention is pushed towards nearby tokens, more strongly "
+        "in some heads than in others, which is meant to let a model trained on short inputs read longer ones."
+    )
+    paper = ("Ofir Press, Noah A. Smith, Mike Lewis (2022). Train Short, Test Long: Attention with Linear Biases "
+             "Enables Input Length Extrapolation. ICLR 2022, arXiv:2108.12409.")
+    formula = (r"s_{ij} = \frac{q_i \cdot k_j}{\sqrt{d_h}} - m_h\,|i - j| \ \text{(encoder, cross)}, \qquad "
+               r"s_{ij} = \frac{q_i \cdot k_j}{\sqrt{d_h}} - m_h\,(i - j) \ \text{(decoder)}, \qquad "
+               r"m_h = 2^{-8h/H}")
+    notes = (
+        "The slopes are the official `get_slopes`: m_h = 2^(-8h/H) for H a power of 2; otherwise the slopes of the "
+        "closest power of 2 below H, then every other slope of twice that power until there are H. The encoder's "
+        "symmetric -m_h |i - j| cannot tell a key before the query from one after it."
+    )
+    ct2_export = ("Decoder: CTranslate2's own (causal) ALiBi. Encoder: a T5-style relative bias table with one "
+                  "exact bucket per distance below the exported length.")
+
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)
         slopes = torch.tensor(alibi_slopes(cfg.n_heads), dtype=torch.float32)

@@ -49,7 +49,7 @@ checkpoint), so a seed fixes them on every device and a resumed run draws what t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -65,31 +65,112 @@ Method = Literal["none", "shape", "randomized", "cape"]
 class ShapeConfig(Section):
     """SHAPE (Kiyono et al. 2021): every position shifted by k ~ U{0..max_shift} per batch and stack."""
 
-    max_shift: int = Field(100, ge=1)  # K; the authors' released WMT configs use 10 to 500 (pe_noise_size)
+    # What the reference page of the method says (docs/reference_encodings.py), as on the encodings' classes.
+    title: ClassVar[str] = "SHAPE"
+    summary: ClassVar[str] = (
+        "Every position of a stack is shifted by one random offset k, so an absolute encoding cannot rely on where "
+        "a sentence starts and has to read position differences. For absolute encodings (`model.input_pe`); "
+        "refused where every encoding in use already sees only i - j, since it would change nothing."
+    )
+    paper: ClassVar[str] = ("Shun Kiyono, Sosuke Kobayashi, Jun Suzuki, Kentaro Inui (2021). SHAPE: Shifted Absolute "
+                            "Position Embedding for Transformers. EMNLP 2021, arXiv:2109.05644.")
+    formula: ClassVar[str] = r"p_i = i + k, \qquad k \sim \mathcal{U}\{0, \dots, K\}"
+    notes: ClassVar[str] = (
+        "The encoder and the decoder draw their offsets independently, as in the authors' code. That code draws k "
+        "below K and evaluates at offset K; here k goes up to K and evaluation uses offset 0 (also a trained offset). "
+        "An input table must hold the longest training sentence with its end token plus K positions."
+    )
+
+    max_shift: int = Field(100, ge=1, description="K: the largest offset k added to every position of a stack "
+                           "(k ~ U{0..K}, one draw per batch); the authors' released WMT configs use 10 to 500.")
 
 
 class RandomizedConfig(Section):
     """Randomized positions (Ruoss et al. 2023): a sorted random subset of {0..max_length-1}."""
 
-    max_length: int | None = Field(None, ge=1)  # L: set it above the longest input the model will be tested on
+    title: ClassVar[str] = "Randomized positions"
+    summary: ClassVar[str] = (
+        "The positions of a T-token stack are a sorted random subset of size T of {0, ..., L-1}, with L above the "
+        "longest input the model will be tested on: the model meets large positions in training, with gaps, and "
+        "only their order is reliable."
+    )
+    paper: ClassVar[str] = ("Anian Ruoss, Grégoire Delétang, Tim Genewein, Jordi Grau-Moya, Róbert Csordás, Mehdi "
+                            "Bennani, Shane Legg, Joel Veness (2023). Randomized Positional Encodings Boost Length "
+                            "Generalization of Transformers. ACL 2023, arXiv:2305.16843.")
+    formula: ClassVar[str] = (r"(p_1 < \dots < p_T) = \mathrm{sort}(S), \qquad S \subset \{0, \dots, L - 1\}, "
+                              r"\quad |S| = T \text{ uniformly at random}")
+    notes: ClassVar[str] = (
+        "The authors' code also draws random positions at evaluation; here evaluation uses 0..T-1, so a model "
+        "trained with L much larger than T is scored on unit gaps it rarely saw. An input table must hold L "
+        "positions."
+    )
+
+    max_length: int | None = Field(None, ge=1, description="L: positions are drawn from 0..L-1; required with "
+                                   "`model.augment.method=randomized`, set it above the longest input the model "
+                                   "will be tested on.")
 
 
 class CapeConfig(Section):
     """CAPE (Likhomanenko et al. 2021): real positions lambda (i + Delta + eps_i); defaults: the text setting."""
 
-    max_global_shift: float = Field(5.0, ge=0)  # Delta ~ U[-max_global_shift, max_global_shift]
-    max_local_shift: float = Field(1.0, ge=0)  # eps_i ~ U[-w/2, w/2], w = this (at most 1: positions keep their order)
-    max_global_scaling: float = Field(1.03, ge=1)  # log lambda ~ U[-log s, log s]
+    title: ClassVar[str] = "CAPE"
+    summary: ClassVar[str] = (
+        "Positions become real numbers: shifted together by a random Δ, each jittered by its own ε_i, and all "
+        "scaled by a random λ. Only for encodings defined on real positions (sinusoids, RoPE, ALiBi, ...), not for "
+        "learned tables or buckets."
+    )
+    paper: ClassVar[str] = ("Tatiana Likhomanenko, Qiantong Xu, Gabriel Synnaeve, Ronan Collobert, Alex Rogozhnikov "
+                            "(2021). CAPE: Encoding Relative Positions with Continuous Augmented Positional "
+                            "Embeddings. NeurIPS 2021, arXiv:2106.03143.")
+    formula: ClassVar[str] = (r"p_i = \lambda\,(i + \Delta + \varepsilon_i), \qquad \Delta \sim \mathcal{U}"
+                              r"[-\Delta_{\max}, \Delta_{\max}], \quad \varepsilon_i \sim \mathcal{U}[-w/2, w/2], "
+                              r"\quad \log\lambda \sim \mathcal{U}[-\log\lambda_{\max}, \log\lambda_{\max}]")
+    notes: ClassVar[str] = (
+        "The defaults (5, 1, 1.03) and the jitter's width convention (w is the interval's width, so w ≤ 1 keeps the "
+        "positions in order) are the text setting of the PyTorch port `gcambara/cape`, not checked against the "
+        "authors' code. Positions are not mean-centred."
+    )
+
+    max_global_shift: float = Field(5.0, ge=0, description="Largest global shift: Delta ~ U[-max_global_shift, "
+                                    "max_global_shift], one per batch and stack.")
+    max_local_shift: float = Field(1.0, ge=0, description="Width w of each position's own jitter, eps_i ~ U[-w/2, "
+                                   "w/2]; at most 1 keeps the positions in order.")
+    max_global_scaling: float = Field(1.03, ge=1, description="Largest global scaling s: log lambda ~ U[-log s, "
+                                      "log s].")
 
 
 class AugmentConfig(Section):
     """Training-time position augmentation (``model.augment``); none by default. Changes no parameter and
     nothing at inference."""
 
-    method: Method = "none"
-    shape: ShapeConfig = Field(default_factory=ShapeConfig)
-    randomized: RandomizedConfig = Field(default_factory=RandomizedConfig)
-    cape: CapeConfig = Field(default_factory=CapeConfig)
+    title: ClassVar[str] = "Training-time position augmentation"
+    summary: ClassVar[str] = (
+        "`model.augment.method` gives each stack other positions than 0..T-1 while the model trains. Evaluation, "
+        "validation and decoding with the cache use 0..T-1, so inference is unchanged: the setting shapes no "
+        "parameter, and a trained model translates the same with or without it. The encoder and the decoder draw "
+        "their own positions, one draw per batch (the positions are one tensor shared by the batch, where the "
+        "papers draw per sequence): each sentence's positions keep the paper's distribution, with more variance "
+        "per step. Any method is refused with a cross-attention encoding (it would relate two independent draws) "
+        "and where no encoding in use reads more than the order of positions."
+    )
+    notes: ClassVar[str] = (
+        "For example SHAPE on the sinusoids, or CAPE on RoPE:\n\n"
+        "```bash\n"
+        "python train.py --config configs/demo.yaml --set model.augment.method=shape "
+        "--set model.augment.shape.max_shift=50\n"
+        "python train.py --config configs/demo.yaml --set model.input_pe=none --set model.attention_pe=rope \\\n"
+        "    --set model.augment.method=cape\n"
+        "```"
+    )
+
+    method: Method = Field("none", description="The positions each stack gets while training, instead of 0..T-1: "
+                           "`shape` shifts them all by a random offset (SHAPE, Kiyono et al. 2021), `randomized` "
+                           "takes a sorted random subset of a longer range (Ruoss et al. 2023), `cape` shifts, "
+                           "jitters and scales them as real numbers (CAPE, Likhomanenko et al. 2021); `none`: "
+                           "0..T-1. Inference always uses 0..T-1.")
+    shape: ShapeConfig = Field(default_factory=ShapeConfig, description="Settings of `shape`.")
+    randomized: RandomizedConfig = Field(default_factory=RandomizedConfig, description="Settings of `randomized`.")
+    cape: CapeConfig = Field(default_factory=CapeConfig, description="Settings of `cape`.")
 
     def describe(self) -> str:
         """``shape (k ~ U{0..100})``, ...: the method and its distribution in a few words; "" for none."""

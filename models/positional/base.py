@@ -71,6 +71,28 @@ class SharedPositions:
         return value
 
 
+class Reference:
+    """What an encoding's reference page says of it (``docs/reference_encodings.py`` writes one page per registry
+    name from these and from the rest of the class: settings, hooks, where it is allowed, export, figure)."""
+
+    #: Its name for people, e.g. "RoPE" (the page is titled "RoPE (`rope`)").
+    title: ClassVar[str] = ""
+    #: What it does, in two or three sentences (markdown).
+    summary: ClassVar[str] = ""
+    #: The paper it comes from: "Authors (year). Title. Venue, arXiv:id."; "" for none.
+    paper: ClassVar[str] = ""
+    #: Its equation (LaTeX, shown as display math).
+    formula: ClassVar[str] = ""
+    #: More for its page (markdown, may be ""): variants, length extension, where it departs from the paper.
+    notes: ClassVar[str] = ""
+    #: The Transformer's own ``model.*`` keys it reads beside its ``settings``, e.g. ("max_positions",).
+    reads: ClassVar[tuple[str, ...]] = ()
+    #: How it is written into a CTranslate2 model where it exports, one sentence ("" where ``ct2_refusal`` refuses).
+    ct2_export: ClassVar[str] = ""
+    #: The tag of the figure its page shows (None: the first that ``utils.figures.maps.position_figures`` draws).
+    figure: ClassVar[str | None] = None
+
+
 def name_at(cfg: Config, key: str) -> Any:
     """The value a dotted ``key`` holds, e.g. an encoding name (``model.attention_pe``, ``model.decoder_pe.attention``;
     None for a stack key left to the shorthand)."""
@@ -80,9 +102,11 @@ def name_at(cfg: Config, key: str) -> Any:
     return value
 
 
-class InputPE(nn.Module):
+class InputPE(Reference, nn.Module):
     """Input-level encoding: ``embed(x [B, T, D], positions [T]) -> [B, T, D]``."""
 
+    ct2_export = ("Written as CTranslate2's additive position table (the encoding of every position, "
+                  "exact for x + P[i]).")
     level: ClassVar[str] = "input"
     #: The encoding's own settings: (key under ``model``, its Section), e.g. ("rope", RopeConfig) for
     #: ``model.rope.*``; ``models.config.ModelConfig`` gains one such section per key in the registry.
@@ -169,7 +193,7 @@ class InputPE(nn.Module):
         return weight
 
 
-class AttentionPE(nn.Module):
+class AttentionPE(Reference, nn.Module):
     """Attention-level encoding, built once per attention layer it applies to.
 
     ``kind`` says which attention it serves (encoder self, decoder self, or cross), so a scheme can be
@@ -294,6 +318,29 @@ class NoInputPE(InputPE):
     """No input-level position information (the encoder is then permutation-equivariant)."""
 
     positions = "real"  # reads none
+
+    title = "No positional encoding"
+    summary = (
+        "Nothing is added to the token embeddings. With no attention-level encoding either, the encoder is "
+        "permutation-equivariant: it sees a bag of tokens (the NoPE baseline). A causal decoder can still recover "
+        "order from its mask alone (Kazemnejad et al. 2023), so `none` in the decoder is a real option."
+    )
+    paper = ("Amirhossein Kazemnejad, Inkit Padhi, Karthikeyan Natesan Ramamurthy, Payel Das, Siva Reddy (2023). "
+             "The Impact of Positional Encoding on Length Generalization in Transformers. NeurIPS 2023, "
+             "arXiv:2305.19466.")
+    formula = r"h_i = x_i"
+    notes = (
+        "`none` is a name at both levels: `model.input_pe=none` adds nothing to the embeddings, and "
+        "`model.attention_pe=none` (the default) or `model.cross_attention_pe=none` (the default) adds no "
+        "attention-level term. Give one stack its own with `model.encoder_pe.*` / `model.decoder_pe.*`, e.g. RoPE in "
+        "the encoder and no position at all in the decoder:\n\n"
+        "```bash\n"
+        "python train.py --config configs/demo.yaml --set model.input_pe=none --set model.attention_pe=rope \\\n"
+        "    --set model.decoder_pe.attention=none\n"
+        "```"
+    )
+    ct2_export = ("A table of zeros is written as CTranslate2's position table (without one, CTranslate2 would add "
+                  "its own sinusoids).")
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 class CopeConfig(Section):
     """Contextual position encoding (Golovneva et al. 2024)."""
 
-    npos_max: int = Field(64, ge=2)  # rows of the position table E; contextual positions are clipped to npos_max - 1
+    npos_max: int = Field(64, ge=2, description="Rows of the learned position table; contextual positions (gated "
+                          "counts of keys) are clipped to npos_max - 1.")
 
 
 class CopePE(AttentionPE):
@@ -60,6 +61,29 @@ class CopePE(AttentionPE):
 
     settings = ("cope", CopeConfig)
     causal_only = True
+
+    title = "CoPE"
+    summary = (
+        "Contextual positions: instead of counting tokens, each query counts the keys it finds relevant. A gate "
+        "σ(q·k) per key is summed from the key to the query, giving a fractional position, whose learned embedding "
+        "(interpolated between two table rows) adds q·e(p) to the score. Defined for causal (decoder) "
+        "self-attention only."
+    )
+    paper = ("Olga Golovneva, Tianlu Wang, Jason Weston, Sainbayar Sukhbaatar (2024). Contextual Position Encoding: "
+             "Learning to Count What's Important. arXiv:2405.18719.")
+    formula = (r"\begin{aligned} g_{ij} &= \sigma\big(q_i \cdot k_j / \sqrt{d_h}\big), \qquad p_{ij} = "
+               r"\min\Big(\sum_{t=j}^{i} g_{it},\ N - 1\Big) \\ e(p) &= (p - \lfloor p \rfloor)\, "
+               r"e[\lceil p \rceil] + (1 - p + \lfloor p \rfloor)\, e[\lfloor p \rfloor], \qquad s_{ij} = "
+               r"\frac{q_i \cdot k_j + q_i \cdot e(p_{ij})}{\sqrt{d_h}} \end{aligned}")
+    notes = (
+        "N is `model.cope.npos_max`. The table e is learned per layer, shared by the heads and initialised to "
+        "zeros, as in the authors' code; each head computes its own gates. Padding and keys after the query are "
+        "not counted. Put it in the decoder with `model.decoder_pe.attention=cope`, e.g. RoPE in the encoder and "
+        "CoPE in the decoder: `--set model.input_pe=none --set model.encoder_pe.attention=rope "
+        "--set model.decoder_pe.attention=cope`. The figure shows the contextual positions p_ij, for random queries "
+        "and keys: the untrained table is all zeros."
+    )
+    figure = "position/cope/positions/decoder"
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

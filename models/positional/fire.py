@@ -59,9 +59,10 @@ EPS = 1e-6
 class FireConfig(Section):
     """FIRE (Li et al. 2024): the MLP's width and the initial values of the learned c and L."""
 
-    mlp_width: int = Field(32, ge=1)  # hidden units of f_theta (the paper's 32)
-    init_c: float = Field(0.1, gt=0)  # psi(x) = log(c x + 1): c's initial value, learned
-    init_threshold: float = Field(512.0, gt=0)  # L's initial value (learned, as a multiplier of this value)
+    mlp_width: int = Field(32, ge=1, description="Hidden units of the MLP (the paper's 32).")
+    init_c: float = Field(0.1, gt=0, description="Initial value of the learned c in psi(x) = log(c x + 1).")
+    init_threshold: float = Field(512.0, gt=0, description="Initial value of the learned threshold L: the query "
+                                  "position is normalised by psi(max(L, i)).")
 
 
 def fire_mlp(width: int, n_heads: int) -> nn.Sequential:
@@ -80,6 +81,25 @@ class FirePE(AttentionPE):
     positions = "real"  # psi(|i - j|) / psi(max(L, i)) of real positions (not shift-invariant: max(L, i))
 
     settings = ("fire", FireConfig)
+
+    title = "FIRE"
+    summary = (
+        "Each head adds a bias computed by a small learned MLP from the log-distance divided by the log of the "
+        "query's position (progressive interpolation: the MLP's input stays in [0, 1] at any length). A learned "
+        "threshold L keeps short prefixes from being stretched over that range."
+    )
+    paper = ("Shanda Li, Chong You, Guru Guruganesh, Joshua Ainslie, Santiago Ontañón, Manzil Zaheer, Sumit Sanghai, "
+             "Yiming Yang, Sanjiv Kumar, Srinadh Bhojanapalli (2024). Functional Interpolation for Relative Positions "
+             "Improves Long Context Transformers. ICLR 2024, arXiv:2310.04418.")
+    formula = (r"b_h(i, j) = f_\theta\left( \frac{\psi(|i - j|)}{\psi(\max(L, i))} \right)_h, \qquad "
+               r"\psi(x) = \log(c\,x + 1)")
+    notes = (
+        "f_θ is an MLP 1 → `model.fire.mlp_width` (ReLU) → heads; c and L are learned (initial values "
+        "`model.fire.init_c` and `model.fire.init_threshold`). The paper is causal (the decoder). In the encoder and "
+        "cross-attention a second MLP serves keys after the query (j > i), as T5 splits its buckets by direction: "
+        "with one MLP of |i - j| a sentence and its reverse would look alike. FIRE is not shift-invariant once "
+        "i passes L. Parameters per layer: 2w + (w + 1)·heads for each MLP, and c and L."
+    )
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

@@ -72,6 +72,14 @@ class OneHotPE(_FixedTablePE):
 
     name = "one-hot"
 
+    title = "One-hot positions"
+    summary = (
+        "Position i adds 1 to dimension i of its token embedding: a fixed, untrained code in which every two "
+        "positions are equally far apart (no notion of nearness). It needs a dimension per position, so sentences "
+        "are limited to `model.d_model` tokens."
+    )
+    formula = r"h_i = x_i + e_i, \qquad e_i \in \{0, 1\}^d \text{ the } i\text{-th unit vector}, \quad i < d"
+
     def build(self, cfg: ModelConfig) -> torch.Tensor:
         return torch.eye(cfg.d_model)
 
@@ -84,6 +92,15 @@ class GaussianPE(_FixedTablePE):
 
     name = "Gaussian"
 
+    title = "Gaussian-window positions"
+    summary = (
+        "The one-hot code smoothed by a normal window of width `model.gaussian_sigma`: position i adds a bump "
+        "centred on dimension i, so nearby positions get overlapping vectors. Fixed and untrained; limited to "
+        "`model.d_model` tokens like `onehot`."
+    )
+    formula = r"h_i = x_i + P_i, \qquad P_{i,j} = \exp\left(-\frac{(j - i)^2}{2\sigma^2}\right), \quad i < d"
+    reads = ("gaussian_sigma",)
+
     def build(self, cfg: ModelConfig) -> torch.Tensor:
         return gaussian_table(cfg.d_model, cfg.d_model, cfg.gaussian_sigma)
 
@@ -94,6 +111,18 @@ class BinaryPE(InputPE):
     n_bits = ceil(log2(max_positions)); ``x [B, T, D]`` -> ``cat(x[..., :D - n_bits], bits(pos))`` ``[B, T, D]``,
     bits least significant first, values 0/1. Represents positions < 2**n_bits (>= ``model.max_positions``).
     """
+
+    title = "Binary position code"
+    summary = (
+        "The last n = ⌈log2 `model.max_positions`⌉ dimensions of each token embedding are replaced by the bits of "
+        "its position (0/1, least significant first): a compact, fixed code, concatenated rather than added. It "
+        "represents 2^n positions."
+    )
+    formula = (r"h_i = \big[\, x_{i,1}, \dots, x_{i,d-n},\ b_0(i), \dots, b_{n-1}(i) \,\big], \qquad "
+               r"b_k(i) = \lfloor i / 2^k \rfloor \bmod 2, \quad n = \lceil \log_2 N \rceil")
+    reads = ("max_positions",)
+    ct2_export = ("The last n dimensions of CTranslate2's token table are zeroed, and the bits become its additive "
+                  "position table.")
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)

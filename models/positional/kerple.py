@@ -89,6 +89,21 @@ class KerplePE(DistanceBiasPE):
 class KerpleLogPE(KerplePE):
     """The logarithmic variant: -r1_h log(1 + r2_h |i - j|) (computed as log1p)."""
 
+    title = "KERPLE, logarithmic kernel"
+    summary = (
+        "Each head subtracts a learned logarithm of the distance from its scores: like ALiBi, but the penalty grows "
+        "as log(1 + r2·|i - j|) instead of linearly, with a learned scale r1 and rate r2 per head. The kernel of "
+        "KERPLE that the paper found to extrapolate best."
+    )
+    paper = ("Ta-Chung Chi, Ting-Han Fan, Peter J. Ramadge, Alexander I. Rudnicky (2022). KERPLE: Kernelized "
+             "Relative Positional Embedding for Length Extrapolation. NeurIPS 2022, arXiv:2205.09921.")
+    formula = r"b_h(i, j) = -r_{1,h}\, \log\big(1 + r_{2,h}\, |i - j|\big), \qquad r_{1,h},\ r_{2,h} > 0"
+    notes = (
+        "r1 and r2 are learned per head in every attention layer (2·heads parameters a layer), initialised "
+        "U[0, 2) and U[0, 1) and projected onto ≥ 0.01 before every forward, as the authors' code does. The "
+        "decoder uses |i - j| too (keys after the query are masked)."
+    )
+
     r1_scale = 2.0
     r2_scale = 1.0
 
@@ -98,6 +113,19 @@ class KerpleLogPE(KerplePE):
 
 class KerplePowerPE(KerplePE):
     """The power variant: -r1_h |i - j|^r2_h, 0 < r2_h <= 2."""
+
+    title = "KERPLE, power kernel"
+    summary = (
+        "Each head subtracts a learned power of the distance from its scores, r1·|i - j|^r2 with 0 < r2 ≤ 2: "
+        "ALiBi's linear penalty when r2 = 1, flatter below, steeper above. The second practical kernel of KERPLE."
+    )
+    paper = KerpleLogPE.paper
+    formula = r"b_h(i, j) = -r_{1,h}\, |i - j|^{r_{2,h}}, \qquad r_{1,h} > 0, \quad 0 < r_{2,h} \le 2"
+    notes = (
+        "r1 and r2 are learned per head in every attention layer (2·heads parameters a layer), initialised "
+        "U[0, 1) and U[0, 2) and projected onto r1 ≥ 0.01, 0.01 ≤ r2 ≤ 2 before every forward, as the authors' "
+        "code does."
+    )
 
     r1_scale = 1.0
     r2_scale = 2.0

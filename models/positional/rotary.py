@@ -43,13 +43,22 @@ class RopeConfig(Section):
     (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
     """
 
-    theta: float = Field(10000.0, gt=1)  # the base: every frequency base^(-2j/d) is then below 1
-    dim: int | None = None  # rotate only the first `dim` dims of each head (partial rotary); None = all
-    scaling: Literal["none", "linear", "ntk", "yarn"] = "none"
-    factor: float = Field(1.0, ge=1)  # s: how many times longer than the training length
-    original_max_len: int = Field(128, ge=1)  # L: the training length (tokens) the scaling starts from
-    beta_fast: float = Field(32.0, gt=0)  # YaRN: dims with more than beta_fast rotations over L are left unchanged
-    beta_slow: float = Field(1.0, gt=0)  # YaRN: dims with fewer than beta_slow rotations over L are fully interpolated
+    theta: float = Field(10000.0, gt=1, description="The base: dimension pair j rotates by position * "
+                         "theta^(-2j/d).")
+    dim: int | None = Field(None, description="Rotate only the first `dim` dimensions of each head (partial "
+                            "rotary): even, at most the head dimension; null: all of them.")
+    scaling: Literal["none", "linear", "ntk", "yarn"] = Field(
+        "none", description="Length extension, settable on a trained model: `linear` position interpolation (Chen "
+        "et al. 2023), `ntk` NTK-aware scaling of the base, `yarn` YaRN (Peng et al. 2023: NTK-by-parts with an "
+        "attention temperature); `none`: plain RoPE.")
+    factor: float = Field(1.0, ge=1, description="s: how many times longer than `original_max_len` the inputs "
+                          "the scaling prepares for.")
+    original_max_len: int = Field(128, ge=1, description="L: the training length in tokens that the scaling "
+                                  "starts from.")
+    beta_fast: float = Field(32.0, gt=0, description="YaRN: dimensions that rotate more than beta_fast times over "
+                             "L positions are left unchanged; must exceed `beta_slow`.")
+    beta_slow: float = Field(1.0, gt=0, description="YaRN: dimensions that rotate fewer than beta_slow times over "
+                             "L positions are fully interpolated; those in between, partly.")
 
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -110,6 +119,47 @@ class RotaryPE(AttentionPE):
 
     settings = ("rope", RopeConfig)
     positions = "real"  # angles m * theta_j for any real m
+
+    title = "RoPE"
+    summary = (
+        "Rotates each pair of dimensions of the queries and keys by an angle proportional to the position, at "
+        "geometric frequencies. The dot product of a rotated query at m and a rotated key at n then depends on m - n "
+        "only: a relative encoding with no parameters, applied inside every attention layer it is set for. "
+        "`model.rope.dim` rotates only part of each head (partial rotary, as in GPT-NeoX)."
+    )
+    paper = ("Jianlin Su, Yu Lu, Shengfeng Pan, Ahmed Murtadha, Bo Wen, Yunfeng Liu (2021). RoFormer: Enhanced "
+             "Transformer with Rotary Position Embedding. arXiv:2104.09864.")
+    formula = (r"\begin{pmatrix} q'_j \\ q'_{j+d/2} \end{pmatrix} = \begin{pmatrix} \cos m\theta_j & "
+               r"-\sin m\theta_j \\ \sin m\theta_j & \cos m\theta_j \end{pmatrix} "
+               r"\begin{pmatrix} q_j \\ q_{j+d/2} \end{pmatrix}, \qquad \theta_j = b^{-2j/d}, \qquad "
+               r"\langle R_m q, R_n k \rangle = g(q, k, m - n)")
+    notes = (
+        "Pairs are (j, j + d/2), the \"rotate-half\" layout of GPT-NeoX and Hugging Face: a fixed permutation of the "
+        "paper's interleaved pairs, absorbed by the learned projections.\n\n"
+        "**Length extension.** `model.rope.scaling` (with `factor` s and `original_max_len` L, the training length) "
+        "changes no parameter, so it can be set on a trained model at inference:\n\n"
+        "| `scaling` | what it does | from |\n"
+        "|---|---|---|\n"
+        "| `linear` | position interpolation: every angle divided by s (positions m → m/s) | Chen et al. 2023, "
+        "arXiv:2306.15595 |\n"
+        "| `ntk` | NTK-aware scaling: the base b becomes b·s^(d/(d-2)), so slow pairs are interpolated and fast "
+        "ones barely change (NTK: the neural tangent kernel argument behind it) | bloc97 2023 (a forum post) |\n"
+        "| `yarn` | NTK-by-parts: pairs making more than `beta_fast` rotations over L keep their frequency, those "
+        "making fewer than `beta_slow` are interpolated like `linear`, a linear ramp in between; queries and keys "
+        "are scaled by 0.1·ln(s) + 1 (an attention temperature) | Peng et al. 2023, YaRN, arXiv:2309.00071 |\n\n"
+        "The YaRN ramp runs over the pair index between the floored and ceiled correction pairs, as the authors' "
+        "code and Hugging Face compute it (the paper states it in rotations). For example, on a model trained on "
+        "sentences of at most 16 tokens:\n\n"
+        "```bash\n"
+        "# after: python train.py --config configs/bench_short_rope.yaml\n"
+        "python test.py --model_path runs/bench_short_rope_latest --split test.iwslt-tst2010 \\\n"
+        "    --set model.rope.scaling=ntk --set model.rope.factor=4 --set model.rope.original_max_len=16\n"
+        "```\n\n"
+        "In cross-attention (`model.cross_attention_pe=rope`) queries are rotated by the target position and keys "
+        "by the source position; the two are not aligned in translation, so treat it as an experiment."
+    )
+    ct2_export = ("CTranslate2's own rotary embedding (rotate-half layout, partial rotary kept); `linear` scaling "
+                  "is native and `ntk` is folded into the base. `yarn` is refused.")
     shift_invariant = True  # <R_m q, R_n k> depends on m - n only
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:

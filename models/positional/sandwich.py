@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 class SandwichConfig(Section):
     """Sandwich (Chi et al. 2023): the sinusoid dimension d' of the position inner product."""
 
-    dim: int = Field(128, ge=2)  # d', even: d'/2 frequencies 10000^(-2k/d'), k = 1 .. d'/2
+    dim: int = Field(128, ge=2, description="d', the dimension of the sinusoidal embeddings whose inner product is "
+                     "the bias (d'/2 frequencies 10000^(-2k/d')); even.")
 
 
 def sandwich_embeddings(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -64,6 +65,22 @@ class SandwichPE(DistanceBiasPE):
     shift_invariant = True  # p_i . p_j depends on i - j only
 
     settings = ("sandwich", SandwichConfig)
+
+    title = "Sandwich"
+    summary = (
+        "Keeps only the position-by-position term of sinusoidal embeddings, the inner product p_i·p_j, and adds it "
+        "to the attention scores as a bias, divided by a per-head ratio like ALiBi's slopes. No parameters; the bias "
+        "depends on i - j only and decays, roughly logarithmically and not monotonically, with the distance."
+    )
+    paper = ("Ta-Chung Chi, Ting-Han Fan, Alexander I. Rudnicky, Peter J. Ramadge (2023). Dissecting Transformer "
+             "Length Extrapolation via the Lens of Receptive Field Analysis. ACL 2023, arXiv:2212.10356.")
+    formula = (r"b_h(i, j) = \frac{1}{r_h} \left( \sum_{k=1}^{d'/2} \cos\frac{i - j}{10000^{2k/d'}} - "
+               r"\frac{d'}{2} \right), \qquad r_h = \frac{8h}{H}")
+    notes = (
+        "d' is `model.sandwich.dim` (128, the value the paper uses). Subtracting d'/2, a constant per head that the "
+        "softmax ignores, makes b_h(i, i) = 0 and every bias ≤ 0, as NVIDIA NeMo's implementation does; set "
+        "`model.sandwich.dim` to the head dimension for NeMo's choice of d'."
+    )
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

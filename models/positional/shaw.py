@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 class ShawConfig(Section):
     """Relative position representations (Shaw et al. 2018)."""
 
-    max_distance: int = Field(16, ge=1)  # k: relative distances are clipped to [-k, k]
-    values: bool = False  # also add a_V to the values (needs the explicit attention path)
+    max_distance: int = Field(16, ge=1, description="k: relative distances are clipped to [-k, k], so 2k + 1 "
+                              "learned embeddings per layer.")
+    values: bool = Field(False, description="Also add learned relative embeddings to the values (Shaw et al.'s "
+                         "a_V), which needs the slower explicit attention path.")
 
 
 class ShawPE(AttentionPE):
@@ -44,6 +46,25 @@ class ShawPE(AttentionPE):
 
     settings = ("shaw", ShawConfig)
     shift_invariant = True  # the integer distance j - i, clipped (positions: "integer")
+
+    title = "Shaw relative positions"
+    summary = (
+        "Learned vectors for each relative distance j - i, clipped to ±`model.shaw.max_distance`, are added to the "
+        "keys when scores are computed (a^K) and, with `model.shaw.values`, to the values when the output is summed "
+        "(a^V). The vectors are shared by the heads of a layer; every layer has its own."
+    )
+    paper = ("Peter Shaw, Jakob Uszkoreit, Ashish Vaswani (2018). Self-Attention with Relative Position "
+             "Representations. NAACL 2018, arXiv:1803.02155.")
+    formula = (r"e_{ij} = \frac{q_i \cdot (k_j + a^K_{ij})}{\sqrt{d_h}}, \qquad z_i = \sum_j \alpha_{ij} "
+               r"\,(v_j + a^V_{ij}), \qquad a^{K,V}_{ij} = w^{K,V}_{\mathrm{clip}(j - i,\,k)}, \quad "
+               r"\mathrm{clip}(x, k) = \max(-k, \min(k, x))")
+    notes = (
+        "The a^K term depends on the query, so it is computed per distance (q·w^K, then gathered) and added to the "
+        "scores, keeping the fast fused attention. The a^V term needs the attention weights themselves, so "
+        "`model.shaw.values=true` takes the slower explicit attention path. Parameters per layer: (2k + 1)·d_h, "
+        "twice that with a^V."
+    )
+    ct2_export = "CTranslate2's relative position keys and values (the values are zeros without a^V)."
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

@@ -75,6 +75,9 @@ class DistanceBiasPE(AttentionPE):
     """Base of an encoding whose bias depends on j - i alone (KERPLE, Sandwich, DPB): its figure is the bias grid per
     head, and both stacks export exactly to CTranslate2 as a relative bias table (``exact_bias_table``)."""
 
+    ct2_export = ("Both stacks: CTranslate2's T5 relative attention bias, one table per layer, with one exact bucket "
+                  "per distance below the exported length.")
+
     def plots(self, what: str, length: int) -> list[Plot]:
         return [self.bias_plot(what, length)]
 
@@ -91,8 +94,12 @@ class DistanceBiasPE(AttentionPE):
 class T5BiasConfig(Section):
     """T5's bucketed relative attention bias (Raffel et al. 2020)."""
 
-    num_buckets: int = Field(32, ge=2)
-    max_distance: int = Field(128, ge=1)
+    num_buckets: int = Field(32, ge=2, description="Relative-distance buckets, each with one learned bias per "
+                             "head. The encoder and cross-attention split them between keys before and after the "
+                             "query (so at least 4 there); in each direction half are exact distances, the rest "
+                             "log-spaced up to `max_distance`.")
+    max_distance: int = Field(128, ge=1, description="Distances from this one on share the last bucket; must "
+                              "exceed `num_buckets` // 2.")
 
 
 class T5BiasPE(DistanceBiasPE):
@@ -104,6 +111,28 @@ class T5BiasPE(DistanceBiasPE):
 
     settings = ("t5", T5BiasConfig)
     shift_invariant = True  # buckets of the integer distance j - i (positions: "integer")
+
+    title = "T5 relative bias"
+    summary = (
+        "Each head adds a learned scalar to its attention scores, looked up by the bucket of the relative distance "
+        "j - i: one bucket per distance for short distances, log-spaced buckets for longer ones, one last bucket "
+        "from `model.t5.max_distance` on. Bidirectional in the encoder and cross-attention (half the buckets for "
+        "keys after the query), causal in the decoder."
+    )
+    paper = ("Colin Raffel, Noam Shazeer, Adam Roberts, Katherine Lee, Sharan Narang, Michael Matena, Yanqi Zhou, "
+             "Wei Li, Peter J. Liu (2020). Exploring the Limits of Transfer Learning with a Unified Text-to-Text "
+             "Transformer. JMLR 21(140), arXiv:1910.10683.")
+    formula = (r"s_{ij} = \frac{q_i \cdot k_j}{\sqrt{d_h}} + b_h\big(\mathrm{bucket}(j - i)\big), \qquad "
+               r"\mathrm{bucket}(n) = \begin{cases} n & n < B/2 \\ \min\Big(B - 1,\ \frac{B}{2} + \Big\lfloor "
+               r"\frac{\log(2n/B)}{\log(2D/B)} \cdot \frac{B}{2} \Big\rfloor\Big) & \text{otherwise} "
+               r"\end{cases}")
+    notes = (
+        "In the formula n = |j - i| within one direction, B the buckets of that direction (half of "
+        "`model.t5.num_buckets` in the encoder and cross-attention, all of them in the decoder) and D = "
+        "`model.t5.max_distance`. T5 shares one table across the layers of a stack; here every attention layer "
+        "has its own (`model.t5.num_buckets` × heads parameters per layer), initialised N(0, 1/d_model)."
+    )
+    ct2_export = "CTranslate2's T5 relative attention bias: each layer's own table and `max_distance`."
 
     @classmethod
     def check(cls, cfg: Config, key: str) -> None:

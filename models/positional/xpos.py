@@ -53,9 +53,11 @@ if TYPE_CHECKING:
 class XposConfig(Section):
     """xPos (Sun et al. 2022): RoPE with a per-pair scale zeta_i^(n/B) on queries, zeta_i^(-m/B) on keys."""
 
-    theta: float = Field(10000.0, gt=1)  # RoPE's base: pair i rotates by n * theta^(-2i/d)
-    gamma: float = Field(0.4, gt=0)  # zeta_i = (i / (d/2) + gamma) / (1 + gamma): larger gamma, slower decay
-    scale_base: float = Field(512.0, gt=0)  # B: the score of pair i is scaled by zeta_i^((n - m) / B)
+    theta: float = Field(10000.0, gt=1, description="RoPE's base: pair i rotates by position * theta^(-2i/d).")
+    gamma: float = Field(0.4, gt=0, description="zeta_i = (i / (d/2) + gamma) / (1 + gamma): the larger gamma, the "
+                         "slower the scores decay with distance.")
+    scale_base: float = Field(512.0, gt=0, description="B: the score of pair i between positions n and m is scaled "
+                              "by zeta_i^((n - m) / B).")
 
 
 def xpos_zeta(dim: int, gamma: float) -> torch.Tensor:
@@ -84,6 +86,23 @@ class XposPE(AttentionPE):
 
     settings = ("xpos", XposConfig)
     causal_only = True
+
+    title = "xPos"
+    summary = (
+        "RoPE whose rotated pairs are also scaled: the query at n by ζ^(n/B), the key at m by ζ^(-m/B), so each "
+        "pair's score decays as ζ^((n-m)/B) with the distance, fastest for the high-frequency pairs. Defined for "
+        "causal (decoder) self-attention only: for keys after the query the factor grows without bound."
+    )
+    paper = ("Yutao Sun, Li Dong, Barun Patra, Shuming Ma, Shaohan Huang, Alon Benhaim, Vishrav Chaudhary, Xia Song, "
+             "Furu Wei (2023). A Length-Extrapolatable Transformer. ACL 2023, arXiv:2212.10554.")
+    formula = (r"\tilde q_n = \zeta^{\,n/B} R_n q, \qquad \tilde k_m = \zeta^{-m/B} R_m k, \qquad "
+               r"\zeta_i = \frac{i/(d/2) + \gamma}{1 + \gamma} \in (0, 1]")
+    notes = (
+        "R_n is RoPE's rotation of pair i by n·θ^(-2i/d), θ = `model.xpos.theta`; γ = `model.xpos.gamma` (0.4) and "
+        "B = `model.xpos.scale_base` (512) are microsoft/torchscale's defaults, which this follows (rotate-half "
+        "layout, positions not centred: the same scores). Put it in the decoder with "
+        "`model.decoder_pe.attention=xpos`."
+    )
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)
