@@ -13,7 +13,9 @@ Endpoints (JSON in and out; every error is ``{"error": "<one line>"}`` with a 4x
 - ``GET /model``: the run's encoding, size, tokenizer, training summary, where decoding runs, the attention
   ``/attention`` draws, decoding defaults and limits.
 - ``GET /health``: ``{"status": "ok"}``, the batching counters and a PyTorch run's decoding process.
-  ``GET /``: the demo page.
+  ``GET /``: the demo page. ``GET /openapi.json``: the OpenAPI schema of all of these, with this server's limits and
+  defaults (request and answer models in ``utils/serve/schema.py``; requests are still checked here, by hand, for
+  their statuses and one-line errors); no Swagger UI (``/docs``), whose scripts come from a CDN.
 
 One decoding worker owns the model: requests wait in a bounded queue (full: 503), and those that arrive
 together are decoded together (micro-batching: up to ``max_batch`` sentences, after a wait of at most
@@ -574,14 +576,38 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
 # ---------------------------------------------------------------------------------------------- the app
 
 
+def responses(answer: Any, description: str, errors: dict[int, str | None]) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of an endpoint for its OpenAPI schema: ``answer`` (a model, or a media type string) on 200,
+    and each error status with its meaning here (None: the general one, ``schema.ERRORS``)."""
+    from utils.serve.schema import ERRORS, ErrorAnswer
+
+    ok: dict[str, Any] = ({"content": {answer: {"schema": {"type": "string"}}}} if isinstance(answer, str)
+                          else {"model": answer})
+    out: dict[int | str, dict[str, Any]] = {200: {**ok, "description": description}}
+    for status, meaning in errors.items():
+        out[status] = {"model": ErrorAnswer, "description": meaning or ERRORS[status]}
+    return out
+
+
+API_DESCRIPTION = """\
+Translations, attention maps and a description of the model served by `python inference.py --serve`. JSON in and \
+out; every refusal is `{"error": "one line"}` with a 4xx or 5xx status. Limits and defaults in this schema are the \
+server's own (its `--max-*` and decoding flags)."""
+
+
 def create_app(engine: "Engine", limits: Limits | None = None, model_path: str = "") -> "FastAPI":
-    """The FastAPI application serving ``engine`` (one decoding worker, started with the app)."""
+    """The FastAPI application serving ``engine`` (one decoding worker, started with the app). Its OpenAPI schema
+    (``app.openapi()``, served at ``GET /openapi.json``) describes every endpoint with this server's limits and
+    decoding defaults; there is no Swagger UI (``/docs``), whose scripts come from a CDN."""
     from fastapi import FastAPI, Request
+    from fastapi.openapi.utils import get_openapi
     from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.routing import APIRoute
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect
 
     from models.positional import PositionLimitError
+    from utils.serve import schema
     from utils.serve.worker import DecoderError
     from utils.translation.translate import InputError
 
@@ -589,6 +615,7 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     limits.check()
     info = model_info(engine, model_path, limits)
     state: dict[str, Batcher] = {}
+    requests = schema.request_models(limits, engine.cfg.decode)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
@@ -597,8 +624,28 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         yield
         await state["batcher"].stop()
 
-    app = FastAPI(title="fr2en-pe translation server", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="fr2en-pe translation server", description=API_DESCRIPTION, version=_version(),
+                  lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's schema, with the request bodies the endpoints read by hand (``schema.request_models``)."""
+        if app.openapi_schema is None:
+            out = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            for model in requests:
+                out.setdefault("components", {}).setdefault("schemas", {})[model.__name__] = model.model_json_schema(
+                    ref_template="#/components/schemas/{model}")
+            app.openapi_schema = out
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    def body(model: Any) -> dict[str, Any]:
+        return {"requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+    def endpoints() -> str:
+        routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in sorted(r.methods)]
+        return ", ".join(f"{m} {p}" for m, p in [*routes, ("GET", app.openapi_url)])
 
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": message}, status_code=status)
@@ -615,8 +662,7 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     @app.exception_handler(HTTPException)
     async def _http(request: Request, err: HTTPException) -> JSONResponse:
         if err.status_code == 404:
-            return error(404, f"no such endpoint: {request.method} {request.url.path} "
-                              "(endpoints: GET /, GET /health, GET /model, POST /translate, POST /attention)")
+            return error(404, f"no such endpoint: {request.method} {request.url.path} (endpoints: {endpoints()})")
         if err.status_code == 405:
             return error(405, f"{request.url.path} does not take {request.method}")
         return error(err.status_code, str(err.detail))
@@ -647,24 +693,44 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
             raise RequestError(400, "the client disconnected before its request was complete") from None
         return parse_json(b"".join(chunks))
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.get("/", response_class=HTMLResponse, summary="The demo page",
+             responses=responses("text/html", "one HTML page, its script and style inline (no external assets: it "
+                                              "works offline)", {}))
     async def page() -> HTMLResponse:
+        """A text box, the n-best list with scores, and the attention map of the best translation (any kind and
+        layer), drawn with the tokens on its axes; the run's encoding named at the top."""
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
-    @app.get("/health")
+    @app.get("/health", response_model=None, summary="Whether the server is up, and what it has done",
+             responses=responses(schema.HealthAnswer, "the batching counters since the server started", {405: None}))
     async def health() -> dict[str, Any]:
+        """`status` ok, the requests and sentences decoded, how they were batched, how busy the model was, the
+        requests waiting and those refused; a PyTorch run's decoding process."""
         batcher = state["batcher"]
         decoder = getattr(engine, "decoder", None)
         process = {} if decoder is None else {"decoder": {"pid": decoder.pid, "restarts": decoder.restarts}}
         return {"status": "ok", "engine": info["engine"], "waiting": batcher.waiting, **batcher.snapshot(),
                 **process}
 
-    @app.get("/model")
+    @app.get("/model", response_model=None, summary="The model served",
+             responses=responses(schema.ModelAnswer, "what the server loaded and how it decodes", {405: None}))
     async def model() -> dict[str, Any]:
+        """The run's name, engine, where decoding runs and how requests are batched, the attention `/attention`
+        draws, the positional encodings, size, tokenizer, training summary, decoding defaults and limits."""
         return info
 
-    @app.post("/translate")
+    @app.post("/translate", response_model=None, summary="Translate one sentence or a list", openapi_extra=body(
+        requests[0]), responses=responses(schema.TranslateAnswer, "the n-best list of each line", {
+            400: None, 405: None,
+            413: "more lines than `--max-lines`, a line longer than `--max-chars`, or a body over what those allow",
+            422: "the body is not a JSON object; a field is unknown, missing or of the wrong type; a blank line or "
+                 "an empty list; `beam`, `nbest` or `lenpen` out of range, or `nbest` over `beam`; a sentence longer "
+                 "than the model's positions allow",
+            500: None, 503: None}))
     async def translate(request: Request) -> dict[str, Any]:
+        """Per line the best translation and its n-best list, with each hypothesis' length-penalised score and
+        summed log-probability: the same texts and scores as `inference.py --input` with the same flags. Requests
+        that arrive together are decoded together."""
         lines, single, decode = translate_request(await read_body(request), engine.cfg.decode, limits)
         start = time.perf_counter()
         results = await state["batcher"].translate(lines, decode)
@@ -673,8 +739,18 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         return {"translations": out, "beam": decode.beam, "nbest": decode.nbest, "lenpen": decode.lenpen,
                 "seconds": round(time.perf_counter() - start, 4)}
 
-    @app.post("/attention")
+    @app.post("/attention", response_model=None, summary="One layer's attention for a sentence", openapi_extra=body(
+        requests[1]), responses=responses(schema.AttentionAnswer, "the tokens and the attention weights", {
+            400: None, 405: None,
+            413: "`text` or `target` longer than `--max-chars`, or a body over the limit",
+            422: "the body is not a JSON object; a field is unknown, missing, of the wrong type or blank; a `kind` "
+                 "other than cross, encoder, decoder; a layer the model does not have, or one a CTranslate2 export "
+                 "does not give",
+            500: None, 501: None, 503: None}))
     async def attention(request: Request) -> dict[str, Any]:
+        """The attention weights of one layer (mean over heads, and each head) for the greedy translation of
+        `text`, or for `target` teacher-forced, computed as `visualize.py` does. A CTranslate2 export gives what
+        CTranslate2 returns: the last layer's cross-attention, mean over heads (`heads` null)."""
         body = await read_body(request)
         if not info["attention"]:
             raise RequestError(501, "this CTranslate2 export was made before exports kept attention: export the run "
@@ -683,6 +759,35 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         return await state["batcher"].call(lambda: attention_map(engine, text, target, kind, layer))
 
     return app
+
+
+def _version() -> str:
+    """The installed project's version, else 0+unknown (a checkout that was not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fr2en-pe")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class NoModel:
+    """A stand-in engine without a model, to build the app for its OpenAPI schema (the documentation) without a
+    checkpoint: the default config's decoding defaults; a translation is refused (503)."""
+
+    def __init__(self) -> None:
+        from utils.config import Config
+
+        self.cfg = Config()
+
+    def translate(self, texts: list[str], decode: "DecodeConfig", on_done: Any = None) -> list[list["Translation"]]:
+        raise RequestError(503, "no model is loaded: this app was built for its schema only")
+
+
+def openapi_schema(limits: Limits | None = None) -> dict[str, Any]:
+    """The server's OpenAPI schema (what ``GET /openapi.json`` answers), built without a model: ``limits`` (default:
+    the default flags') and the default config's decoding defaults."""
+    return create_app(NoModel(), limits).openapi()
 
 
 def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:

@@ -1,0 +1,288 @@
+"""The HTTP API's request and answer models: what the server's OpenAPI schema (``GET /openapi.json``) says.
+
+The server checks requests by hand (``translate_request`` and ``attention_request`` in ``utils/serve/app.py``), so that
+each refusal gets its own status (413 for what is too big, 400 for bytes that are not text, 422 for the rest) and one
+readable line; the request models here describe the same fields, types, defaults and limits, built for a server's own
+limits and decoding defaults (``tests/test_docs_http.py`` sends requests to hold the two together). The answer models
+describe what the endpoints return; the endpoints build plain dicts, which the tests validate against these models.
+
+No ``from __future__ import annotations``: pydantic reads the annotations of the request models, built inside
+``request_models``, at runtime.
+"""
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+if TYPE_CHECKING:
+    from utils.config import DecodeConfig
+
+KINDS = ("cross", "encoder", "decoder")
+
+# Every refusal, status -> when (the answer is always ``{"error": "one line"}``).
+ERRORS: dict[int, str] = {
+    400: "the body is not JSON (invalid, empty, nested too deeply), not UTF-8, or a text holds a lone surrogate or a "
+         "NUL character; or the client left before its request was complete",
+    404: "no such endpoint (the error names the endpoints there are)",
+    405: "the endpoint does not take this method (e.g. `GET /translate`)",
+    413: "too many lines (`--max-lines`), a line with too many characters (`--max-chars`), or a body over what those "
+         "allow",
+    422: "the body is not a JSON object; a field is unknown, missing, of the wrong type, empty or out of range; or the "
+         "model cannot take the sentence (longer than its positions allow)",
+    500: "an internal error (the first line of its message; the traceback goes to the server's log)",
+    501: "a CTranslate2 export made before exports kept attention: `/attention` has nothing to draw (export the run "
+         "again, or serve the run directory)",
+    503: "the server is busy (`--max-queue` requests already wait), or the decoding process ended while it held the "
+         "request (the next request starts a new one): try again",
+}
+
+
+class ErrorAnswer(BaseModel):
+    """Every refusal: an HTTP status of 4xx or 5xx and one readable line, never a traceback."""
+
+    model_config = ConfigDict(extra="forbid")
+    error: str = Field(description="what is wrong, in one line (e.g. `unknown field 'colour' (fields: text, beam, "
+                                   "nbest, lenpen)`)")
+
+
+def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel], type[BaseModel]]:
+    """The request bodies of ``POST /translate`` and ``POST /attention`` for a server with these limits
+    (``utils.serve.app.Limits``: its ``--max-*`` flags) and decoding defaults (the run's ``decode`` section with the
+    decoding flags over it)."""
+    line = Annotated[str, StringConstraints(min_length=1, max_length=limits.max_chars)]
+    lines = Annotated[list[line], Field(min_length=1, max_length=limits.max_lines)]
+
+    class TranslateRequest(BaseModel):
+        """What to translate, and optionally how."""
+
+        model_config = ConfigDict(extra="forbid", title="TranslateRequest", json_schema_extra={"examples": [
+            {"text": "Le chat dort sur le canapé."},
+            {"text": ["Bonjour.", "Merci beaucoup."], "beam": 5, "nbest": 2, "lenpen": 1.0}]})
+        text: line | lines = Field(
+            description=f"a sentence, or a list of up to {limits.max_lines} (`--max-lines`); each line at most "
+                        f"{limits.max_chars} characters (`--max-chars`), not blank, no NUL character")
+        beam: int | None = Field(decode.beam, ge=1, le=limits.max_beam,
+                                 description="beam size (1: greedy search); absent or null: the server's default "
+                                             "(`--beam`, else the run's `decode.beam`); at most `--max-beam`")
+        nbest: int | None = Field(min(decode.nbest, decode.beam), ge=1, le=limits.max_beam,
+                                  description="hypotheses returned per line, best first; at most `beam`; absent or "
+                                              "null: the server's `--nbest` (at most `beam`)")
+        lenpen: float | None = Field(decode.lenpen, ge=0.0, le=10.0, description=(
+            "GNMT length penalty alpha: hypotheses are ranked by log-probability / ((5 + length in tokens) / 6)^alpha, "
+            "so a larger alpha favours longer ones and 0 ranks by log-probability alone; absent or null: the server's "
+            "`--lenpen`"))
+
+    class AttentionRequest(BaseModel):
+        """The sentence whose attention is drawn, and which attention."""
+
+        model_config = ConfigDict(extra="forbid", title="AttentionRequest", json_schema_extra={"examples": [
+            {"text": "Le chat dort.", "kind": "cross", "layer": -1},
+            {"text": "Le chat dort.", "target": "The cat sleeps.", "kind": "encoder"}]})
+        text: line = Field(description=f"the source sentence, at most {limits.max_chars} characters (`--max-chars`)")
+        target: line | None = Field(None, description="a translation to teacher-force (each row predicts its next "
+                                                       "token); absent or null: the model's greedy translation")
+        kind: Literal["cross", "encoder", "decoder"] = Field(
+            "cross", description="`cross` (decoder rows over source columns), `encoder` (source over source) or "
+                                 "`decoder` (target over target) self-attention")
+        layer: int | None = Field(-1, description="the layer, from 0, of the stack `kind` belongs to (the decoder "
+                                                  "for `cross`); negative counts from the last (-1); absent or null: "
+                                                  "the last. `GET /model` lists the layers (`attention`); 422 for "
+                                                  "one the model does not have")
+
+    return TranslateRequest, AttentionRequest
+
+
+# ---------------------------------------------------------------------------------------------- answers
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _no_default(field: dict[str, Any]) -> None:
+    field.pop("default", None)
+
+
+def absent(description: str) -> Any:
+    """A field of an answer that is there or absent (never null): not required, no default in the schema."""
+    return Field(None, description=description, json_schema_extra=_no_default)
+
+
+class Hypothesis(Answer):
+    """One hypothesis of a line's n-best list."""
+
+    text: str = Field(description="the translation")
+    score: float = Field(description="its log-probability divided by the GNMT length penalty: what the n-best list is "
+                                     "sorted by (higher is better)")
+    logprob: float = Field(description="its log-probability, summed over its tokens")
+
+
+class LineTranslation(Answer):
+    """The translation of one line."""
+
+    source: str = Field(description="the line, as sent")
+    translation: str = Field(description="the best hypothesis (`nbest[0].text`)")
+    nbest: list[Hypothesis] = Field(description="`nbest` hypotheses, best first")
+
+
+class TranslateAnswer(Answer):
+    """The n-best list of each line: the same texts and scores as `inference.py --input` with the same flags."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "translations": [{"source": "Le chat dort sur le canapé.", "translation": "The cat is sleeping on the sofa.",
+                          "nbest": [{"text": "The cat is sleeping on the sofa.", "score": -0.2813,
+                                     "logprob": -0.5067}]}],
+        "beam": 5, "nbest": 1, "lenpen": 0.6, "seconds": 0.0971}]})
+    translations: list[LineTranslation] = Field(description="one per line sent, in order (one for a single string)")
+    beam: int = Field(description="the beam size used")
+    nbest: int = Field(description="the hypotheses returned per line")
+    lenpen: float = Field(description="the length penalty used")
+    seconds: float = Field(description="seconds from the request's entering the queue to its answer: waiting "
+                                       "behind other requests and decoding")
+
+
+class AttentionAnswer(Answer):
+    """One layer's attention weights for a sentence pair, as `visualize.py` computes them (rounded to 1e-5)."""
+
+    source: str = Field(description="the source sentence")
+    target: str = Field(description="the target sentence: the greedy translation, or the `target` sent")
+    mode: Literal["greedy", "teacher-forced"] = Field(description="where `target` comes from")
+    kind: Literal["cross", "encoder", "decoder"] = Field(description="the attention drawn")
+    layer: int = Field(description="the layer drawn, from 0 (a negative `layer` resolved)")
+    rows: list[str] = Field(description="the query tokens; for cross-attention the target token each row predicts "
+                                        "(as in visualize.py's figures), ending with `</s>`")
+    columns: list[str] = Field(description="the key tokens: the source tokens (cross, encoder) or the target "
+                                           "tokens (decoder)")
+    weights: list[list[float]] = Field(description="rows x columns, the mean over heads; each row sums to 1")
+    heads: list[list[list[float]]] | None = Field(description="heads x rows x columns, each head's weights; null for "
+                                                              "a CTranslate2 export (it gives the mean only)")
+
+
+class EncodingInfo(Answer):
+    """The run's positional encodings."""
+
+    name: str = Field(description="a readable name, e.g. `sinusoidal`, `rope (ntk x4)`, `sinusoidal + alibi`")
+    input_pe: str = Field(description="`model.input_pe`: the encoding added to the embeddings")
+    attention_pe: str = Field(description="`model.attention_pe`: the encoding inside self-attention")
+    cross_attention_pe: str = Field(description="`model.cross_attention_pe`: the encoding inside cross-attention")
+    places: dict[str, str] = Field(description="each place (`encoder input`, `encoder self-attention`, `decoder "
+                                               "input`, `decoder self-attention`, `cross-attention`) -> its encoding")
+
+
+class SizeInfo(Answer):
+    """The model's size."""
+
+    parameters: int | None = Field(description="trainable parameters; null for a CTranslate2 export")
+    d_model: int = Field(description="model width")
+    n_heads: int = Field(description="attention heads per layer")
+    d_ff: int = Field(description="feed-forward width")
+    encoder_layers: int = Field(description="encoder layers")
+    decoder_layers: int = Field(description="decoder layers")
+    norm: str = Field(description="`pre` (layer norm before each sublayer, pre-LN) or `post`")
+
+
+class TokenizerInfo(Answer):
+    """The run's tokenizer."""
+
+    type: str = Field(description="`tokenizer.type`")
+    vocab_size: int | None = Field(description="the vocabulary's size")
+    lowercase: bool = Field(description="whether text is lowercased before tokenizing")
+
+
+class TrainingInfo(Answer):
+    """Where the weights come from and how training went (what the run directory still has)."""
+
+    run: str | None = Field(description="the run directory; for a CTranslate2 export, the run it was exported from "
+                                        "(null if that is gone)")
+    checkpoint: str | None = Field(description="the checkpoint file served (or exported)")
+    step: int | None = Field(description="its training step; null for a CTranslate2 export")
+    best_valid_bleu: float = absent("the best validation BLEU of the run (from its `last.pt`; PyTorch runs)")
+    summary: dict[str, Any] = absent("the closing training summary (`summary.json`, else `train.log`'s closing line): "
+                                     "steps, target_tokens, train_seconds, eval_seconds, target_tokens_per_s, "
+                                     "valid_ppl, peak_rss_mb; absent while training runs")
+    last_validation: str = absent("`train.log`'s last validation line, e.g. `valid loss 0.587 ppl 1.80 acc 0.924 "
+                                  "BLEU 84.67 chrF 87.41`")
+    quantization: str | None = absent("a CTranslate2 export's quantization, null when it kept the weights' type "
+                                      "(only for an export)")
+
+
+class DecodeDefaults(Answer):
+    """The decoding defaults of every request (the run's `decode` section with the server's decoding flags over it)."""
+
+    beam: int = Field(description="beam size")
+    nbest: int = Field(description="hypotheses per line")
+    lenpen: float = Field(description="GNMT length penalty alpha")
+    max_len_a: float = Field(description="hypotheses are capped at a * source length + b tokens: a")
+    max_len_b: int = Field(description="... and b")
+    beam_stop: str = Field(description="when a sentence's beam search ends: `bound` (no alive beam can beat the "
+                                       "finished n-best) or `k_finished` (after K finished hypotheses)")
+
+
+class LimitsInfo(Answer):
+    """What one request may ask for, and how requests are batched and queued (the `--max-*` flags)."""
+
+    max_lines: int = Field(description="most lines in one `/translate` request (`--max-lines`)")
+    max_chars: int = Field(description="most characters in one line (`--max-chars`)")
+    max_beam: int = Field(description="largest beam a request may ask for (`--max-beam`)")
+    max_batch: int = Field(description="most sentences decoded together (`--max-batch`)")
+    max_wait_ms: float = Field(description="static batching: milliseconds the worker waits for more requests to join "
+                                           "a batch (`--max-wait-ms`)")
+    max_queue: int = Field(description="requests that may wait for the worker; one more is answered 503 "
+                                       "(`--max-queue`)")
+
+
+class ModelAnswer(Answer):
+    """The model served and how."""
+
+    name: str = Field(description="the run's config name")
+    engine: Literal["pytorch", "ctranslate2"] = Field(description="a PyTorch run or a CTranslate2 export")
+    model_path: str = Field(description="`--model_path` as given")
+    decoding: Literal["own process", "server process"] = Field(
+        description="where the model decodes: a process of its own (a PyTorch run's default) or the server's "
+                    "(`--decode-in-server`, a CTranslate2 export)")
+    batching: Literal["continuous", "static"] = Field(
+        description="`continuous`: requests join the decoding in flight between two decoder steps; `static`: "
+                    "requests waiting together are decoded as one batch")
+    attention: dict[str, list[int]] | None = Field(
+        description="what `/attention` draws: kind -> layers (every kind and layer of a PyTorch run; a CTranslate2 "
+                    "export: the last layer's cross-attention); null: nothing (an export made before exports kept "
+                    "attention)")
+    encoding: EncodingInfo = Field(description="the positional encodings")
+    size: SizeInfo = Field(description="parameters, widths, layers")
+    tokenizer: TokenizerInfo = Field(description="the tokenizer")
+    training: TrainingInfo = Field(description="checkpoint, step, best validation BLEU, the training summary and the "
+                                               "last validation line")
+    decode: DecodeDefaults = Field(description="the decoding defaults of every request")
+    limits: LimitsInfo = Field(description="the server's limits")
+
+
+class DecoderInfo(Answer):
+    """A PyTorch run's decoding process."""
+
+    pid: int = Field(description="its process id")
+    restarts: int = Field(description="how many times it was started again after it ended")
+
+
+class HealthAnswer(Answer):
+    """The server is up; what its decoding worker has done since it started."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "status": "ok", "engine": "pytorch", "waiting": 0, "requests": 2, "sentences": 3, "batches": 2,
+        "largest_batch": 2, "steps": 22, "step_sentences": 27, "busy_s": 0.3939, "rejected": 0,
+        "decoder": {"pid": 7240, "restarts": 0}}]})
+    status: Literal["ok"] = Field(description="always `ok` (an answer means the server is up)")
+    engine: Literal["pytorch", "ctranslate2"] = Field(description="a PyTorch run or a CTranslate2 export")
+    waiting: int = Field(description="requests waiting for the decoding worker now")
+    requests: int = Field(description="translation requests answered")
+    sentences: int = Field(description="sentences translated")
+    batches: int = Field(description="calls to the engine's translate; continuous batching: batches started")
+    largest_batch: int = Field(description="sentences in the largest batch; continuous batching: the most sentences "
+                                           "in flight at once")
+    steps: int = Field(description="continuous batching: decoder steps run (0 with static batching)")
+    step_sentences: int = Field(description="continuous batching: the sum over steps of the sentences decoding, so "
+                                            "`step_sentences / steps` is the mean batch (0 with static batching)")
+    busy_s: float = Field(description="seconds the engine has spent decoding (translations and attention maps), the "
+                                      "call in progress included; continuous batching: the time with sentences in "
+                                      "flight. Its share of a time span is how busy the model was")
+    rejected: int = Field(description="requests answered 503 because the queue was full")
+    decoder: DecoderInfo = absent("a PyTorch run decoding in its own process: that process (absent otherwise)")
