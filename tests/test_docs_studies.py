@@ -1,0 +1,201 @@
+"""The Studies section of the site (docs/study_pages.py, docs/pages/studies/): one results page per published study,
+whose primary table and per-seed chrF table hold exactly the numbers of the study's results.json (parsed back from
+the page, compared with results.json, not with any prose); the pre-registration page holds the section exactly as
+the commit that first fixed it (read from the git history here, independently of the generator), with the later
+amendments after it, each dated; the committed pages are what the generator gives; every figure a page shows
+exists; the power table of the findings page is results.json's."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT
+
+from docs import study_pages
+
+STUDIES = ROOT / "bench" / "studies"
+PAGES = ROOT / "docs" / "pages" / "studies"
+PUBLISHED = sorted(p.parent.name for p in STUDIES.glob("*/results.json"))
+HEADING = ("### Pre-registration: does an attention-level encoding extrapolate in translation? "
+           "(fixed 2026-11-25, before any run)")
+
+
+def _results(name: str) -> dict[str, Any]:
+    return json.loads((STUDIES / name / "results.json").read_text(encoding="utf-8"))
+
+
+def _same(text: str, value: float | None) -> bool:
+    """``text`` is ``value`` as printed: to the decimals it shows, ``< 0.0001`` below that, ``-`` for none."""
+    text = text.strip()
+    if value is None:
+        return text == "-"
+    if text == "< 0.0001":
+        return value < 1e-4
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return abs(float(text) - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def _table_after(page: str, heading: re.Pattern[str]) -> list[list[str]]:
+    """The cells of each body row of the first table after the first heading matching ``heading``."""
+    lines = page.splitlines()
+    start = next(i for i, line in enumerate(lines) if heading.match(line))
+    rows, seen = [], False
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            seen = True
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif seen:
+            break
+    assert rows and set(rows[1][0]) <= {"-"}, "no table"
+    return rows[2:]
+
+
+def _mean_length(results: dict[str, Any], system: str, split: str, decoder: str) -> float | None:
+    values = results["systems"][system]["splits"][split][decoder].get("length_ratio")
+    return sum(values) / len(values) if values else None
+
+
+def primary_mismatches(page: str, results: dict[str, Any]) -> list[str]:
+    """Every cell of the page's primary table that is not results.json's value."""
+    rows = _table_after(page, re.compile(r"## (Primary|Main) analysis"))
+    tests = results["primary"]["tests"]
+    if len(rows) != len(tests):
+        return [f"{len(rows)} rows for {len(tests)} tests"]
+    bad = []
+    for cells, t in zip(rows, tests, strict=True):
+        where = f"{t['system']} / {t['label']}"
+        system, label, per_seed, delta, seed, paired, ci, boot, length, resolved = cells
+        b, q = t["bootstrap"], t["quantity"]
+        checks = [(system == t["system"] and label == t["label"], "system/quantity"),
+                  (all(_same(x, v) for x, v in zip(per_seed.split(","), t["per_seed_delta"], strict=True)),
+                   "Δ per seed"),
+                  (_same(delta, t["delta"]), "Δ mean"),
+                  (_same(seed.split(" (")[0], t["seed_test"]["p_value"])
+                   and _same(seed.split(" (")[1].rstrip(")"), t["seed_test"]["p_holm"]), "seed test"),
+                  (_same(paired, t["paired_t"]["p_value"]), "paired t"),
+                  (resolved == ("**yes**" if t["resolved"] else "no"), "resolved")]
+        if b is None:
+            checks += [(ci == "-" and boot == "-", "bootstrap")]
+        else:
+            lo, hi = ci.strip("[]").split(",")
+            checks += [(_same(lo, b["ci95"][0]) and _same(hi, b["ci95"][1]), "bootstrap CI"),
+                       (_same(boot.split(" (")[0], b["p_value"]) and _same(boot.split(" (")[1].rstrip(")"),
+                                                                           b["p_holm"]), "bootstrap p")]
+        mine, base = length.split(" / ")
+        checks += [(_same(mine, _mean_length(results, t["system"], q["split"], q["decoder"]))
+                    and _same(base, _mean_length(results, t.get("against") or results["baseline"], q["split"],
+                                                 q["decoder"])), "len")]
+        bad += [f"{where}: {what}" for ok, what in checks if not ok]
+    return bad
+
+
+def chrf_mismatches(page: str, results: dict[str, Any]) -> list[str]:
+    """Every cell of the page's per-seed chrF table that is not results.json's (mean, std, seeds, length ratio)."""
+    rows = _table_after(page, re.compile(r"## chrF, beam 5 \(each seed\)"))
+    if [r[0] for r in rows] != list(results["systems"]):
+        return ["systems"]
+    bad = []
+    cell = re.compile(r"(\S+) ± (\S+) \(([^)]*)\)(?: · len (\S+))?")
+    for cells in rows:
+        for split, text in zip(results["splits"], cells[1:], strict=True):
+            row = results["systems"][cells[0]]["splits"][split]["beam5"]
+            m = cell.fullmatch(text)
+            ok = m is not None and _same(m[1], row["chrf_mean_std"][0]) and _same(m[2], row["chrf_mean_std"][1]) \
+                and all(_same(x, v) for x, v in zip(m[3].split(","), row["chrf"], strict=True)) \
+                and (m[4] is None) == (not row.get("length_ratio")) \
+                and (m[4] is None or _same(m[4], _mean_length(results, cells[0], split, "beam5")))
+            if not ok:
+                bad.append(f"{cells[0]} / {split}")
+    return bad
+
+
+def test_one_results_page_per_published_study_and_the_pre_registration() -> None:
+    assert {"all-encodings", "extrapolation", "extrapolation-2700", "extrapolation-candidates", "seed-table"} <= set(
+        PUBLISHED)
+    assert set(study_pages.pages()) == {f"studies/{n}.md" for n in PUBLISHED} | {
+        "studies/preregistration-extrapolation.md"}
+    for name in PUBLISHED:  # the facts results.json does not record are kept beside it, for every study
+        about = json.loads((STUDIES / name / "about.json").read_text(encoding="utf-8"))
+        assert {"title", "question", "setup", "machine", "date", "trained_by", "scored_by"} <= set(about), name
+        page = (PAGES / f"{name}.md").read_text(encoding="utf-8")
+        assert page.startswith(f"# {about['title']}\n") and _results(name)["spec"]["command"] in page
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_the_primary_and_chrf_tables_hold_results_json(name: str) -> None:
+    page = (PAGES / f"{name}.md").read_text(encoding="utf-8")
+    results = _results(name)
+    assert primary_mismatches(page, results) == []
+    assert chrf_mismatches(page, results) == []
+    pr = results["primary"]
+    assert f"**{pr['resolved']} of {pr['size']} tests resolved" in page
+
+
+def test_a_changed_number_is_caught() -> None:
+    """The checks above can fail: one digit changed in a table is found, in the cell it is in."""
+    page = (PAGES / "extrapolation.md").read_text(encoding="utf-8")
+    results = _results("extrapolation")
+    row = "| alibi | chrF test.tatoeba.x4 (beam 5) | +2.98, +3.12, +2.96 | +3.02 |"
+    assert row in page
+    assert primary_mismatches(page.replace(row, row.replace("+3.02", "+3.03")), results) == [
+        "alibi / chrF test.tatoeba.x4 (beam 5): Δ mean"]
+    assert primary_mismatches(page.replace("| 0.35 / 0.30 | **yes** |", "| 0.35 / 0.30 | no |", 1), results) == [
+        "alibi / chrF test.tatoeba.x4 (beam 5): resolved"]
+    assert chrf_mismatches(page.replace("61.69 ± 0.22", "61.69 ± 0.23"), results) == ["alibi / test.tatoeba"]
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_pre_registration_is_the_text_of_the_commit_that_first_fixed_it() -> None:
+    commit = _git("log", "--reverse", "--format=%H", "-S", HEADING, "--", "README.md").split()[0]
+    assert commit == study_pages.PREREGISTRATION_COMMIT
+    readme = _git("show", f"{commit}:README.md").split("\n")
+    start = readme.index(HEADING) + 1
+    end = next(i for i in range(start, len(readme)) if re.match(r"#{1,3} ", readme[i]))
+    frozen = "\n".join(readme[start:end]).strip("\n")
+    page = (PAGES / "preregistration-extrapolation.md").read_text(encoding="utf-8")
+    before, rest = page.split(study_pages.FROZEN_BEGIN)
+    body, after = rest.split(study_pages.FROZEN_END)
+    assert body.strip("\n") == frozen and "- **Primary endpoint**" in frozen
+    date = _git("log", "-1", "--format=%ad", "--date=short", commit).strip()
+    assert date == "2026-11-25" and f"Fixed on {date}, in commit {commit[:7]}" in before
+    amendments = re.findall(r"^### (.*)$", after, flags=re.M)
+    assert len(amendments) >= 10 and all(re.match(r"20\d\d-\d\d-\d\d — ", a) for a in amendments)
+    assert [a[:10] for a in amendments] == sorted(a[:10] for a in amendments)  # in the order decided
+    continuation = after.split("Declared after the 2,250-step results")[1].split("\n### ")[0]
+    assert "A second look, not pre-registered" in continuation and "47 minutes later" in continuation
+    assert "A second look, not pre-registered" in (PAGES / "extrapolation-2700.md").read_text(encoding="utf-8")
+
+
+def test_the_committed_pages_are_what_the_generator_gives() -> None:
+    pages = study_pages.pages()
+    assert pages == study_pages.pages()  # deterministic
+    stale = [path for path, text in pages.items()
+             if (ROOT / "docs" / "pages" / path).read_text(encoding="utf-8") != text]
+    assert stale == [], "run: python docs/generate.py"
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_every_figure_a_page_shows_exists_and_every_figure_is_shown(name: str) -> None:
+    page = (PAGES / f"{name}.md").read_text(encoding="utf-8")
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page)
+    assert links and all(link.startswith(f"{name}/figures/") for link in links)
+    assert all((STUDIES / name / "figures" / Path(link).name).is_file() for link in links)
+    assert sorted(Path(link).name for link in links) == sorted(p.name for p in (STUDIES / name / "figures").glob("*"))
+
+
+def test_the_findings_power_table_is_results_json() -> None:
+    page = (PAGES / "findings.md").read_text(encoding="utf-8")
+    rows = _table_after(page, re.compile(r"## Why \"not resolved\" is not \"no difference\""))
+    assert sorted(re.search(r"\(([^)]+)\.md\)", r[0])[1] for r in rows) == PUBLISHED
+    for study, sd, power, needed, seeds in rows:
+        pw = _results(re.search(r"\(([^)]+)\.md\)", study)[1])["primary"]["power"]
+        assert _same(sd, pw["pooled_residual_sd"]) and _same(power, pw["power_at_smallest_effect"]), study
+        assert _same(needed, pw["detectable_at_80"]) and int(seeds) == pw["seeds_for_80_at_smallest_effect"], study
