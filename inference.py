@@ -3,12 +3,14 @@
     python inference.py --model_path runs/demo_latest --src_text "Bonjour le monde."
     python inference.py --config configs/demo.yaml --model_path runs/demo_latest/checkpoints/best.pt --input fr.txt
     cat fr.txt | python inference.py --model_path RUN_DIR > en.txt
+    python inference.py --model_path runs/demo_latest --input fr.txt --beam 5 --nbest 3 > en.nbest
 
 With --src_text: prints the greedy translation and the beam n-best list with scores. With --input FILE
-or standard input: one translation per line to standard output (best beam hypothesis), always one output
-line per input line, streamed in chunks of 2,000 lines (any size of input, bounded memory, progress on
-stderr); lines are read as training data is (UTF-8, split on \n, whitespace runs made one space), and a
-line that cannot be read gives an empty output line and a warning without stopping the others.
+or standard input: the translations to standard output in input order (the best beam hypothesis: one line
+per input line; with --nbest N above 1: N lines per input line, numbered; see "Output formats" below),
+streamed in chunks of 2,000 lines (any size of input, bounded memory, progress on standard error). Lines
+are read as the training data is: UTF-8, split at line feeds (\\n) only, whitespace runs made one space. A
+line that cannot be read gives an empty translation and a warning without stopping the others.
 --model_path takes a checkpoint file or a run directory (its best.pt); --config defaults to the run's.
 
     python inference.py --model_path runs/demo_latest --export-ctranslate2 runs/demo_ct2 [--quantization int8]
@@ -43,16 +45,53 @@ from utils.cli import (
     threads_note,
 )
 
+OUTPUT_FORMATS = """\
+Output formats (standard output; progress, warnings and the speed line go to standard error):
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+--src_text TEXT, for reading (TAB: a tab character; the beam lines only with a beam above 1; N = --nbest,
+else the whole beam; SCORE: the log-probability divided by the GNMT length penalty, higher is better):
+
+    source: TEXT
+    greedy: TRANSLATION<TAB>(logprob LOGPROB)
+    beam BEAM (lenpen ALPHA), N-best:
+      1. TRANSLATION<TAB>(score SCORE, logprob LOGPROB)
+      2. ...
+
+--input FILE or standard input, nbest 1 (--nbest, else decode.nbest of the config: 1 by default): one line
+per input line, in input order, the best translation; an empty or unreadable input line gives an empty line.
+
+--input FILE or standard input, nbest N above 1: N lines per input line, best first, in input order, each
+INDEX<TAB>SCORE<TAB>TRANSLATION: INDEX is the input line's number counted from 0, SCORE as above with 4
+decimals; an empty or unreadable input line gives one line, INDEX<TAB>0.0000<TAB> (an empty translation).
+Translations never hold a tab or a line break. Two input lines with --beam 3 --nbest 3:
+
+    0<TAB>-4.1573<TAB>Hello world.
+    0<TAB>-4.9021<TAB>Hello, world.
+    0<TAB>-5.3318<TAB>Hi world.
+    1<TAB>-2.0442<TAB>The cat is sleeping.
+    1<TAB>-2.6120<TAB>The cat sleeps.
+    1<TAB>-3.0007<TAB>The cat is asleep.
+
+The scores above are made up. The best translation of each input line, from such a file:
+
+    awk -F'\\t' '!seen[$1]++ {print $3}' en.nbest
+
+A CTranslate2 export (--model_path EXPORT_DIR) writes the same formats. --export-ctranslate2 prints one line:
+wrote a CTranslate2 model of CHECKPOINT to OUT_DIR.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of inference.py."""
+    parser = argparse.ArgumentParser(description=__doc__, epilog=OUTPUT_FORMATS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(parser)
     add_alias_args(parser, "src_text", help="one sentence to translate")
     parser.add_argument("--input", help="file with one sentence per line ('-' = standard input)")
     parser.add_argument("--beam", type=int, help="beam size (default: decode.beam of the config)")
-    parser.add_argument(
-        "--nbest", type=int, help="hypotheses per sentence (default: decode.nbest; with --src_text the whole beam)"
-    )
+    parser.add_argument("--nbest", type=int, metavar="N",
+                        help="hypotheses per sentence (default: decode.nbest; with --src_text the whole beam); above "
+                             "1, --input writes N lines INDEX<TAB>SCORE<TAB>TRANSLATION per line (see Output formats)")
     parser.add_argument("--export-ctranslate2", "--export_ctranslate2", dest="export_ct2", metavar="OUT_DIR",
                         help="write the model as a CTranslate2 model directory and exit (pip install '.[export]')")
     parser.add_argument("--quantization", choices=["int8", "int8_float32", "float16"],
@@ -81,6 +120,11 @@ def main() -> int:
         flag = name.replace("_", "-")
         serving.add_argument(f"--{flag}", f"--{name}", dest=name, type=type(value), default=value,
                              help=f"{Limits.HELP[name]} (default {value})")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     setup_logging()
     threads = apply_threads(parser, args)

@@ -32,7 +32,8 @@ from utils.cli import (
 )
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of test.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(parser)
     parser.add_argument("--split", action="append", help="split to score, repeatable (default: every split in "
@@ -42,6 +43,11 @@ def main() -> int:
     add_alias_args(parser, "max_sentences", type=int, help="score only the first N sentences of each split")
     parser.add_argument("--buckets", help="source-length bucket edges in tokens, e.g. 10,20,40 (eval.length_buckets)")
     parser.add_argument("--tag", help="added to the eval file names (e.g. yarn): keeps variants of a checkpoint apart")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     setup_logging()
     threads = apply_threads(parser, args)
@@ -118,7 +124,8 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
               f"{threads_note(args.threads)}")
         print(f"  sacreBLEU {scores.bleu:.2f}   chrF {scores.chrf:.2f}   nltk BLEU-4 {scores.nltk_bleu4:.2f}")
         print(f"  {scores.bleu_detail}")
-        print(f"  {scores.bleu_signature}")
+        print(f"  sacreBLEU signature: {scores.bleu_signature}")
+        print(f"  chrF signature:      {scores.chrf_signature}")
         print("  by source length (tokens):  " + "  ".join(
             f"{r['bucket']}: {r['bleu']:.1f} (n={r['n']})" if r["n"] else f"{r['bucket']}: - (n=0)" for r in by_length
         ))

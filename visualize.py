@@ -26,7 +26,8 @@ import argparse
 from utils.cli import add_alias_args, add_set_arg, run_main, setup_logging
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of visualize.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
     add_alias_args(parser, "model_path", required=True, help="checkpoint .pt or run directory")
@@ -40,8 +41,14 @@ def main() -> int:
     parser.add_argument("--input", help="with --alignment: align every line of this source file (no figures); "
                         "writes Pharaoh 'i-j' links (source-target, 0-based) per line to --out/alignment.txt")
     parser.add_argument("--tgt_input", "--tgt-input", help="with --input: target file to teacher-force, line by line")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="where the model runs (default auto: the config's train.device)")
     add_set_arg(parser)
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     setup_logging()
 

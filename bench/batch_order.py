@@ -56,7 +56,8 @@ def closed_loop(model, tokenizer, sentences: list[str], decode, clients: int,  #
     return results, decoder.sentence_steps / max(decoder.steps, 1)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/batch_order.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_path", "--model-path", required=True, help="run directory")
     parser.add_argument("--input", default=str(ROOT / "data" / "demo" / "test.fr"),
@@ -67,6 +68,11 @@ def main() -> int:
     parser.add_argument("--join", type=float, default=0.5,
                         help="continuous: waiting sentences join once they are this share of those decoding "
                              "(default 0.5, the server's)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if args.sentences < 1 or args.beam < 1 or min(args.batch) < 1:
         parser.error("--sentences, --beam and --batch must be >= 1")

@@ -106,12 +106,18 @@ def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout:
         driver.quit()
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/demo_page.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_path", "--model-path", required=True, help="run directory or CTranslate2 export")
     parser.add_argument("--out", default="bench/figures/demo_page.png", help="screenshot (PNG)")
-    parser.add_argument("--sentence", default="Le chat dort sur le canapé.")
-    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--sentence", default="Le chat dort sur le canapé.", help="sentence typed into the page")
+    parser.add_argument("--beam", type=int, default=5, help="the server's beam size (default 5)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     out = Path(args.out)
     server = start_server(args.model_path, out.with_suffix(".server.log"), "--beam", str(args.beam))

@@ -143,18 +143,28 @@ def table(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/gpu_check.py."""
     from utils.cli import add_set_arg
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    parser.add_argument("--config", default="configs/bench_small.yaml")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="bf16")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda",
+                        help="where to train and decode (default cuda)")
+    parser.add_argument("--config", default="configs/bench_small.yaml",
+                        help="config every variant starts from (default configs/bench_small.yaml)")
+    parser.add_argument("--steps", type=int, default=200, help="training steps per variant (default 200)")
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="bf16",
+                        help="autocast precision of training (default bf16)")
     parser.add_argument("--sentences", type=int, default=100, help="validation sentences for BLEU and decoding")
     parser.add_argument("--only", help="comma-separated substrings: run only the variants whose name holds one")
-    parser.add_argument("--out", default="runs/gpu_check")
+    parser.add_argument("--out", default="runs/gpu_check",
+                        help="folder for gpu_check.md and gpu_check.json (default runs/gpu_check)")
     add_set_arg(parser)
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     args.set = args.overrides or []
 

@@ -22,15 +22,24 @@ from bench.common import ROOT, project_command  # noqa: E402
 from utils.run.layout import BEST, RunDir, latest_link_path  # noqa: E402
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/length_study.py."""
     from utils.cli import add_set_arg
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--encodings", nargs="+", default=["sinusoidal", "learnable", "rope", "alibi", "t5"])
+    parser.add_argument("--encodings", nargs="+", default=["sinusoidal", "learnable", "rope", "alibi", "t5"],
+                        help="encodings trained, each from configs/bench_short_<encoding>.yaml "
+                             "(default sinusoidal learnable rope alibi t5)")
     parser.add_argument("--minutes", type=float, default=8.0, help="training wall time per encoding")
-    parser.add_argument("--split", default="test.iwslt-tst2010")
-    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--split", default="test.iwslt-tst2010",
+                        help="split scored (default test.iwslt-tst2010: long TED sentences)")
+    parser.add_argument("--beam", type=int, default=5, help="beam size of the scoring (default 5)")
     add_set_arg(parser, help="a config value applied to every run (repeatable)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
 
     results = {}

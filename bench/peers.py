@@ -374,7 +374,8 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return f"ours-defaults+{name.strip()}", overrides
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/peers.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=44.0, help="training budget per system (default 44)")
     parser.add_argument("--systems", default="ours,ours-defaults,eole",
@@ -389,6 +390,11 @@ def main() -> int:
     parser.add_argument("--ctranslate2", action="store_true",
                         help="also export each of our runs to CTranslate2 and decode with it: system NAME.ct2")
     parser.add_argument("--eole-venv", help="Eole's virtual environment (default WORK/eole-venv, made on first use)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if args.retime and not args.reuse:
         parser.error("--retime decodes again with the systems --reuse keeps: give both")

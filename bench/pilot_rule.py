@@ -1,11 +1,12 @@
-"""The pre-registered budget rule of a study's pilot, applied to its validation curves (README, "Pre-registration").
+"""The pre-registered budget rule of a study's pilot, applied to its validation curves (the extrapolation study's
+pre-registration, in the documentation's studies).
 
     python bench/pilot_rule.py runs/study_extrapolation [--seed 1] [--start 900] [--step 450] [--gain 1.0]
         [--cap 2250]
     python bench/pilot_rule.py ../study-runs/study_extrapolation --seed 1,2,3 --start 2250 --cap 4500
 
 Reads every variant's seed-``--seed`` run of the study (with several seeds, their mean at each evaluation all of
-them reached: the continuation to a flattened budget in README), prints its validation BLEU at each evaluation
+them reached: how the continuation to a flattened budget was decided), prints its validation BLEU at each evaluation
 and the rule's verdict: the budget B is the first of start, start + step, ... (at most ``--cap``) at which no variant
 gained ``--gain`` validation BLEU or more over its last ``--step`` steps. Until the runs reach a budget where
 the rule stops, it says which budget to raise the study to next. Only validation data decides.
@@ -54,14 +55,21 @@ def verdict(curves: dict[str, dict[int, float]], start: int, step: int, gain: fl
         budget += step
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/pilot_rule.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", type=Path, help="runs/study_<name>")
     parser.add_argument("--seed", default="1", help="a seed, or seeds as 1,2,3: their mean curve")
-    parser.add_argument("--start", type=int, default=900)
-    parser.add_argument("--step", type=int, default=450)
+    parser.add_argument("--start", type=int, default=900, help="first budget considered, in steps (default 900)")
+    parser.add_argument("--step", type=int, default=450,
+                        help="steps between budgets, and over which a gain counts (default 450)")
     parser.add_argument("--gain", type=float, default=1.0, help="validation BLEU gained over --step steps")
-    parser.add_argument("--cap", type=int, default=2250)
+    parser.add_argument("--cap", type=int, default=2250, help="largest budget, in steps (default 2250)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if not (args.study / "study.json").is_file():
         parser.error(f"{args.study}: no study.json")

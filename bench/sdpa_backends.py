@@ -24,13 +24,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/sdp
 from bench.common import ROOT  # noqa: E402
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/sdpa_backends.py."""
     from utils.cli import add_set_arg
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/bench_small.yaml")
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--config", default="configs/bench_small.yaml",
+                        help="config of the model timed (default configs/bench_small.yaml)")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="timed steps per set of kernels, after 10 warm-up steps (default 50)")
     add_set_arg(parser)
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
 
     import torch

@@ -272,7 +272,8 @@ def cpu_name() -> str:
     return "unknown CPU" if name is None else name
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/serve_load.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_path", "--model-path", required=True, help="run directory (PyTorch)")
     parser.add_argument("--ct2", help="a CTranslate2 export of the run to measure too ('auto': export it first)")
@@ -292,6 +293,11 @@ def main() -> int:
     parser.add_argument("--out", default="runs/serve_load", help="folder for the report (default runs/serve_load)")
     parser.add_argument("--threads", type=int,
                         help="OMP_NUM_THREADS of the CLI and server processes (default: as set, else every core)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if args.sentences < 1 or min(args.clients) < 1 or args.beam < 1:
         parser.error("--sentences, --clients and --beam must be >= 1")

@@ -237,20 +237,24 @@ def real_sections(res: dict[str, dict], meta: dict) -> list[str]:
     return lines
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/speed.py."""
     from utils.cli import add_set_arg
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--config", default="configs/bench_small_rope.yaml")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to measure (default cpu)")
+    parser.add_argument("--config", default="configs/bench_small_rope.yaml",
+                        help="config whose model: section sizes the models (default configs/bench_small_rope.yaml)")
     parser.add_argument("--out", default="runs/bench", help="folder for speed.md and speed.json")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
     parser.add_argument("--steps", type=int, help="timed training steps (default 30 on CPU, 200 on CUDA)")
     parser.add_argument("--warmup", type=int, help="untimed training steps first (default 3 on CPU, 20 on CUDA)")
     parser.add_argument("--max-tokens", type=int, help="training batch size in tokens (default: data.max_tokens)")
     parser.add_argument("--sentences", type=int, default=500, help=f"sentences of {TEST_SPLIT} to decode")
-    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"],
+                        help="precisions of the training steps (default fp32 bf16)")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                        help="models measured: ours, Marian, nn.Transformer (default all)")
     parser.add_argument("--no-data", action="store_true", help="skip the data-path timings")
     parser.add_argument("--synth-pairs", type=int, default=SYNTH_PAIRS, help="size of the synthetic corpus")
     parser.add_argument("--threads", type=int, help="CPU threads (default: $OMP_NUM_THREADS, else all cores)")
@@ -274,6 +278,11 @@ def main() -> int:
                              "Marian and nn.Transformer), data, real (train.py), trained (a trained model's "
                              "decoding); default all")
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if args.profile_steps is None:
         args.profile_steps = 2 if args.quick else 10

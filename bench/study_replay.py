@@ -115,10 +115,16 @@ def replay(published: Path, studies: list[Path]) -> tuple[list[str], bool | None
     return lines, same if seen else None
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/study_replay.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("published", type=Path, help="a published study folder (bench/studies/<name>)")
     parser.add_argument("studies", type=Path, nargs="+", help="study folders of the retrained runs (runs/study_<name>)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if not (args.published / "results.json").is_file():
         parser.error(f"{args.published}: no results.json")

@@ -7,6 +7,7 @@ writes ``results.json``, ``report.md``, ``figures/*.png`` and TensorBoard HParam
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -671,13 +672,17 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
     return results
 
 
-def main() -> int:
-    import argparse
-
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/study_report.py."""
     parser = argparse.ArgumentParser(description="Recompute a published study's report from its folder alone "
                                                  "(results.json, and hypotheses/ when published).")
     parser.add_argument("folder", type=Path, help="e.g. bench/studies/all-encodings or runs/study_<name>")
     parser.add_argument("--bootstrap", type=int, help="bootstrap samples (default: the study's)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if not (args.folder / "results.json").is_file():
         parser.error(f"{args.folder}: no results.json")

@@ -58,10 +58,15 @@ def write(pages: dict[str, str | bytes], root: Path = PAGES) -> None:
         tmp.replace(file)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of docs/generate.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated page is stale")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     pages = generated()
     if args.check:
         bad = stale(pages)

@@ -77,7 +77,8 @@ def test_test_py_scores_and_writes_hypotheses_and_json(run_dir: Path) -> None:
     res = cli("test.py", "--config", str(run_dir / "config.yaml"), "--model_path", str(run_dir), "--beam", "2")
     assert res.returncode == 0, res.stderr
     assert "sacreBLEU" in res.stdout and "chrF" in res.stdout and "nltk BLEU-4" in res.stdout
-    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in res.stdout
+    assert "  sacreBLEU signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in res.stdout
+    assert "  chrF signature:      nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:" in res.stdout
     scores = json.loads((run_dir / "eval" / "test.best.beam2.json").read_text())
     hyps = (run_dir / "eval" / "test.best.beam2.hyp").read_text(encoding="utf-8").splitlines()
     assert scores["n_sentences"] == len(hyps) == 40
