@@ -1,9 +1,10 @@
-"""README's demo-sized command blocks, read from README itself and run in a fresh copy of the project (no runs/,
-no cache), in README's order: README and code cannot drift apart. A block runs when an HTML comment
-``<!-- readme-test ... -->`` precedes it. Every command runs as written, except that ``--config configs/demo.yaml``
-gets ``--set`` overrides shrinking the demo model to the tests' tiny one, validated twice (its steps, epochs,
-checkpoints and schedule unchanged): the demo's own model takes a minute on 2 free cores, far longer on a busy
-CI machine."""
+"""The documentation's runnable command blocks, read from the pages themselves and run in a fresh copy of the
+project (no runs/, no cache), in the site's order (docs/mkdocs.yml's nav, the getting-started page first), as a new
+user would: pages and code cannot drift apart. A block runs when the line before its ```bash fence is
+``<!-- runnable -->``. Every command runs as written, except that ``--config configs/demo.yaml`` gets ``--set``
+overrides shrinking the demo model to the tests' tiny one, validated twice (its steps, epochs, checkpoints and
+schedule unchanged): the demo's own model takes minutes on 2 free cores, far longer on a busy CI machine. The study
+queue's commands are those the published study page gives, at the same pinned commits."""
 
 from __future__ import annotations
 
@@ -15,17 +16,31 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import yaml
 from conftest import ROOT
 
 TINY = ("model.d_model=32", "model.d_ff=64", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
         "tokenizer.vocab_size=400", "train.valid_bleu_sentences=4", "train.log_attention_every=0",
         "train.eval_every=210")
-MARK = re.compile(r"<!-- readme-test[^>]*-->\s*\n```bash\n(.*?)```", re.S)
+MARK = re.compile(r"^<!-- runnable -->\n```bash\n(.*?)```", re.S | re.M)
+DOCS = ROOT / "docs"
 
 
-def readme_blocks(text: str) -> list[str]:
-    """The command blocks marked for this test, in README's order."""
+def nav_pages() -> list[Path]:
+    """The site's pages in nav order (docs/mkdocs.yml)."""
+    def walk(entry) -> list[str]:
+        if isinstance(entry, str):
+            return [entry]
+        if isinstance(entry, list):
+            return [p for e in entry for p in walk(e)]
+        return [p for v in entry.values() for p in walk(v)]
+
+    nav = yaml.safe_load((DOCS / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    return [DOCS / "pages" / p for p in walk(nav)]
+
+
+def runnable_blocks(text: str) -> list[str]:
+    """The command blocks of a page marked for this test, in page order."""
     return [m.group(1) for m in MARK.finditer(text)]
 
 
@@ -37,30 +52,43 @@ def shrink(block: str) -> str:
 
 
 def fresh_copy(dest: Path) -> Path:
-    """The tracked files of the project, as a fresh clone has them."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    """The tracked and the new (not ignored) files of the project, as a fresh clone of it would have them."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout
     for name in filter(None, files.split("\0")):
         src = ROOT / name
-        if src.is_file():
+        if src.is_file() and not name.startswith("docs/pages/"):
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     return dest
 
 
-def test_readme_demo_commands_run_as_written(tmp_path: Path) -> None:
-    blocks = readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
-    assert len(blocks) == 4 and "train.py --config configs/demo.yaml" in blocks[0]
+def test_runnable_blocks_are_marked_only_before_bash_fences() -> None:
+    """A marker that does not stand right before a ```bash fence would silently run nothing."""
+    for page in nav_pages():
+        text = page.read_text(encoding="utf-8")
+        assert len(re.findall(r"^<!-- runnable -->$", text, re.M)) == len(runnable_blocks(text)), page
+
+
+def test_the_documentations_demo_commands_run_as_written(tmp_path: Path) -> None:
+    pages = [(p, runnable_blocks(p.read_text(encoding="utf-8"))) for p in nav_pages()]
+    blocks = [(p.relative_to(DOCS / "pages"), b) for p, bs in pages for b in bs]
+    assert blocks[0] == (Path("getting-started.md"), "python train.py --config configs/demo.yaml\n")
+    assert {str(p) for p, _ in blocks} >= {"getting-started.md", "guide/translating.md", "guide/scoring.md"}
     project = fresh_copy(tmp_path / "project")
     bin_dir = Path(sys.executable).parent  # `python` is this environment's, as in an activated virtual environment
     assert (bin_dir / "python").exists()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    for block in blocks:
+    for page, block in blocks:
         res = subprocess.run(["bash", "-euo", "pipefail", "-c", shrink(block)], cwd=project, env=env,
                              capture_output=True, text=True, timeout=1200)
-        assert res.returncode == 0, f"{block}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-        assert "Traceback" not in res.stderr, block
+        assert res.returncode == 0, f"{page}\n{block}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        assert "Traceback" not in res.stderr, (page, block)
     runs = project / "runs"
     assert len((project / "hyp.en").read_text(encoding="utf-8").splitlines()) == 40  # one line per input line
+    nbest = [line.split("\t") for line in (project / "hyp.nbest").read_text(encoding="utf-8").splitlines()]
+    assert len(nbest) == 40 * 3 and [int(n[0]) for n in nbest] == [i for i in range(40) for _ in range(3)]
+    assert all(len(n) == 3 and float(n[1]) <= 0 for n in nbest)  # INDEX <TAB> SCORE <TAB> TRANSLATION
     latest = (runs / "demo_latest").resolve()
     assert len(list(runs.glob("demo_2*"))) == 2 and latest == max(runs.glob("demo_2*"))
     (averaged,) = (latest / "checkpoints").glob("average5_step_*.pt")  # the last 5 of the run's periodic ones
@@ -84,19 +112,19 @@ def _flags(words: list[str]) -> dict[str, str | None]:
     return out
 
 
-def test_the_study_queue_runs_readmes_study_commands_at_their_pinned_commits() -> None:
-    """bench/study_queue.sh chains the study commands README gives, in README's order (the study trained to 2,250
-    steps, its continuation trained to the budget the rule sets and scored there; the candidates, which ran on a
-    lent GPU, are no longer queued): each from its worktree, with the same flags and values and the same pinned
-    commits, the rule with README's own command, so the script and the pre-registration cannot drift apart. A
-    budget the rule decides (``--steps "$budget"``) matches README's ``--steps B``."""
+def test_the_study_queue_runs_the_study_pages_commands_at_their_pinned_commits() -> None:
+    """bench/study_queue.sh chains the commands the continued extrapolation study's page gives to reproduce it, in
+    the page's order (the study trained to 2,250 steps, its continuation trained to the budget the rule sets and
+    scored there): each from its worktree, with the same flags and values and the same pinned commits, the rule with
+    the page's own command, so the script and the published page cannot drift apart. A budget the rule decides
+    (``--steps "$budget"``) matches the page's ``--steps B``."""
     script = (ROOT / "bench" / "study_queue.sh").read_text()
     var = {k: v.strip('"') for k, v in re.findall(r'^\s*([A-Z_]+)=("[^"]*"|\S+)', script, re.M)}
-    readme = (ROOT / "README.md").read_text()
+    page = (DOCS / "pages" / "studies" / "extrapolation-2700.md").read_text(encoding="utf-8")
     for name, folder in (("TRAIN_COMMIT", "study-wt"), ("SCORE_COMMIT", "score-wt"), ("RULE_COMMIT", "rule-wt")):
-        assert f"git worktree add --detach ../{folder} {var[name]}" in readme, name
+        assert f"git worktree add --detach ../{folder} {var[name]}" in page, name
     documented = []
-    for command in _shell_commands(readme):
+    for command in _shell_commands(page):
         if "bench/study.py" in command and "--preset train-short-test-long" in command:
             where, flags = command.split("bench/study.py", 1)
             documented.append((where.split("&&")[0].strip(), _flags(shlex.split(flags))))
@@ -122,49 +150,10 @@ def test_the_study_queue_runs_readmes_study_commands_at_their_pinned_commits() -
     rule = re.search(r'\.venv/bin/python (bench/pilot_rule\.py "\$RUNS/study_extrapolation" [^)]*?)\)', script, re.S)
     assert rule is not None
     rule_words = shlex.split(rule.group(1).replace("\\\n", " ").replace('"$RUNS', '"../study-runs'))
-    assert f"cd ../rule-wt && .venv/bin/python {' '.join(rule_words)}" in _shell_commands(readme)
+    assert f"cd ../rule-wt && .venv/bin/python {' '.join(rule_words)}" in _shell_commands(page)
     assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "study_queue.sh")]).returncode == 0
     for commit in (var["TRAIN_COMMIT"], var["SCORE_COMMIT"], var["RULE_COMMIT"]):
         assert subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"]).returncode == 0
     rule_wt = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", var["RULE_COMMIT"], "bench/"],
                              capture_output=True, text=True, check=True).stdout.split()
     assert {"bench/pilot_rule.py", "bench/study_replay.py"} <= set(rule_wt)  # what the queue runs from there
-
-
-def test_readmes_encoding_tables_have_a_row_for_every_registered_encoding() -> None:
-    """README's two tables under "Positional encodings" (``model.input_pe``, ``model.attention_pe``) list exactly
-    the registry's names, each once, and every augmentation method of ``model.augment`` has its row."""
-    from typing import get_args
-
-    from models.positional import REGISTRY
-    from models.positional.augment import Method
-
-    section = (ROOT / "README.md").read_text().split("## Positional encodings", 1)[1].split("\n## ", 1)[0]
-    for level in ("input", "attention"):
-        table = section.split(f"| `model.{level}_pe` |", 1)[1].split("\n\n", 1)[0]
-        rows = re.findall(r"^\| `(\w+)` \|", table, re.M)
-        assert len(rows) == len(set(rows)) and set(rows) == set(REGISTRY[level]), level
-    methods = re.findall(r"^\| `(\w+)` \|", section.split("| `method` |", 1)[1].split("\n\n", 1)[0], re.M)
-    assert methods == [m for m in get_args(Method) if m != "none"]
-
-
-def test_readmes_encoding_lists_and_quoted_errors_follow_the_registry() -> None:
-    """README's augmentation table names every encoding that sees only i - j (SHAPE refused) and every one defined
-    on real positions (CAPE), from the registry's declarations; its quoted errors are what the code says."""
-    from models.positional import REGISTRY
-    from utils.config import ConfigError, load_config
-
-    readme = (ROOT / "README.md").read_text()
-    classes = [(name, getattr(cls, "shift_invariant", False), getattr(cls, "positions", "integer"))
-               for level in ("input", "attention") for name, cls in REGISTRY[level].items()
-               if cls is not None and name != "none"]
-    shift = re.search(r"refused where every encoding in use sees only i − j \(([^)]*)\)", readme)
-    assert shift and re.findall(r"`(\w+)`", shift.group(1)) == [n for n, shifts, _ in classes if shifts]
-    real = re.search(r"\| the encodings defined on real positions: ([^|]*) \|", readme)
-    assert real and re.findall(r"`(\w+)`", real.group(1)) == [n for n, _, p in classes if p == "real"]
-    demo = ROOT / "configs" / "demo.yaml"
-    for sets in (["model.augment.method=cape", "model.input_pe=learnable"], ["model.attention_pe=rpoe"]):
-        with pytest.raises(ConfigError) as err:
-            load_config(demo, sets)
-        said = " ".join(str(err.value).split())
-        assert said in " ".join(readme.replace("`", "").split()), said

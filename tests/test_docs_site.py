@@ -1,0 +1,180 @@
+"""The documentation site: built in strict mode (a broken link, anchor or page missing from the nav fails), the
+generated pages equal what the code gives, README stays a short front page whose links resolve, and the built site
+read in headless Chromium: the home page, a reference page, and the site search for "rope" finding the encoding's
+page (screenshots kept in the test's temporary folder; ``FR2EN_DOCS_SCREENSHOTS=DIR`` copies them there)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from docs import generate
+
+MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "docs" / "mkdocs.yml")]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    res = subprocess.run([*MKDOCS, "-d", str(out)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert res.returncode == 0, res.stderr[-5000:]
+    (out / "build.log").write_text(res.stderr, encoding="utf-8")
+    return out
+
+
+def test_the_site_builds_in_strict_mode_with_every_page(site: Path) -> None:
+    log = (site / "build.log").read_text(encoding="utf-8")
+    assert "WARNING" not in log, log
+    nav_pages = re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w/.-]+\.md)\s*$",
+                           (ROOT / "docs" / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+    assert len(nav_pages) >= 35
+    for page in nav_pages:
+        html = site / (page.removesuffix(".md").removesuffix("index") + "/index.html").lstrip("/")
+        html = site / "index.html" if page == "index.md" else html
+        assert html.is_file(), page
+    # the generated folders' pages are in the nav too, each encoding and each command
+    for folder in ("reference/encodings", "reference/commands"):
+        for md in (ROOT / "docs" / "pages" / folder).glob("*.md"):
+            if md.name != "index.md":
+                assert (site / folder / md.stem / "index.html").is_file(), md
+    # figures served from bench/ (not copied into docs/pages)
+    assert (site / "studies" / "extrapolation-2700" / "figures" / "primary_contrasts.png").is_file()
+    assert (site / "assets" / "figures" / "demo_page.png").is_file()
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
+    """The strict build is what catches a broken link: a copy of the sources with one bad link does not build."""
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs, ignore=shutil.ignore_patterns("site", "__pycache__"))
+    page = docs / "pages" / "guide" / "index.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\n[gone](no-such-page.md)\n", encoding="utf-8")
+    (tmp_path / "bench").symlink_to(ROOT / "bench")
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(docs / "mkdocs.yml"),
+                          "-d", str(tmp_path / "site")], capture_output=True, text=True, timeout=600)
+    assert res.returncode != 0 and "no-such-page.md" in res.stderr
+
+
+def test_the_generated_pages_are_what_the_code_gives() -> None:
+    pages = generate.generated()
+    assert generate.stale(pages) == []
+    assert "reference/config.md" in pages and "reference/http.md" in pages
+    assert "reference/encodings/rope.md" in pages and "reference/commands/train.md" in pages
+    assert "studies/extrapolation.md" in pages
+    # and a hand edit of a generated page is caught
+    changed = dict(pages)
+    changed["reference/config.md"] = pages["reference/config.md"] + "\nedited by hand\n"
+    assert generate.stale(changed) == ["reference/config.md: differs from what the code gives"]
+
+
+def test_readme_is_a_short_front_page_whose_links_resolve() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if not re.match(r"[a-z]+://", link)]
+    assert len(local) >= 10
+    for link in local:
+        assert (ROOT / link).exists(), link
+    for heading in ("## Quick start", "## What it does", "## What the studies found", "## Documentation"):
+        assert heading in text, heading
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def served(site: Path) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _browser():
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never try to download a browser
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    from bench.demo_page import browser_paths
+
+    binary, driver_path = browser_paths()
+    options = Options()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900",
+                "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+
+
+def test_the_site_in_a_headless_browser(served: str, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    shots = []
+    driver = _browser()
+    try:
+        wait = WebDriverWait(driver, 60)
+        # the home page: the table of what a user wants to do, each row a link into the site
+        driver.get(served + "/")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "article h1"))
+        assert driver.find_element(By.CSS_SELECTOR, "article h1").text == "fr2en-pe"
+        targets = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "article table a")]
+        assert len(targets) == 10 and all(t.startswith(served) for t in targets)
+        shots.append(tmp_path / "home.png")
+        driver.save_screenshot(str(shots[-1]))
+        # a reference page: the config keys, with a key the README never listed
+        driver.get(served + "/reference/config/")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "article table"))
+        cells = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "article table td:first-child")]
+        assert "train.label_smoothing" in cells and "model.dropout" in cells and "train.patience" in cells
+        shots.append(tmp_path / "reference_config.png")
+        driver.save_screenshot(str(shots[-1]))
+        # an encoding's page, its formula rendered by the KaTeX copy the site ships (no internet needed)
+        driver.get(served + "/reference/encodings/rope/")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "article .katex-display"))
+        assert driver.find_element(By.CSS_SELECTOR, "article h1").text == "RoPE (rope)"
+        assert not [e for e in driver.find_elements(By.CSS_SELECTOR, "article .katex-error")]
+        shots.append(tmp_path / "reference_rope.png")
+        driver.save_screenshot(str(shots[-1]))
+        # the site search: "rope" finds the encoding's page
+        driver.get(served + "/")
+        box = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "input.md-search__input"))
+        wait.until(lambda d: box.is_displayed())
+        box.click()
+        box.send_keys("rope")
+
+        def results(d) -> list[str]:
+            return [a.get_attribute("href") for a in d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
+
+        wait.until(lambda d: any("/reference/encodings/rope/" in (h or "") for h in results(d)))
+        assert results(driver)[0].split("#")[0].split("?")[0].endswith("/reference/encodings/rope/")
+        shots.append(tmp_path / "search_rope.png")
+        driver.save_screenshot(str(shots[-1]))
+    finally:
+        driver.quit()
+    for shot in shots:
+        data = shot.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, shot
+    keep = os.environ.get("FR2EN_DOCS_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for shot in shots:
+            shutil.copy(shot, Path(keep) / shot.name)
