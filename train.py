@@ -5,7 +5,8 @@
 
 Reads the corpus and trains the tokenizer first, then creates runs/<name>_<YYYYmmdd_HHMMSS>/ (config.yaml,
 tokenizer/, checkpoints/{best,last}.pt, tb/, train.log) and points runs/<name>_latest at it once it has a
-checkpoint; a start that fails leaves nothing behind. --resume continues a run from its checkpoints/last.pt.
+checkpoint; a start that fails leaves nothing behind. <name> is --name, else the config's name (by default its
+file name). --resume continues a run from its checkpoints/last.pt.
 Under torchrun each process trains on a disjoint shard of the batches (NCCL on GPUs, gloo on CPU) and only rank 0
 writes logs and checkpoints.
 """
@@ -58,7 +59,10 @@ def resolve_config(args: argparse.Namespace, warn: bool = True) -> Config:
     from utils.run.load import check_compatible
 
     if not args.resume:
-        return load_config(args.config, args.overrides, warn)
+        cfg = load_config(args.config, args.overrides, warn)
+        if getattr(args, "name", None) is not None:
+            cfg = cfg.model_copy(update={"name": args.name})
+        return cfg
     run = RunDir(Path(args.resume))
     if not run.last.is_file():
         raise ConfigError(f"--resume {run.root}: no {run.last.relative_to(run.root)} to resume from")
@@ -70,16 +74,32 @@ def resolve_config(args: argparse.Namespace, warn: bool = True) -> Config:
     return cfg
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of train.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config (not needed with --resume)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from checkpoints/last.pt")
     parser.add_argument("--runs", default="runs", help="folder for run directories (default: runs)")
+    parser.add_argument("--name", help="name of the new run: RUNS/NAME_<date>_<time>/ and the link RUNS/NAME_latest "
+                        "(default: the config's name, itself by default the config file's name without .yaml)")
     add_set_arg(parser)
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     if not args.config and not args.resume:
         parser.error("give --config (a new run) or --resume RUN_DIR")
+    if args.resume and args.name is not None:
+        parser.error("--name names a new run; --resume continues RUN_DIR under its own name")
     cfg = resolve_config(args, warn=False)  # bad input: one line here, before the training stack (ignite) is imported
+    if not args.resume:
+        from data.sources import check_hub
+        from utils.run.layout import check_run_name
+
+        check_run_name(cfg.name)
+        check_hub(cfg.data)  # an IWSLT2017 start without the Hub: the error in seconds, not after its retries
 
     import logging
 
@@ -108,7 +128,7 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
     rank = idist.get_rank()
     cfg = resolve_config(args)
     if args.resume:
-        run_dir = Path(args.resume)
+        run_dir = RunDir(args.resume).root  # through a <name>_latest link: the run itself
         if rank == 0:
             lock_run(run_dir)  # before anything is written: a second --resume of this run stops here
     else:

@@ -40,6 +40,7 @@ the report from the published files alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -56,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/stu
 
 from bench.common import ROOT, project_command  # noqa: E402
 from bench.study_runs import (  # noqa: E402
+    Progress,
     compute_attention,
     eval_current,
     eval_file,
@@ -281,8 +283,10 @@ def budget_overrides(steps: int | None, tokens: int | None, eval_every: int) -> 
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """The run directories in a seed folder (not the ``*_latest`` link), oldest first; none if it does not exist."""
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
+    """The run directories in a seed folder (not the ``*_latest`` link, nor its views in ``.latest/``), oldest first;
+    none if it does not exist."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")) \
+        if root.is_dir() else []
 
 
 def find_run(root: Path, poll: float = 2.0) -> Path | None:
@@ -488,11 +492,21 @@ def die_with_parent(parent: int) -> Any:
 
 
 def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll: float = 2.0,
-                 jobs: int = 1) -> None:
+                 jobs: int = 1, progress: Progress | None = None) -> None:
     """Run (label, argv, log) commands: one per GPU when there are several, else ``jobs`` at a time on the
     CPU, each child then limited to its share of the cores (``OMP_NUM_THREADS``: two runs of one thread
     each keep both cores busy without the stalls two threads suffer when anything else wants a core); a
-    slot takes the next command as soon as its own ends."""
+    slot takes the next command as soon as its own ends. ``progress`` (default: one made of the labels) says on
+    the terminal what starts, validates and ends, every ``poll`` seconds at most."""
+    progress = progress or Progress([label for label, _, _ in commands])
+    try:
+        _run_commands(commands, devices, poll, jobs, progress)
+    finally:
+        progress.close()
+
+
+def _run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll: float, jobs: int,
+                  progress: Progress) -> None:
     import time
 
     pending = list(commands)
@@ -509,17 +523,22 @@ def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll
             if threads is not None:
                 env["OMP_NUM_THREADS"] = str(threads)
             log.parent.mkdir(parents=True, exist_ok=True)
-            print(f"  {label}: {' '.join(cmd[1:])}", flush=True)
+            progress.say(f"  {label}: {' '.join(cmd[1:])}")
+            progress.started(label, log, resumed="--resume" in cmd)
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT,
                                     preexec_fn=die_with_parent(os.getpid()))
             proc.device = device  # type: ignore[attr-defined]
             active.append((label, proc, log))
-        if len(active) == 1:
-            active[0][1].wait()
         while not (done := [a for a in active if a[1].poll() is not None]):
-            time.sleep(poll)
+            progress.poll()
+            if len(active) == 1:  # back as soon as it ends
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    active[0][1].wait(timeout=poll)
+            else:
+                time.sleep(poll)
         label, proc, log = done[0]
         active.remove(done[0])
+        progress.ended(label, ok=proc.returncode == 0)
         if proc.returncode != 0:
             for _, other, _ in active:  # stop the others (a signal makes train.py save last.pt): rerun resumes
                 other.terminate()
@@ -571,7 +590,8 @@ def select_variants(preset: Preset, asked: str) -> tuple[list[Variant], dict[str
     return variants, family
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/study.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(presets()), help="a ready-made study (sets config and grid)")
     parser.add_argument("--config", help="the base config every variant starts from")
@@ -613,8 +633,13 @@ def main() -> int:
     stage.add_argument("--train-only", action="store_true",
                        help="train (or resume) every run, then stop: a pilot, or scoring left to later")
     stage.add_argument("--score-only", action="store_true",
-                       help="score and report runs already trained to the budget (e.g. by a pinned worktree); "
-                            "refuse, training nothing, if one is not")
+                       help="score and report runs already trained to the budget (e.g. by another checkout "
+                            "of the code); refuse, training nothing, if one is not")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
 
     family: dict[str, Any] = {}
@@ -691,8 +716,11 @@ def main() -> int:
         needed = [*(family.get("splits") or []), *(family.get("drops") or {}).values(), *(family.get("drops") or {})]
         if family and (missing := [x for x in dict.fromkeys(needed) if x not in splits]):
             parser.error(f"--splits {args.splits}: the primary family needs {', '.join(missing)} too")
+    accumulate: dict[str, int] = {}  # iterations per optimizer step, where not 1 (the progress lines' steps)
     for v in variants:  # every variant must load before anything runs
         trained = load_config(config, [*args.overrides, *v.overrides])
+        if trained.train.accumulate != 1:
+            accumulate |= {f"{v.label} seed {seed}": trained.train.accumulate for seed in range(1, args.seeds + 1)}
         for tag, extra in v.tests.items():
             inference_only(trained, load_config(config, [*args.overrides, *v.overrides, *extra]), f"{v.label}+{tag}")
     from utils.io import ensure_dir
@@ -758,7 +786,8 @@ def main() -> int:
 
     atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
     print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
-    run_commands(todo, devices, jobs=args.jobs)
+    run_commands(todo, devices, jobs=args.jobs, progress=Progress([label for label, _, _ in todo], args.steps,
+                                                                  accumulate))
     if args.train_only:
         print(f"study {name}: every run trained to the budget (--train-only: not scored)")
         return 0
@@ -807,6 +836,7 @@ def main() -> int:
                   flush=True)
     from bench.study_report import aggregate, write_report
 
+    print(f"study {name}: statistics and report", flush=True)
     results = aggregate(jobs, runs, corpus, splits, baseline, args.checkpoint, args.bootstrap,
                         args.attention_sentences, args.max_sentences, family, list(decoders), steps)
     write_report(study, spec, results)

@@ -1,10 +1,15 @@
 """What a study reads from and writes to its runs: test.py's score files, cached attention statistics and the
 validation curve, each through the run's :class:`utils.run.layout.RunDir`. Shared by bench/study.py (which scores)
-and bench/study_report.py / bench/pilot_rule.py (which read), so neither imports the other."""
+and bench/study_report.py / bench/pilot_rule.py (which read), so neither imports the other. Also the study's
+progress on the terminal (``Progress``), read from the logs its commands write."""
 
 from __future__ import annotations
 
 import json
+import re
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +92,135 @@ def valid_curve(run: Path) -> list[tuple[int, float]]:
         return []
     accumulate = run_cfg(run).train.accumulate  # TensorBoard steps are iterations; the budget counts updates
     return [(step // accumulate, value) for step, value in curve]
+
+
+# ---------------------------------------------------------------------------------------------- progress
+
+# train.py's validation log line (utils/training/loop.py): its step is the trainer's iteration.
+_VALID_LINE = re.compile(r"epoch \d+ step (\d+) \| valid loss .*? BLEU (-?[\d.]+|nan) chrF")
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``4m12s``, ``1h02m``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+@dataclass
+class _Running:
+    index: int
+    name: str  # "rope seed 2"
+    action: str  # "" for a training, "beam 5 1" (and a test variant's tag) for a scoring
+    log: Path
+    offset: int  # where this command's output starts in its (appended) log
+    started: float
+    done: float = 0.0  # fraction of the budget trained, from its last validation
+
+
+class Progress:
+    """What a study's commands do, on the terminal: one line per command started, per validation of a training
+    (its step and validation BLEU, read from the log the command appends to) and per command finished, on standard
+    output; with standard error a terminal, also an overall bar there (tqdm), which the lines scroll above.
+
+    Commands are named by their labels: ``train <variant> seed <k>`` or ``test <variant> seed <k> beam ...``.
+    ``steps``: the study's budget in optimizer steps (None: a token budget); ``accumulate``: iterations per
+    optimizer step of each ``<variant> seed <k>``, where not 1."""
+
+    def __init__(self, labels: list[str], steps: int | None = None, accumulate: dict[str, int] | None = None,
+                 bar: bool | None = None) -> None:
+        self.total = len(labels)
+        self.index = {label: i for i, label in enumerate(labels, 1)}
+        self.steps, self.accumulate = steps, accumulate or {}
+        self.running: dict[str, _Running] = {}
+        self.finished = 0
+        self.bar = None
+        if (sys.stderr.isatty() if bar is None else bar) and labels:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # a bare environment: the lines alone
+                tqdm = None
+            if tqdm is not None:
+                desc = f"training {self.total} runs" if labels[0].startswith("train ") else \
+                    f"scoring: {self.total} commands"
+                self.bar = tqdm(total=self.total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
+
+    def say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+            sys.stdout.flush()
+        else:
+            print(line, flush=True)
+
+    @staticmethod
+    def _parts(label: str) -> tuple[str, str]:
+        """(``<variant> seed <k>``, what is done to it) of a command's label."""
+        what, _, rest = label.partition(" ")
+        if what == "test":
+            name, sep, beams = rest.partition(" beam ")
+            return name, f"beam {beams}" if sep else "scoring"
+        return rest, ""
+
+    def started(self, label: str, log: Path, resumed: bool = False) -> None:
+        name, action = self._parts(label)
+        offset = log.stat().st_size if log.is_file() else 0
+        run = _Running(self.index.get(label, 0), name, action, log, offset, time.monotonic())
+        self.running[label] = run
+        what = f"scoring ({action}) started" if action else "started" + (" (resuming its last checkpoint)"
+                                                                          if resumed else "")
+        self.say(f"[{run.index}/{self.total}] {name}: {what}")
+
+    def poll(self) -> None:
+        """Report the validations the running trainings logged since the last call."""
+        for run in self.running.values():
+            if not run.action:
+                self._read(run)
+        self._draw()
+
+    def ended(self, label: str, ok: bool = True) -> None:
+        run = self.running.pop(label, None)
+        if run is None:
+            return
+        if not run.action:
+            self._read(run)
+        took = duration(time.monotonic() - run.started)
+        if ok:
+            self.finished += 1
+            self.say(f"[{run.index}/{self.total}] {run.name}: " + (f"scored ({run.action}) in {took}" if run.action
+                                                                    else f"finished in {took}"))
+        else:
+            self.say(f"[{run.index}/{self.total}] {run.name}: failed after {took}")
+        self._draw()
+
+    def _read(self, run: _Running) -> None:
+        try:
+            with open(run.log, "rb") as f:
+                f.seek(run.offset)
+                chunk = f.read()
+        except OSError:
+            return
+        end = chunk.rfind(b"\n") + 1  # whole lines only: the rest is read once it is complete
+        run.offset += end
+        for line in chunk[:end].decode("utf-8", "replace").splitlines():
+            m = _VALID_LINE.search(line)
+            if m is None:
+                continue
+            step = int(m.group(1)) // self.accumulate.get(run.name, 1)
+            if self.steps:
+                run.done = min(1.0, step / self.steps)
+            total = f"/{self.steps}" if self.steps else ""
+            self.say(f"[{run.index}/{self.total}] {run.name}: step {step}{total} valid BLEU {float(m.group(2)):.1f}")
+
+    def _draw(self) -> None:
+        if self.bar is not None:
+            self.bar.n = self.finished + sum(r.done for r in self.running.values())
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -176,11 +176,78 @@ def _hub_cached_archive() -> Path | None:
         return None
 
 
+#: Seconds the reachability check of the Hub may take before the Hub counts as unreachable.
+HUB_CHECK_TIMEOUT_S = 5.0
+
+
+def hub_endpoint() -> str:
+    """The Hub's base URL: ``HF_ENDPOINT`` as set now, else huggingface_hub's default."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def hub_unreachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> str | None:
+    """None if the Hub endpoint answers one HEAD request (any HTTP status) within ``timeout`` seconds, else why
+    not, in a few words. One try, no retries: huggingface_hub's own client retries a dead connection for about
+    half a minute, logging each try. The request runs in a thread so that a hanging DNS lookup is bounded too."""
+    import threading
+
+    from huggingface_hub.utils import get_session
+
+    endpoint = hub_endpoint()
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            get_session().head(endpoint, timeout=timeout)
+            outcome.append(None)
+        except Exception as e:  # any failure to get an HTTP answer: DNS, refused, timeout, proxy, TLS
+            outcome.append(f"{endpoint} unreachable: {_error_words(e)}")
+
+    thread = threading.Thread(target=probe, name="hub-check", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return outcome[0] if outcome else f"{endpoint} unreachable: no answer within {timeout:g} s"
+
+
+def _error_words(e: BaseException) -> str:
+    """A network error in a few words: the operating system's (``Connection refused``) where the chain has one."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        seen = seen.__cause__ or seen.__context__
+    first = str(e).strip().splitlines()
+    return first[0] if first else type(e).__name__
+
+
+def check_hub(cfg: DataConfig) -> None:
+    """For ``data.source=iwslt2017``: DataError, one line, within seconds, when the archive is neither cached nor
+    downloadable now (what ``load_corpus`` would find out later). Other sources: nothing to check."""
+    if cfg.source != "iwslt2017" or _hub_cached_archive() is not None:
+        return
+    if hub_offline():
+        raise DataError(hub_unavailable_message("offline"))
+    if (reason := hub_unreachable()) is not None:
+        raise DataError(hub_unavailable_message(reason))
+
+
 def download_iwslt2017() -> Path:
-    """Local path of ``fr-en.zip`` from the Hub (a cached copy is used offline); DataError if unavailable."""
+    """Local path of ``fr-en.zip`` from the Hub; DataError, one line, if it cannot be had.
+
+    ``HF_HUB_OFFLINE=1``: the cached copy only. Otherwise one quick check that the Hub answers comes first
+    (``hub_unreachable``): without it, the cached copy if there is one, else the error, in a few seconds.
+    """
     from huggingface_hub import hf_hub_download
 
     offline = hub_offline()
+    if not offline and (reason := hub_unreachable()) is not None:
+        cached = _hub_cached_archive()
+        if cached is None:
+            raise DataError(hub_unavailable_message(reason))
+        logger.info("%s; using the cached copy %s", reason, cached)
+        return cached
     try:
         path = hf_hub_download(repo_id=HUB_REPO_ID, repo_type="dataset", filename=HUB_FILENAME,
                                revision=HUB_REVISION, local_files_only=offline)

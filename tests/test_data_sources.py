@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import gzip
 import html
+import http.server
 import os
 import re
 import shutil
+import socket
 import tarfile
+import threading
+import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
 import pytest
 
-from data.sources import DEMO_DIR, DataError, corpus_fingerprint, load_corpus
+from data.sources import DEMO_DIR, DataError, corpus_fingerprint, hub_unreachable, load_corpus
 from data.wit3 import load_wit3, parse_train_tags, parse_xml
 from utils.config import DataConfig
 
@@ -184,20 +189,94 @@ def test_iwslt2017_offline_error(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "offline" in msg and "data.source=wit3" in msg and "data.source=text" in msg
 
 
-def test_iwslt2017_unreachable_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def local_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``HF_ENDPOINT`` pointed at an HTTP server on 127.0.0.1 that answers every request with 200 (no traffic
+    leaves the machine); HF_HUB_OFFLINE unset."""
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield url
+    server.shutdown()
+    server.server_close()
+
+
+def _closed_port() -> int:
+    """A port of 127.0.0.1 nothing listens on (connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_hub_check_answers_fast_for_a_refusing_a_silent_and_a_live_endpoint(
+        local_hub: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert hub_unreachable(timeout=2) is None  # the live local server answers
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    t0 = time.monotonic()
+    refused = hub_unreachable(timeout=2)
+    assert refused is not None and "unreachable" in refused and "refused" in refused.lower()
+    assert time.monotonic() - t0 < 1.5  # one try, no retries
+    with socket.socket() as silent:  # accepts connections (backlog) but never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        t0 = time.monotonic()
+        reason = hub_unreachable(timeout=0.5)
+        elapsed = time.monotonic() - t0
+    assert reason is not None and "unreachable" in reason
+    assert elapsed < 1.5, elapsed  # bounded by the timeout, not by the Hub client's retries
+
+
+def test_iwslt2017_unreachable_hub_uses_the_cached_archive(wit3: dict[str, Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF_HUB_OFFLINE unset, the Hub refusing connections, the archive in the local Hugging Face cache: the cached
+    copy is read at once; without it, the one-line error."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub_cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(DataError, match=r"^cannot download IWSLT2017 .*127\.0\.0\.1.* unreachable.*data\.source=wit3"):
+        load_corpus(DataConfig(source="iwslt2017"))
+    repo = cache / "datasets--IWSLT--iwslt2017"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    archive = repo / "snapshots" / commit / "data/2017-01-trnted/texts/fr/en/fr-en.zip"
+    archive.parent.mkdir(parents=True)
+    shutil.copy(wit3["zip"], archive)
+    t0 = time.monotonic()
+    dd = load_corpus(DataConfig(source="iwslt2017"))
+    assert time.monotonic() - t0 < 15  # no retries first (they wait 23 s in all)
+    assert _as_dict(dd) == _as_dict(load_wit3(wit3["zip"]))
+
+
+def test_iwslt2017_unreachable_hub(local_hub: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     def fail(**kwargs: object) -> str:
         raise LocalEntryNotFoundError("connection error")
 
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
     with pytest.raises(DataError, match=r"^cannot download IWSLT2017 .*unreachable.*data\.source=wit3"):
         load_corpus(DataConfig(source="iwslt2017"))
 
 
-def test_iwslt2017_hub_archive(wit3: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_iwslt2017_hub_archive(wit3: dict[str, Path], local_hub: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub
 
     calls = []
@@ -206,7 +285,6 @@ def test_iwslt2017_hub_archive(wit3: dict[str, Path], monkeypatch: pytest.Monkey
         calls.append(kwargs)
         return str(wit3["zip"])
 
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     dd = load_corpus(DataConfig(source="iwslt2017"))
     assert len(calls) == 1

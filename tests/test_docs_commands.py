@@ -19,6 +19,8 @@ from pathlib import Path
 import yaml
 from conftest import ROOT
 
+from utils.run.layout import RunDir
+
 TINY = ("model.d_model=32", "model.d_ff=64", "model.n_heads=2", "model.encoder_layers=1", "model.decoder_layers=1",
         "tokenizer.vocab_size=400", "train.valid_bleu_sentences=4", "train.log_attention_every=0",
         "train.eval_every=210")
@@ -89,7 +91,7 @@ def test_the_documentations_demo_commands_run_as_written(tmp_path: Path) -> None
     nbest = [line.split("\t") for line in (project / "hyp.nbest").read_text(encoding="utf-8").splitlines()]
     assert len(nbest) == 40 * 3 and [int(n[0]) for n in nbest] == [i for i in range(40) for _ in range(3)]
     assert all(len(n) == 3 and float(n[1]) <= 0 for n in nbest)  # INDEX <TAB> SCORE <TAB> TRANSLATION
-    latest = (runs / "demo_latest").resolve()
+    latest = RunDir(runs / "demo_latest").root.resolve()  # the link, through runs/.latest/<run>
     assert len(list(runs.glob("demo_2*"))) == 2 and latest == max(runs.glob("demo_2*"))
     (averaged,) = (latest / "checkpoints").glob("average5_step_*.pt")  # the last 5 of the run's periodic ones
     assert (latest / "eval" / f"test.{averaged.stem}.beam5.json").is_file()

@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from utils.config import Config, ConfigError
-from utils.run.store import check_runs_root, create_run_dir, discard_if_untrained, latest_link, point_latest
+from utils.run.layout import RunDir
+from utils.run.load import resolve_checkpoint
+from utils.run.store import (
+    check_runs_root,
+    create_run_dir,
+    discard_if_untrained,
+    latest_link,
+    make_view,
+    point_latest,
+)
 
 
 def test_runs_started_at_the_same_moment_get_their_own_directories(tmp_path: Path,
@@ -47,8 +56,43 @@ def test_latest_moves_atomically_under_concurrent_updates(tmp_path: Path) -> Non
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: point_latest(runs[i % 2]), range(200)))
     link = latest_link(runs[0])
-    assert link.is_symlink() and link.resolve() in {r.resolve() for r in runs}
+    assert link.is_symlink() and RunDir(link).root.resolve() in {r.resolve() for r in runs}
     assert not list((tmp_path / "runs").glob(".*tmp"))  # no temporary links left behind
+
+
+def test_tensorboard_finds_each_run_once_through_the_latest_link(tmp_path: Path) -> None:
+    """``tensorboard --logdir runs`` follows links: ``<name>_latest`` must not show a run a second time, while the
+    paths users give through it (``--model_path runs/demo_latest``, ``runs/demo_latest/checkpoints/best.pt``,
+    ``--resume``) reach the run."""
+    from tensorboard.backend.event_processing import io_wrapper
+
+    root = tmp_path / "runs"
+    old, new = (create_run_dir(Config(name="demo"), root) for _ in range(2))
+    for run in (old, new):
+        (run / "tb").mkdir()
+        (run / "tb" / "events.out.tfevents.1.host.1.0").write_bytes(b"")
+        (run / "checkpoints" / "best.pt").write_bytes(run.name.encode())
+        point_latest(run)
+    latest = root / "demo_latest"
+    found = sorted(Path(d).relative_to(root).as_posix() for d in io_wrapper.GetLogdirSubdirectories(str(root)))
+    assert found == sorted([f"{old.name}/tb", f"{new.name}/tb"])  # each run once, none under demo_latest/
+    assert (latest / "checkpoints" / "best.pt").read_bytes() == new.name.encode()
+    assert (latest / "config.yaml").read_text() == (new / "config.yaml").read_text()
+    assert RunDir(latest).root.resolve() == new.resolve() and RunDir(latest).tb == RunDir(new).tb
+    assert resolve_checkpoint(latest) == (new.resolve(), (new / "checkpoints" / "best.pt").resolve())
+    # Results written later (test scores, figures) are seen through the link; the summary once training ends.
+    (new / "eval" / "test.best.beam5.json").write_text("{}")
+    assert (latest / "eval" / "test.best.beam5.json").read_text() == "{}" and (latest / "visualize").is_dir()
+    RunDir(new).write_summary({"steps": 1})
+    assert not (latest / "summary.json").exists()
+    make_view(new, create=False)
+    assert (latest / "summary.json").read_text() == (new / "summary.json").read_text()
+    assert make_view(root / "demo_19990101_000000", create=False) is None  # not made where there is none
+    # The views are in runs/.latest/, not in the run folders: a run copied or zipped holds no link, and no view
+    # holds a link to nothing.
+    assert not [p for p in new.rglob("*") if p.is_symlink()]
+    views = [p for p in (root / ".latest").rglob("*") if p.is_symlink()]
+    assert views and all(p.exists() for p in views)
 
 
 def test_untrained_run_is_discarded_and_a_trained_one_kept(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_run_directory_holds_everything_to_reload(tmp_path: Path, tiny_config, c
     progress = [m.split(" | ")[0] for m in messages if "| loss" in m and "target tokens/s" in m]
     assert progress == ["epoch 1 step 2", "epoch 1 step 4", "epoch 1 step 6"]
     assert {"loss", "ppl", "accuracy", "bleu", "chrf"} <= set(metrics)
-    assert (tmp_path / "runs" / "tiny_latest").resolve() == run.resolve()
+    assert RunDir(tmp_path / "runs" / "tiny_latest").root.resolve() == run.resolve()  # via runs/.latest/<run>
     for path in ("config.yaml", "tokenizer/meta.json", "checkpoints/best.pt", "checkpoints/last.pt", "train.log"):
         assert (run / path).is_file() or path == "train.log", path
     assert list((run / "tb").glob("events.out.tfevents.*"))
@@ -330,7 +330,7 @@ def test_a_failed_start_leaves_no_run_directory_and_keeps_latest(tmp_path: Path,
     ok = subprocess.run([sys.executable, "train.py", "--config", str(config), "--runs", str(runs)], cwd=ROOT,
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
-    good = (runs / "tiny_latest").resolve()
+    good = RunDir(runs / "tiny_latest").root.resolve()
     assert (good / "checkpoints" / "last.pt").is_file()
     log = (good / "train.log").read_text()
     assert "tokenizer: bpe" in log and "run directory:" in log  # lines logged before the directory existed
@@ -348,8 +348,8 @@ def test_a_failed_start_leaves_no_run_directory_and_keeps_latest(tmp_path: Path,
         assert "Traceback" not in res.stderr and res.stderr.strip().splitlines()[-1].startswith("error: "), sets
         if "cache" in sets[0]:
             assert "data.cache_dir" in res.stderr and "training stopped before its first checkpoint" in res.stderr
-        assert sorted(p.name for p in runs.iterdir()) == sorted([good.name, "tiny_latest"]), sets
-        assert (runs / "tiny_latest").resolve() == good
+        assert sorted(p.name for p in runs.iterdir()) == sorted([good.name, "tiny_latest", ".latest"]), sets
+        assert RunDir(runs / "tiny_latest").root.resolve() == good
 
 
 KILL_CHILD = """

@@ -13,7 +13,11 @@ Layout of ``runs/<name>_<YYYYmmdd_HHMMSS>[_n]/``::
     summary.json       the same summary, written at the end of training (runs before it have only the log line)
     train.lock         locked (flock) while a process trains in the run
 
-``runs/<name>_latest`` links to the newest run of that config that has a checkpoint.
+``runs/<name>_latest`` links to the newest run of that name that has a checkpoint, through its view
+``runs/.latest/<run>/``: a folder of links to the run's files and folders except ``tb/`` (``checkpoints ->
+../../<run>/checkpoints``...). Paths through the link reach the run (``runs/demo_latest/checkpoints/best.pt``), while
+TensorBoard, which follows links, finds each run's event files once (``tensorboard --logdir runs``); a run folder
+itself holds no link (copied or zipped, it is the run once). ``RunDir`` of the link or of a view is the run itself.
 
 Light on purpose (no torch): scripts, utils and bench import it; models/, data/ and tokenizer/ do not.
 """
@@ -43,6 +47,41 @@ def read_summary(log_text: str) -> dict[str, Any]:
     raise ValueError("the training log has no closing summary line (did training stop early?)")
 
 
+VIEWS = ".latest"  # <runs>/.latest/<run>/: the run's files without tb/, where <name>_latest points
+#: Longest run name (bytes): ``<name>_<YYYYmmdd_HHMMSS>_<n>`` must fit a file name (255 bytes).
+MAX_NAME_BYTES = 200
+
+
+def check_run_name(name: str) -> str:
+    """``name`` if it can name run directories ``<runs>/<name>_<date>_<time>/`` and the link ``<name>_latest``
+    inside the runs folder; ConfigError, one line, for an empty name, one with ``/`` or ``\\``, one starting with
+    ``.`` or holding ``..``, control characters, or longer than ``MAX_NAME_BYTES`` bytes."""
+    from utils.schema import ConfigError
+
+    why = None
+    if not name.strip():
+        why = "it is empty"
+    elif "/" in name or "\\" in name:
+        why = "it holds a path separator (/ or \\); a run name is one folder name inside --runs"
+    elif name.startswith(".") or ".." in name:
+        why = "it starts with '.' or holds '..'"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):
+        why = "it holds a control character"
+    elif len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        why = f"it is longer than {MAX_NAME_BYTES} bytes"
+    if why:
+        raise ConfigError(f"run name {name!r}: {why} (use letters, digits, '_', '-' and '.')")
+    return name
+
+
+def run_root(path: Path | str) -> Path:
+    """The run directory ``path`` names: the run itself for a ``<name>_latest`` link or a run's view
+    (``<runs>/.latest/<run>``); any other path unchanged (not resolved)."""
+    path = Path(path)
+    real = path.resolve() if path.is_symlink() else path
+    return real.parent.parent / real.name if real.parent.name == VIEWS else path
+
+
 def latest_link_path(runs_root: Path | str, name: str) -> Path:
     """``<runs_root>/<name>_latest``: the link to the newest run of config ``name``."""
     return Path(runs_root) / f"{name}_latest"
@@ -55,12 +94,13 @@ def eval_stem(checkpoint: str, beam: int, tag: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class RunDir:
-    """The paths of one run directory (nothing is created or checked on construction)."""
+    """The paths of one run directory (nothing is created on construction). ``root`` given as a ``<name>_latest``
+    link or a run's view is the run directory itself (``run_root``), so what is written lands in the run."""
 
     root: Path
 
     def __init__(self, root: Path | str) -> None:
-        object.__setattr__(self, "root", Path(root))
+        object.__setattr__(self, "root", run_root(root))
 
     @property
     def config(self) -> Path:
@@ -167,6 +207,16 @@ class RunDir:
     def attention_stats(self, checkpoint: str, sentences: int) -> Path:
         """``eval/attention_stats.<checkpoint>.n<sentences>.json`` (bench/study.py)."""
         return self.eval_dir / f"attention_stats.{checkpoint}.n{sentences}.json"
+
+    @property
+    def view(self) -> Path:
+        """``<runs>/.latest/<run>/``: links to the run's files except ``tb/``, where ``<name>_latest`` points."""
+        return self.root.parent / VIEWS / self.root.name
+
+    def view_entries(self) -> tuple[list[Path], list[Path]]:
+        """(folders, files) the view links to: everything of the run but ``tb/`` and ``train.lock``."""
+        return ([self.tokenizer, self.checkpoints, self.eval_dir, self.figures, self.profile],
+                [self.config, self.log, self.summary_json])
 
     def latest_link(self, name: str) -> Path:
         """``<name>_latest`` next to this run (``name``: the config's name)."""

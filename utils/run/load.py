@@ -29,7 +29,7 @@ def resolve_checkpoint(model_path: Path | str) -> tuple[Path, Path]:
     """A checkpoint file or a run directory -> (run_dir, checkpoint). A run dir means its best.pt (else last.pt)."""
     path = Path(model_path)
     if path.is_dir():
-        run = path.resolve()
+        run = RunDir(path).root.resolve()  # a <name>_latest link: the run it points at
         rd = RunDir(run)
         for ckpt in (rd.best, rd.last):
             if ckpt.is_file():

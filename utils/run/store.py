@@ -1,4 +1,5 @@
-"""Run directories: create one per training run, lock it while it trains, point ``<name>_latest`` at it.
+"""Run directories: create one per training run, lock it while it trains, point ``<name>_latest`` at it (through
+its view ``<runs>/.latest/<run>/``, see ``utils.run.layout``).
 
 The layout of a run directory (which file is where) is ``utils.run.layout.RunDir``; a start that fails leaves no run
 directory behind, and ``runs/<name>_latest`` moves to a run once it has a checkpoint.
@@ -6,6 +7,7 @@ directory behind, and ``runs/<name>_latest`` moves to a run once it has a checkp
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
@@ -16,7 +18,7 @@ from pathlib import Path
 import torch
 
 from utils.config import Config, ConfigError, load_config, save_config
-from utils.run.layout import RunDir
+from utils.run.layout import RunDir, check_run_name
 
 _held_locks: dict[Path, int] = {}  # run directory -> descriptor of its lock file, held by this process
 
@@ -94,6 +96,7 @@ def create_run_dir(cfg: Config, root: Path | str = "runs", lock: bool = False) -
     moment gets its own folder (``_2``, ``_3``... suffixes; ``mkdir`` decides). ``<name>_latest`` is not
     touched here: it moves to a run once that run has a checkpoint (``point_latest``). ``lock``: this process
     will train in it, and holds its lock (``lock_run``) from the start."""
+    check_run_name(cfg.name)
     root = check_runs_root(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -119,12 +122,37 @@ def latest_link(run_dir: Path) -> Path:
     return RunDir(run_dir).latest_link(load_config(RunDir(run_dir).config).name)
 
 
+def make_view(run_dir: Path, create: bool = True) -> Path | None:
+    """The run's view ``<runs>/.latest/<run>/`` (``RunDir.view``): a relative link to each of its folders and files
+    but ``tb/``, made where missing. Folders the run has not written yet (``eval/``, ``visualize/``) are made
+    first, so that results written later are seen through the view; a file the run does not have yet (``summary.json``
+    before training ends) gets its link on a later call. ``create=False``: only a view that exists is completed
+    (None otherwise). Never a link to nothing; safe to call concurrently."""
+    rd = RunDir(run_dir)
+    if not create and not rd.view.is_dir():
+        return None
+    folders, files = rd.view_entries()
+    rd.view.mkdir(parents=True, exist_ok=True)
+    for entry in folders + files:
+        if entry in folders and entry != rd.profile:
+            entry.mkdir(exist_ok=True)
+        link = rd.view / entry.name
+        if entry.exists() and not link.is_symlink():
+            with contextlib.suppress(FileExistsError):
+                link.symlink_to(Path("..") / ".." / rd.root.name / entry.name)
+    return rd.view
+
+
 def point_latest(run_dir: Path) -> None:
-    """Point ``<name>_latest`` at ``run_dir`` atomically (a uniquely named link renamed over it)."""
+    """Point ``<name>_latest`` at ``run_dir``'s view (``make_view``) atomically (a uniquely named link renamed over
+    it): paths through the link reach the run's files, and TensorBoard, walking the runs folder, does not find the
+    run's event files a second time through it."""
     run_dir = Path(run_dir)
     link = latest_link(run_dir)
+    view = make_view(run_dir)
+    assert view is not None
     tmp = link.parent / f".{link.name}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    tmp.symlink_to(run_dir.name)
+    tmp.symlink_to(view.relative_to(run_dir.parent))
     try:
         os.replace(tmp, link)
     finally:

@@ -41,7 +41,7 @@ from utils.config import Config
 from utils.host import keep_freed_memory, limit_kernel_caches
 from utils.run.checkpoint import CheckpointError, load_checkpoint, model_fingerprint
 from utils.run.layout import BEST, LAST, PERIODIC_PREFIX, SUMMARY_MARK, RunDir
-from utils.run.store import lock_run, point_latest, unlock_run
+from utils.run.store import lock_run, make_view, point_latest, unlock_run
 from utils.training.evaluation import create_evaluator, token_loss
 from utils.training.guards import NonFiniteGuard, StopRequest, finished_reason
 from utils.training.profile import StepProfiler
@@ -393,6 +393,7 @@ class Recipe:
                  train_s, summary["target_tokens_per_s"], totals.eval_s, summary["peak_rss_mb"], json.dumps(summary))
         if self.rank == 0:  # the same summary for the benchmarks, without parsing the log
             self.rd.write_summary(summary)
+            make_view(self.run_dir, create=False)  # <name>_latest shows summary.json (and profile/) too
         return summary
 
     def run(self, before_training: Callable[[], None] | None = None) -> dict[str, float]:

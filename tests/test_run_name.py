@@ -1,0 +1,85 @@
+"""``train.py --name NAME``: the run folder ``runs/NAME_<stamp>/`` and the link ``runs/NAME_latest``; bad names
+refused in one line; the link used as a run (``--model_path``, ``--resume``, paths through it) while TensorBoard,
+walking the runs folder, finds each run's event folder once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, TINY_CLI
+
+from utils.config import ConfigError
+from utils.run.layout import RunDir, check_run_name
+
+
+def _train(tmp_path: Path, *args: str, sets: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``train.py`` on the demo config shrunk to seconds (``TINY_CLI``), runs under ``tmp_path/runs``."""
+    overrides = [a for s in [*TINY_CLI, f"data.cache_dir={tmp_path / 'cache'}", *sets] for a in ("--set", s)]
+    return subprocess.run([sys.executable, "train.py", "--runs", str(tmp_path / "runs"), *args, *overrides],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _tensorboard_runs(logdir: Path) -> list[str]:
+    """The run folders TensorBoard lists for ``--logdir logdir`` (its own walker, as its multiplexer calls it),
+    relative to ``logdir``, sorted."""
+    from tensorboard.backend.event_processing import io_wrapper
+
+    return sorted(str(Path(d).relative_to(logdir)) for d in io_wrapper.GetLogdirSubdirectories(str(logdir)))
+
+
+@pytest.mark.parametrize("name", ["my-run", "rope.seed2", "abl_A+B", "été"])
+def test_good_names_pass(name: str) -> None:
+    assert check_run_name(name) == name
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("", "empty"), ("   ", "empty"), ("a/b", "separator"), ("..", "'..'"), ("../up", "separator"),
+    ("a..b", "'..'"), (".hidden", "'.'"), ("a\\b", "separator"), ("tab\there", "control"), ("x" * 201, "longer"),
+])
+def test_bad_names_are_refused_in_one_line(name: str, why: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_run_name(name)
+    assert why in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["../escaped", ""])
+def test_train_refuses_a_bad_name_before_anything_is_written(tmp_path: Path, name: str) -> None:
+    res = _train(tmp_path, "--config", "configs/demo.yaml", "--name", name)
+    assert res.returncode == 2
+    assert res.stderr.startswith(f"error: run name {name!r}: ") and len(res.stderr.splitlines()) == 1, res.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "escaped_latest").exists()
+
+
+def test_a_named_run_its_latest_link_and_tensorboard_seeing_it_once(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    res = _train(tmp_path, "--config", "configs/demo.yaml", "--name", "my-run")
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = runs.glob("my-run_2*")  # runs/NAME_<YYYYmmdd_HHMMSS>
+    assert run.is_dir() and not run.is_symlink() and not list(runs.glob("demo_*"))
+    assert yaml.safe_load((run / "config.yaml").read_text())["name"] == "my-run"
+    latest = runs / "my-run_latest"
+    assert latest.is_symlink() and RunDir(latest).root.resolve() == run.resolve()
+    # The documented paths through the link reach the run's files.
+    assert (latest / "checkpoints" / "best.pt").resolve() == (run / "checkpoints" / "best.pt").resolve()
+    assert (latest / "config.yaml").read_text() == (run / "config.yaml").read_text()
+    assert not (latest / "tb").exists() and (run / "tb").is_dir()
+    # TensorBoard's walker (the one `tensorboard --logdir runs` uses) finds the run's event folder once.
+    assert _tensorboard_runs(runs) == [f"{run.name}/tb"]
+
+    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(latest), "--src_text", "Bonjour.",
+                          "--beam", "1", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.startswith("source: Bonjour."), res.stderr[-2000:]
+
+    res = _train(tmp_path, "--resume", str(latest), "--name", "other")
+    assert res.returncode == 2 and "--name names a new run" in res.stderr
+    res = _train(tmp_path, "--resume", str(latest), sets=("train.max_steps=4",))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"run directory: {run.resolve()}" in res.stdout  # resumed in the run itself, not in the link's folder
+    assert RunDir(run).summary()["run_steps"] == 4 and RunDir(run).summary()["resumed_from_step"] == 3
+    assert sorted(p.name for p in runs.iterdir()) == sorted([run.name, "my-run_latest", ".latest"])
+    assert (latest / "summary.json").is_file()  # linked once training ended
+    assert _tensorboard_runs(runs) == [f"{run.name}/tb"]
