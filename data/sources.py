@@ -190,17 +190,21 @@ def hub_endpoint() -> str:
 def hub_unreachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> str | None:
     """None if the Hub endpoint answers one HEAD request (any HTTP status) within ``timeout`` seconds, else why
     not, in a few words. One try, no retries: huggingface_hub's own client retries a dead connection for about
-    half a minute, logging each try. The request runs in a thread so that a hanging DNS lookup is bounded too."""
+    half a minute, logging each try. Plain ``urllib`` (the environment's proxies apply), not huggingface_hub's
+    session, which refuses every request once ``HF_HUB_OFFLINE`` was set when it was imported. The request runs in
+    a thread so that a hanging DNS lookup is bounded too."""
     import threading
-
-    from huggingface_hub.utils import get_session
+    import urllib.error
+    import urllib.request
 
     endpoint = hub_endpoint()
     outcome: list[str | None] = []
 
     def probe() -> None:
         try:
-            get_session().head(endpoint, timeout=timeout)
+            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+            outcome.append(None)
+        except urllib.error.HTTPError:  # an answer, whatever its status: the Hub is reachable
             outcome.append(None)
         except Exception as e:  # any failure to get an HTTP answer: DNS, refused, timeout, proxy, TLS
             outcome.append(f"{endpoint} unreachable: {_error_words(e)}")
@@ -213,10 +217,15 @@ def hub_unreachable(timeout: float = HUB_CHECK_TIMEOUT_S) -> str | None:
 
 def _error_words(e: BaseException) -> str:
     """A network error in a few words: the operating system's (``Connection refused``) where the chain has one."""
+    import urllib.error
+
     seen: BaseException | None = e
     while seen is not None:
         if isinstance(seen, OSError) and seen.strerror:
             return seen.strerror
+        if isinstance(seen, urllib.error.URLError) and isinstance(seen.reason, BaseException):
+            seen = seen.reason
+            continue
         seen = seen.__cause__ or seen.__context__
     first = str(e).strip().splitlines()
     return first[0] if first else type(e).__name__

@@ -57,7 +57,7 @@ def test_torchrun_train_writes_one_run_from_rank_zero(tmp_path: Path) -> None:
     # One validation batch for two ranks: each rank must still evaluate (none may be left without data).
     config = write_config(tmp_path, valid_max_tokens=4000, max_steps=3, eval_every=3, valid_bleu_sentences=5)
     res = run([*TORCHRUN, "train.py", "--config", str(config), "--runs", str(tmp_path / "runs")])
-    runs = [p for p in (tmp_path / "runs").iterdir() if not p.is_symlink()]
+    runs = [p for p in (tmp_path / "runs").iterdir() if not p.is_symlink() and not p.name.startswith(".")]
     assert len(runs) == 1, runs  # rank 1 used rank 0's directory
     run_dir = runs[0]
     assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file()

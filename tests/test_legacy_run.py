@@ -81,9 +81,29 @@ def test_translates_and_exports(run: Path, tmp_path: Path) -> None:
     assert text(ct2_out) == text(torch_out)
 
 
+#: The kind of CPU that recorded the legacy weights: floating-point kernels (oneDNN's AVX-512, AMX, ...) differ between
+#: kinds, so a CPU run repeats bit for bit only on a CPU of the same kind.
+RECORDED_ON = {"vendor": "AuthenticAMD", "amx_bf16": False, "avx512_bf16": True}
+
+
+def cpu_kind() -> dict[str, object]:
+    """This machine's CPU vendor and the instruction sets that change which kernels PyTorch runs."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    vendor = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("vendor_id")), "")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    return {"vendor": vendor, "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
+
+
+def validation_lines(log: Path) -> list[str]:
+    """The validation results a train.log records (loss, perplexity, accuracy, BLEU, chrF, the sample), no times."""
+    return [line.split(" ", 1)[1] for line in log.read_text(encoding="utf-8").splitlines() if "| valid loss" in line]
+
+
 def test_trains_the_same_weights_as_then(tmp_path: Path) -> None:
-    """The legacy run's config trained again from scratch today: the same weights, bit for bit (CPU, one thread),
-    with the loss computed as then (``train.fused_loss=false``: the fused loss sums in another order)."""
+    """The legacy run's config trained again from scratch today (CPU, one thread, the loss computed as then:
+    ``train.fused_loss=false``, since the fused loss sums in another order). On a CPU of the kind that recorded it:
+    the same weights, bit for bit. On another kind, whose kernels round differently: the same validation results
+    at every evaluation as then, and weights within a small distance of then's."""
     import torch
     import yaml
 
@@ -97,7 +117,13 @@ def test_trains_the_same_weights_as_then(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "train.py", "--config", str(tmp_path / "legacy.yaml"), "--runs",
                            str(tmp_path / "runs")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    today = load_checkpoint(tmp_path / "runs" / "legacy_latest" / "checkpoints" / "last.pt")["model"]
+    run = next(p for p in (tmp_path / "runs").iterdir() if p.name.startswith("legacy_2"))
+    today = load_checkpoint(run / "checkpoints" / "last.pt")["model"]
     then = load_checkpoint(LEGACY / "checkpoints" / "last.pt")["model"]
     assert today.keys() == then.keys()
-    assert all(torch.equal(today[k], then[k]) for k in then)
+    if cpu_kind() == RECORDED_ON:
+        assert all(torch.equal(today[k], then[k]) for k in then)
+    else:
+        then_lines = validation_lines(LEGACY / "train.log")
+        assert len(then_lines) == 2 and validation_lines(run / "train.log") == then_lines
+        assert max((today[k] - then[k]).abs().max().item() for k in then) < 0.05

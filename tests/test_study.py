@@ -346,7 +346,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert (root / "study.json").read_text() == spec
 
     # bench/study_replay.py: do retrained runs repeat a published study? Study t against its own published folder
-    # is identical; a changed published value is a difference (exit 1). (The real check: README, the extrapolation
+    # is identical; a changed published value is a difference (exit 1). (The real check: the extrapolation
     # study's runs trained again on a new machine; a seed repeating a CPU run: tests/test_training.py.)
     published = tmp_path / "published"
     shutil.copytree(root, published, ignore=shutil.ignore_patterns("runs", "tb", "figures"))
@@ -682,7 +682,7 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
     if name == "all-encodings":
         assert results["primary"]["family"]["elsewhere"] == {"learnable": "seed-table", "rope": "seed-table"}
         assert not systems & {"learnable", "rope"} and results["primary"]["size"] == 24
-    elif name in ("extrapolation", "extrapolation-2700"):  # README's pre-registration: 6 contrasts x 2 sets x
+    elif name in ("extrapolation", "extrapolation-2700"):  # the pre-registration: 6 contrasts x 2 sets x
         # (chrF, drop), Holm over 24; the continuation scores the same family at its budget
         family = results["primary"]["family"]
         assert systems == {"learnable", "rope", "rope+ntk", "rope+yarn", "alibi", "t5"}
@@ -693,7 +693,7 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
         resolved, steps = {"extrapolation": (11, 2250), "extrapolation-2700": (4, 2700)}[name]
         assert sum(t["resolved"] for t in results["primary"]["tests"]) == resolved
         assert published_results["spec"]["steps"] == steps
-    elif name == "extrapolation-candidates":  # README: its own family, declared 2026-11-26; scored from beam 5 files
+    elif name == "extrapolation-candidates":  # its own family, declared 2026-11-26; scored from beam 5 files
         assert systems == {"kerple_log", "fire", "decoder-nope", "sinusoidal+shape"}
         assert results["primary"]["size"] == 16 and results["bootstrap_samples"] == 10000
         assert results["decoders"] == ["beam5"] and len(results["splits"]) == 8
@@ -720,7 +720,7 @@ def test_a_study_budget_can_be_raised_never_lowered_and_the_raise_is_recorded(tm
 
 
 def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
-    """README's pre-registration and the preset say the same: systems, family, test sets, precision."""
+    """The pre-registration page and the preset say the same: systems, family, test sets, precision."""
     preset = study.presets()["train-short-test-long"]
     cfg = load_config(preset.config, preset.overrides)
     assert cfg.data.max_train_len == 16 and cfg.train.amp == "none" and not cfg.train.amp_cpu
@@ -733,8 +733,8 @@ def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
     # the variants that joined after the pre-registration are outside its family
     assert not {"decoder-nope"} & set(family["systems"])
     assert len(family["systems"]) * (len(family["splits"]) + len(family["drops"])) == 24
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "24 tests, Holm at α = 0.05" in readme and "Smallest effect of interest: 1.0 chrF" in readme
+    frozen = (ROOT / "docs" / "pages" / "studies" / "preregistration-extrapolation.md").read_text(encoding="utf-8")
+    assert "24 tests, Holm at α = 0.05" in frozen and "Smallest effect of interest: 1.0 chrF" in frozen
 
 
 def test_variants_select_part_of_a_preset_and_its_family() -> None:
@@ -770,7 +770,7 @@ def test_the_pilot_rule_stops_at_the_first_budget_where_no_variant_still_gains()
 
 
 def test_the_continuation_rule_reads_the_mean_of_the_seeds_at_the_steps_all_reached() -> None:
-    """README's continuation: +450 from 2,250 while any encoding's seed-mean validation BLEU gains >= 1.0, cap 4,500;
+    """The continuation's rule: +450 from 2,250 while any encoding's seed-mean validation BLEU gains >= 1.0, cap 4,500;
     one seed's jump does not move the mean past the threshold, and a seed still training holds the decision."""
     from bench.pilot_rule import seed_mean, verdict
 
