@@ -1,4 +1,7 @@
-"""Train-short/test-long study: train several encodings for the same wall time, score by source length.
+"""A quick look at length: one run per encoding, each trained for a fixed wall time, scored by source length.
+
+Not a controlled comparison (one seed, no significance tests, and the encodings reach different step counts in
+the same time): for that, use bench/study.py.
 
     python bench/length_study.py --minutes 8 --encodings sinusoidal learnable rope alibi t5
 
