@@ -23,6 +23,7 @@ in advance and the pooled within-block standard deviation, with the noncentral t
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections import OrderedDict
@@ -285,6 +286,18 @@ def _scores(metric: Any, summed: np.ndarray) -> np.ndarray:
     return scores
 
 
+@functools.lru_cache(maxsize=16)
+def resample_counts(units: int, samples: int, seed: int) -> np.ndarray:
+    """``[samples, units]`` float64: how often each test unit is drawn in each of ``samples`` resamples with
+    replacement, from ``np.random.default_rng(seed)`` as sacreBLEU draws them (a seed repeats its test). The same
+    draws serve every bootstrap of a test set of ``units`` units, so they are made once per process (read-only)."""
+    idx = np.random.default_rng(seed).choice(units, size=(samples, units), replace=True)
+    flat = (idx + units * np.arange(samples)[:, None]).ravel()  # each sample's draws in a range of its own
+    counts = np.bincount(flat, minlength=samples * units).reshape(samples, units).astype(np.float64)
+    counts.flags.writeable = False
+    return counts
+
+
 def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], baseline: Sequence[Sequence[np.ndarray]],
                        coefficients: Sequence[float], samples: int, seed: int | None = None,
                        memo: dict[Hashable, tuple[float, np.ndarray]] | None = None,
@@ -323,9 +336,7 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
         if slot in memo:
             return memo[slot]
         if counts is None:
-            rng = np.random.default_rng(seed)
-            idx = rng.choice(units, size=(samples, units), replace=True)  # sacreBLEU's draws: a seed repeats its test
-            counts = np.stack([np.bincount(row, minlength=units) for row in idx]).astype(np.float64)  # [samples, units]
+            counts = resample_counts(units, samples, seed)
         full, resampled = 0.0, np.zeros(samples)
         for k in range(seeds):
             for p, c in enumerate(coefficients):

@@ -294,3 +294,17 @@ def test_sentence_statistics_reuse_references_only_for_the_same_metric_setting()
     assert sentence_stats(BLEU(max_ngram_order=2), hyps, refs).shape == (2, 6)
     with pytest.raises(ValueError, match="2 hypotheses for 1 references"):
         sentence_stats(CHRF(), hyps, refs[:1])
+
+
+def test_resample_counts_are_sacrebleus_draws_counted_per_sample_and_made_once() -> None:
+    """The bootstrap's resamples: row b counts how often each unit is drawn in sacreBLEU's b-th resample (the
+    draws of ``np.random.default_rng(seed).choice``), every row sums to the number of units, and one test set's
+    draws are made once and shared read-only."""
+    from bench.study_stats import resample_counts
+
+    counts = resample_counts(7, 50, 3)
+    idx = np.random.default_rng(3).choice(7, size=(50, 7), replace=True)
+    assert counts.shape == (50, 7) and counts.dtype == np.float64
+    assert np.array_equal(counts, np.stack([np.bincount(row, minlength=7) for row in idx]))
+    assert (counts.sum(1) == 7).all() and resample_counts(7, 50, 3) is counts and not counts.flags.writeable
+    assert not np.array_equal(resample_counts(7, 50, 4), counts)
