@@ -193,7 +193,7 @@ class MultiHeadAttention(nn.Module):
             use_causal = causal and mask is not None and key_mask is None and bias is None and cache is None
             dtype = q.dtype
             cpu_fp32 = q.device.type == "cpu" and (dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu"))
-            if cpu_fp32:  # the CPU flash kernel's bf16 backward is 6x slower than its fp32 one (README)
+            if cpu_fp32:  # the CPU flash kernel's bf16 backward is 6x slower than its fp32 one (benchmarks: hardware)
                 q, k, v = q.float().contiguous(), k.float().contiguous(), v.float().contiguous()
                 mask = mask.float() if mask is not None and mask.dtype != torch.bool else mask
             # ... and autocast would cast the fp32 inputs back to bf16: off around the kernel. On CUDA not cuDNN's
