@@ -308,3 +308,19 @@ def test_resample_counts_are_sacrebleus_draws_counted_per_sample_and_made_once()
     assert np.array_equal(counts, np.stack([np.bincount(row, minlength=7) for row in idx]))
     assert (counts.sum(1) == 7).all() and resample_counts(7, 50, 3) is counts and not counts.flags.writeable
     assert not np.array_equal(resample_counts(7, 50, 4), counts)
+    assert resample_counts(7, 50, 3, np.float32).dtype == np.float32
+
+
+def test_resampled_sums_are_the_float64_matrix_product_to_the_last_bit() -> None:
+    """Summed in float32 where every sum is an integer below 2^24, in float64 otherwise: the values of
+    ``counts @ stats`` in float64, exactly, either way."""
+    from bench.study_stats import resample_counts, resampled_sums
+
+    rng = np.random.default_rng(0)
+    for units, high in ((300, 50), (300, 2**20)):  # the second bound is over 2^24: float64
+        stats = rng.integers(0, high, size=(units, 9)).astype(np.float64)
+        exact = resample_counts(units, 200, 5) @ stats
+        assert np.array_equal(resampled_sums(units, 200, 5, stats), exact)
+    fractional = rng.random((300, 4))  # not counts: float64 as it was
+    assert np.array_equal(resampled_sums(300, 200, 5, fractional), resample_counts(300, 200, 5) @ fractional)
+
