@@ -153,10 +153,13 @@ def align_file(args: argparse.Namespace) -> int:
         lines.append(" ".join(f"{j}-{i}" for i, j in enumerate(a.links)))
         agreement.append(a.diagonal_agreement())
     path = out_dir / "alignment.txt"
-    atomic_write_text(path, "\n".join(lines) + "\n")
-    mean = sum(agreement) / max(len(agreement), 1)
+    atomic_write_text(path, "".join(f"{line}\n" for line in lines))  # one line per input line, none for none
     print(f"aligned {len(agreement)} sentences ({skipped} empty or too long skipped); Pharaoh links in {path}")
-    print(f"agreement with the diagonal (±2 tokens), mean over sentences: {mean:.1%}", file=sys.stdout)
+    if agreement:
+        mean = sum(agreement) / len(agreement)
+        print(f"agreement with the diagonal (±2 tokens), mean over sentences: {mean:.1%}", file=sys.stdout)
+    else:
+        print("agreement with the diagonal: no sentence aligned", file=sys.stdout)
     return 0
 
 

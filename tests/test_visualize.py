@@ -319,5 +319,10 @@ def test_alignment_cli_for_a_sentence_and_a_file(runs: dict[str, Path], tmp_path
         pairs = [tuple(map(int, p.split("-"))) for p in line.split()]
         assert pairs and [t for _, t in pairs] == list(range(len(pairs)))  # one link per target token
     assert "aligned 2 sentences (1 empty or too long skipped)" in res.stdout
+    empty = tmp_path / "empty.fr"
+    empty.write_text("", encoding="utf-8")  # no input line: no alignment line, and no agreement to average
+    res = cli("--model_path", str(runs["rope"]), "--alignment", "--input", str(empty), "--out", str(tmp_path / "e"))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "e" / "alignment.txt").read_text() == "" and "no sentence aligned" in res.stdout
     bad = cli("--model_path", str(runs["rope"]), "--alignment", "--src_text", SRC, "--layer", "5")
     assert bad.returncode == 2 and "--layer 5: the decoder has 1 layers" in bad.stderr
