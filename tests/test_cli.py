@@ -145,7 +145,8 @@ def test_mismatched_checkpoint_weights_are_caught(run_dir: Path, tmp_path: Path)
     state["meta"].pop("model_fingerprint")
     state["model"]["src_embed.weight"] = torch.zeros(3, 3)
     save_checkpoint(copy / "checkpoints" / "best.pt", state)
-    assert "does not fit the model" in error_line(cli("inference.py", "--model_path", str(copy), "--src_text", "Oui."))
+    line = error_line(cli("inference.py", "--model_path", str(copy), "--src_text", "Oui."))
+    assert "does not fit the model" in line and "src_embed.weight has shape [3, 3] in the checkpoint" in line
     (copy / "checkpoints" / "best.pt").write_bytes(b"garbage")
     line = error_line(cli("inference.py", "--model_path", str(copy), "--src_text", "Oui."))
     assert "is not a PyTorch checkpoint" in line

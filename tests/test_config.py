@@ -223,3 +223,22 @@ def test_sections_keep_the_dataclass_api() -> None:
     assert (greedy.beam, cfg.decode.beam) == (1, 5) and greedy != cfg.decode
     assert DecodeConfig(**{**cfg.decode.to_dict(), "beam": 5}) == cfg.decode
     assert from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_recursive_yaml_alias_is_one_line(tmp_path: Path) -> None:
+    """``&x [test, *x]`` is a list that contains itself: ConfigError naming the key, not a RecursionError."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    path = tmp_path / "x.yaml"
+    path.write_text(f"base: {root / 'configs' / 'demo.yaml'}\ndata:\n  test: &x [test, *x]\n")
+    with pytest.raises(ConfigError, match=r"x\.yaml: data\.test refers to itself \(a recursive YAML alias\)$"):
+        load_config(path)
+    (tmp_path / "top.yaml").write_text("&y\nname: top\nself: *y\n")
+    with pytest.raises(ConfigError, match=r"top\.yaml: the config refers to itself \(a recursive YAML alias\)$"):
+        load_config(tmp_path / "top.yaml")
+    res = subprocess.run([sys.executable, "train.py", "--config", str(path), "--runs", str(tmp_path / "runs")],
+                         cwd=root, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: {path}: data.test refers to itself (a recursive YAML alias)"]

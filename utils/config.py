@@ -409,9 +409,34 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config {path}: {e.strerror or type(e).__name__}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    except RecursionError:  # PyYAML composes nodes recursively: thousands of nested [ or {
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    where = _self_reference(raw, "", {}, set())
+    if where is not None:
+        raise ConfigError(f"{path}: {where or 'the config'} refers to itself (a recursive YAML alias)")
     return raw
+
+
+def _self_reference(value: Any, key: str, open_: dict[int, str], acyclic: set[int]) -> str | None:
+    """The dotted key of the first mapping or list that contains itself (``&x [a, *x]``; "" for the whole
+    document), else None. ``open_``: the enclosing nodes' ids and keys. YAML aliases may share one node many
+    times; a node already found acyclic is not walked again, so this takes linear time."""
+    if not isinstance(value, (dict, list)) or id(value) in acyclic:
+        return None
+    if id(value) in open_:
+        return open_[id(value)]
+    open_[id(value)] = key
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for k, v in items:
+        sub = (f"{key}.{k}" if key else str(k)) if isinstance(value, dict) else key
+        found = _self_reference(v, sub, open_, acyclic)
+        if found is not None:
+            return found
+    del open_[id(value)]
+    acyclic.add(id(value))
+    return None
 
 
 def _read_with_bases(path: Path, chain: list[Path]) -> dict[str, Any]:

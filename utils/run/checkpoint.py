@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,11 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
     if not zipfile.is_zipfile(path):
+        if path.open("rb").read(4) == b"PK\x03\x04":  # a zip's start without its end: cut short
+            raise CheckpointError(f"{path} is damaged: its zip archive has no end (the file was truncated after "
+                                  "it was written)")
         raise CheckpointError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive)")
+    _check_crc(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged archive raises many kinds
@@ -96,6 +101,51 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a checkpoint of this toolkit (it holds a {type(state).__name__})")
     return state
+
+
+def _check_crc(path: Path) -> None:
+    """CheckpointError, one line, if a member of the zip archive fails its CRC-32 check: torch's own reader does
+    not check it, so bytes changed after saving would load as other weights. Reads the file once."""
+    after = "(the file was changed or truncated after it was written)"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError, ValueError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} is damaged: its zip archive cannot be read ({why}) {after}") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror or type(e).__name__}") from None
+    if bad is not None:
+        raise CheckpointError(f"{path} is damaged: member {bad!r} fails its CRC check {after}")
+
+
+def fit_state_dict(model: torch.nn.Module, weights: dict[str, Any], source: Path | str) -> None:
+    """``model.load_state_dict(weights)``; CheckpointError, one complete line, if they do not fit: the first
+    weight whose shape differs (with both shapes), else the first missing or unexpected key."""
+    expected = model.state_dict()
+    for name, tensor in weights.items():
+        if name in expected and torch.is_tensor(tensor) and tuple(tensor.shape) != tuple(expected[name].shape):
+            raise CheckpointError(f"{source} does not fit the model in its config: {name} has shape "
+                                  f"{list(tensor.shape)} in the checkpoint, {list(expected[name].shape)} in the "
+                                  f"model{_more(weights, expected, name)}")
+    missing = [k for k in expected if k not in weights]
+    extra = [k for k in weights if k not in expected]
+    if missing or extra:
+        what = f"{missing[0]} is missing" if missing else f"{extra[0]} is not a weight of the model"
+        raise CheckpointError(f"{source} does not fit the model in its config: {what} "
+                              f"({len(missing)} missing, {len(extra)} unexpected weight(s))")
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        raise CheckpointError(f"{source} does not fit the model in its config: "
+                              f"{lines[-1] if lines else type(e).__name__}") from None
+
+
+def _more(weights: dict[str, Any], expected: dict[str, Any], first: str) -> str:
+    n = sum(1 for k, t in weights.items() if k in expected and torch.is_tensor(t)
+            and tuple(t.shape) != tuple(expected[k].shape))
+    return f" ({n - 1} more weight(s) differ in shape)" if n > 1 else ""
 
 
 def periodic_checkpoints(checkpoint_dir: Path | str) -> list[Path]:

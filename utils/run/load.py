@@ -15,6 +15,7 @@ from utils.config import Config, ConfigError, load_config
 from utils.run.checkpoint import (
     CheckpointError,
     average_checkpoints,
+    fit_state_dict,
     load_checkpoint,
     model_fingerprint,
     model_shape_items,
@@ -154,10 +155,7 @@ def load_run(
     if meta.get("tokenizer_fingerprint") not in (None, tokenizer.fingerprint):
         raise CheckpointError(f"{ckpt_path} was trained with a different tokenizer than {rd.tokenizer}")
     model = Seq2SeqTransformer(cfg.model, tokenizer.vocab_size, tokenizer.pad_id)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise CheckpointError(f"{ckpt_path} does not fit the model in its config: {str(e).splitlines()[0]}") from None
+    fit_state_dict(model, state["model"], ckpt_path)
     model.to(select_device(device if device != "auto" else cfg.train.device)).eval()
     trainer_state = state.get("trainer")
     step = int(trainer_state.get("iteration", 0)) if isinstance(trainer_state, dict) else 0
