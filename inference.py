@@ -28,7 +28,9 @@ and a demo page at /, with the decoding flags above as defaults (see utils/serve
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -81,6 +83,22 @@ wrote a CTranslate2 model of CHECKPOINT to OUT_DIR.
 """
 
 
+def finite_float(low: float, high: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a finite number in ``low``..``high`` (no NaN, no inf), refused in one line otherwise."""
+    where = f"in {low:g}..{high:g}" if high is not None else f">= {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number {where}, got {text[:40]!r}") from None
+        if not math.isfinite(value) or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be a finite number {where}, got {text[:40]}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of inference.py."""
     parser = argparse.ArgumentParser(description=__doc__, epilog=OUTPUT_FORMATS,
@@ -111,14 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
                               "(iteration-level batching; the default for a PyTorch run in its decoding process); "
                               "static: requests waiting together are decoded as one batch (the only choice for a "
                               "CTranslate2 export or --decode-in-server)")
-    serving.add_argument("--join", type=float, default=0.5,
+    serving.add_argument("--join", type=finite_float(0.0), default=0.5,
                          help="continuous batching: waiting sentences start together once they number this share "
                               "of those decoding, nothing decodes, or the oldest has waited 8 steps (default 0.5)")
     from utils.serve.app import Limits
 
     for name, value in vars(Limits()).items():
         flag = name.replace("_", "-")
-        serving.add_argument(f"--{flag}", f"--{name}", dest=name, type=type(value), default=value,
+        kind = finite_float(0.0, 1000.0) if name == "max_wait_ms" else type(value)  # Limits.check's range
+        serving.add_argument(f"--{flag}", f"--{name}", dest=name, type=kind, default=value,
                              help=f"{Limits.HELP[name]} (default {value})")
     return parser
 

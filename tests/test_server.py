@@ -553,7 +553,8 @@ def test_serve_command_line_errors_are_one_line(run_dir: Path, server: Server) -
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         "error: --batching continuous needs a PyTorch run decoding in its own process (not --decode-in-server)")
     res = cli("--model_path", str(run_dir), "--serve", "--port", "0", "--join", "-1")
-    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == "error: --join must be >= 0, got -1.0"
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "inference.py: error: argument --join: must be a finite number >= 0, got -1")
 
 
 # ---------------------------------------------------------------------------------------------- in-process

@@ -331,6 +331,26 @@ class Batcher:
 # ---------------------------------------------------------------------------------------------- requests
 
 
+class HugeNumber(float):
+    """A JSON integer of more than ``HugeNumber.DIGITS`` digits, as ``parse_json`` gives it: never converted (a number
+    of 5,000 digits is past ``int()``'s limit, one of 400 too big for a float), it is a float of the right sign
+    (+-inf) that remembers how many digits it had, so that an answer names its size instead of echoing it."""
+
+    DIGITS = 20  # no field takes a number this long
+
+    digits: int
+
+    def __new__(cls, digits: int, negative: bool) -> "HugeNumber":
+        number = super().__new__(cls, -math.inf if negative else math.inf)
+        number.digits = digits
+        return number
+
+
+def _parse_int(s: str) -> int | HugeNumber:
+    digits = len(s.lstrip("-"))
+    return int(s) if digits <= HugeNumber.DIGITS else HugeNumber(digits, s.startswith("-"))
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object; RequestError (400/422) naming what is wrong."""
     try:
@@ -340,11 +360,14 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     if not text.strip():
         raise RequestError(400, 'the request body is empty; send JSON such as {"text": "Bonjour."}')
     try:
-        body = json.loads(text)
+        body = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as e:
         raise RequestError(400, f"invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError:
         raise RequestError(400, "invalid JSON: nested too deeply") from None
+    except ValueError as e:  # anything else the decoder cannot take: one line, never echoed at length
+        raise RequestError(400, f"invalid JSON: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") \
+            from None
     if not isinstance(body, dict):
         raise RequestError(422, f'the body must be a JSON object such as {{"text": "Bonjour."}}, '
                                 f"not {_json_type(body)}")
@@ -353,7 +376,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 def _json_type(value: Any) -> str:
     names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-             dict: "an object", type(None): "null"}
+             dict: "an object", type(None): "null", HugeNumber: "a number"}
     return names.get(type(value), type(value).__name__)
 
 
@@ -367,6 +390,8 @@ def int_field(body: dict[str, Any], name: str, default: int, low: int, high: int
     value = body.get(name)
     if value is None:
         return default
+    if isinstance(value, HugeNumber):
+        raise RequestError(422, f"{name} must be between {low} and {high}, got a number with {value.digits} digits")
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(422, f"{name} must be an integer, not {_json_type(value)}")
     if not low <= value <= high:
@@ -378,9 +403,11 @@ def float_field(body: dict[str, Any], name: str, default: float, low: float, hig
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, HugeNumber):
+        raise RequestError(422, f"{name} must be between {low} and {high}, got a number with {value.digits} digits")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(422, f"{name} must be a number, not {_json_type(value)}")
-    if not low <= value <= high:
+    if not math.isfinite(value) or not low <= value <= high:  # NaN, Infinity or a float past 1.8e308 (1e400): inf
         raise RequestError(422, f"{name} must be between {low} and {high}, got {value}")
     return float(value)
 
