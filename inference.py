@@ -259,8 +259,6 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
     from utils.serve.app import serve as serve_http
 
     sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
-    if args.join < 0:
-        raise ConfigError(f"--join must be >= 0, got {args.join}")
     engine = load_engine(parser, args, overrides)
     run = getattr(engine, "run", None)
     if args.batching == "continuous" and (run is None or args.decode_in_server):

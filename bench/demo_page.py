@@ -49,23 +49,29 @@ def browser_paths() -> tuple[str, str]:
     return binary, driver
 
 
-def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout: float = 60.0) -> PageResult:
-    """Load the page at ``url``, type ``sentence``, press Translate and wait for the n-best list and the attention
-    map; read them back from the DOM and save a screenshot (PNG) of the window."""
+def headless_chromium(window_size: str, *extra: str):
+    """A selenium driver of the system's headless Chromium (``browser_paths``), window ``W,H``; never downloads one."""
     os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never try to download a browser
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     binary, driver_path = browser_paths()
     options = Options()
     options.binary_location = binary
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1000,900", "--no-first-run", "--disable-extensions", "--hide-scrollbars"):
+                f"--window-size={window_size}", "--no-first-run", "--disable-extensions", *extra):
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+
+
+def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout: float = 60.0) -> PageResult:
+    """Load the page at ``url``, type ``sentence``, press Translate and wait for the n-best list and the attention
+    map; read them back from the DOM and save a screenshot (PNG) of the window."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = headless_chromium("1000,900", "--hide-scrollbars")
     try:
         driver.get(url)
         wait = WebDriverWait(driver, timeout)

@@ -123,29 +123,14 @@ def served(site: Path) -> Iterator[str]:
         server.server_close()
 
 
-def _browser():
-    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must never try to download a browser
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    from bench.demo_page import browser_paths
-
-    binary, driver_path = browser_paths()
-    options = Options()
-    options.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1200,900",
-                "--no-first-run", "--disable-extensions"):
-        options.add_argument(arg)
-    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-
-
 def test_the_site_in_a_headless_browser(served: str, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     shots = []
-    driver = _browser()
+    from bench.demo_page import headless_chromium
+
+    driver = headless_chromium("1200,900")
     try:
         wait = WebDriverWait(driver, 60)
         # the home page: the table of what a user wants to do, each row a link into the site
