@@ -12,8 +12,9 @@ import pytest
 import yaml
 from conftest import ROOT, TINY_CLI
 
-from utils.config import ConfigError
+from utils.config import ConfigError, from_dict, load_config, save_config
 from utils.run.layout import RunDir, check_run_name
+from utils.run.store import create_run_dir, latest_link
 
 
 def _train(tmp_path: Path, *args: str, sets: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -46,12 +47,36 @@ def test_bad_names_are_refused_in_one_line(name: str, why: str) -> None:
     assert why in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["../escaped", ""])
-def test_train_refuses_a_bad_name_before_anything_is_written(tmp_path: Path, name: str) -> None:
-    res = _train(tmp_path, "--config", "configs/demo.yaml", "--name", name)
+@pytest.mark.parametrize(("name", "how"), [("../escaped", "--name"), ("", "--name"), ("../../direct", "--set"),
+                                           ("/tmp/absolute", "--set")])
+def test_train_refuses_a_bad_name_before_anything_is_written(tmp_path: Path, name: str, how: str) -> None:
+    """From ``--name`` or ``--set name=...``: one line, exit 2, and no folder made inside or outside ``--runs``."""
+    args = ("--name", name) if how == "--name" else ()
+    res = _train(tmp_path / "a" / "b", "--config", "configs/demo.yaml", *args,
+                 sets=(f"name={name}",) if how == "--set" else ())
     assert res.returncode == 2
     assert res.stderr.startswith(f"error: run name {name!r}: ") and len(res.stderr.splitlines()) == 1, res.stderr
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "escaped_latest").exists()
+    assert not (tmp_path / "a" / "b" / "runs").exists() and not list(tmp_path.rglob("*escaped*")) \
+        and not list(tmp_path.rglob("direct*")) and not list(Path("/tmp").glob("absolute_2*"))
+
+
+def test_an_expanded_value_is_saved_literally_and_never_expanded_again(tmp_path: Path, monkeypatch) -> None:
+    """``${OUTER}`` whose value holds ``${INNER_UNSET}``: expanded once; the saved config reloads to the same text,
+    however often, and a ``$${`` written by hand is a literal ``${``."""
+    monkeypatch.setenv("OUTER", "x${INNER_UNSET}")
+    monkeypatch.delenv("INNER_UNSET", raising=False)
+    cfg = from_dict({"name": "${OUTER}", "data": {"path": "$${HOME}/corpus"}})
+    assert cfg.name == "x${INNER_UNSET}" and cfg.data.path == "${HOME}/corpus"
+    save_config(cfg, tmp_path / "config.yaml")
+    assert "name: x$${INNER_UNSET}" in (tmp_path / "config.yaml").read_text()
+    again = load_config(tmp_path / "config.yaml")
+    assert again.to_dict() == cfg.to_dict()
+    save_config(again, tmp_path / "again.yaml")
+    assert (tmp_path / "again.yaml").read_text() == (tmp_path / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match="environment variable INNER_UNSET is not set"):
+        from_dict({"name": "x${INNER_UNSET}"})
+    run = create_run_dir(cfg, tmp_path / "runs")  # train.py's start: the folder, then its link's name reloaded
+    assert run.name.startswith("x${INNER_UNSET}_") and latest_link(run).name == "x${INNER_UNSET}_latest"
 
 
 def test_a_named_run_its_latest_link_and_tensorboard_seeing_it_once(tmp_path: Path) -> None:

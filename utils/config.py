@@ -8,7 +8,8 @@ the key and what is allowed, e.g.::
     ConfigError: model.attention_pe: 'rpoe' is not one of: none, rope
 
 String values may reference environment variables as ``${VAR}`` or ``${VAR:-default}`` (used for
-``FR2EN_SHARED_DATA``); they are expanded when the config is loaded.
+``FR2EN_SHARED_DATA``); they are expanded once, when the config is loaded, and a run saves the result
+literally (``$${`` stands for a literal ``${``), so reloading a run never expands a value again.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from models.positional import REGISTRY
 from models.positional.augment import check_augmentation
 from models.positional.base import name_at
 from tokenizer.config import TokenizerConfig
-from utils.schema import ConfigError, Section, config_error, expand_env
+from utils.schema import ConfigError, Section, config_error, escape_env, expand_env
 
 __all__ = [
     "Config", "ConfigError", "DataConfig", "DecodeConfig", "EvalConfig", "ModelConfig", "RopeConfig", "ShawConfig",
@@ -467,10 +468,12 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML (atomically)."""
+    """Write the resolved config as YAML (atomically), its values literal: a ``${`` that expansion produced is
+    saved as ``$${`` (``escape_env``), so loading the file gives back exactly ``cfg``."""
     from utils.io import atomic_write_text
 
-    atomic_write_text(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
+    text = yaml.safe_dump(escape_env(cfg.to_dict()), sort_keys=False, allow_unicode=True)
+    atomic_write_text(Path(path), text)
 
 
 def _deepcopy(x: Any) -> Any:

@@ -31,13 +31,16 @@ class _Bad(ValueError):
         self.rest, self.out_of_range = rest, out_of_range
 
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def expand_env(value: str) -> str:
-    """Expand ``${VAR}`` and ``${VAR:-default}``; an unset variable without default is an error."""
+    """Expand ``${VAR}`` and ``${VAR:-default}``; an unset variable without default is an error. ``$${`` is a
+    literal ``${`` (how ``escape_env`` saves a value, so that it is expanded once, when first read)."""
 
     def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
         name, default = m.group(1), m.group(2)
         if name in os.environ:
             return os.environ[name]
@@ -46,6 +49,19 @@ def expand_env(value: str) -> str:
         raise ConfigError(f"environment variable {name} is not set (referenced as {m.group(0)})")
 
     return _ENV.sub(sub, value)
+
+
+def escape_env(value: Any) -> Any:
+    """``value`` (a string, or lists and mappings of them) with every ``${`` written ``$${``: what ``expand_env``
+    reads back as the same text. A resolved config is saved so: a value whose expansion holds ``${X}`` stays
+    literal at every later load instead of being expanded again."""
+    if isinstance(value, str):
+        return value.replace("${", "$${")
+    if isinstance(value, dict):
+        return {k: escape_env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [escape_env(v) for v in value]
+    return value
 
 
 # A number however users type it. YAML 1.1 (PyYAML) reads 7e-4, 1E3 and 5e+2 as strings; number fields accept them.
