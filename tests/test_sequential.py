@@ -1,0 +1,92 @@
+"""Group-sequential boundaries (utils/study/sequential.py) against published tables and a simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from utils.study.sequential import (
+    crossing_probabilities,
+    drift_for_power,
+    efficacy_bounds,
+    futility_bounds,
+    nominal_p,
+    seeds_needed,
+    spent,
+)
+
+# Two-sided alpha = 0.05, equally spaced looks, Lan-DeMets spending: the critical values gsDesign
+# (gsDesign(k, test.type = 2, sfu = sfLDOF / sfLDPocock)) and rpact (getDesignGroupSequential(sided = 2,
+# typeOfDesign = "asOF" / "asP")) print, to 4 decimals.
+PUBLISHED = {
+    ("obf", 2): [2.9626, 1.9686],
+    ("obf", 3): [3.7103, 2.5114, 1.9930],
+    ("obf", 4): [4.3326, 2.9631, 2.3590, 2.0141],
+    ("obf", 5): [4.8769, 3.3569, 2.6803, 2.2898, 2.0310],
+    ("pocock", 5): [2.4380, 2.4268, 2.4101, 2.3966, 2.3859],
+}
+
+
+@pytest.mark.parametrize(("spending", "looks"), list(PUBLISHED))
+def test_boundaries_match_the_published_tables(spending: str, looks: int) -> None:
+    fractions = [(k + 1) / looks for k in range(looks)]
+    bounds = efficacy_bounds(fractions, 0.05, spending)  # type: ignore[arg-type]
+    assert bounds == pytest.approx(PUBLISHED[(spending, looks)], abs=2e-4)
+    # ... and spend exactly alpha under the null, look by look as the spending function says.
+    per_look = crossing_probabilities(fractions, bounds)
+    assert np.cumsum(per_look) == pytest.approx([spent(t, 0.05, spending) for t in fractions], abs=1e-6)  # type: ignore[arg-type]
+
+
+def test_one_look_is_the_fixed_design() -> None:
+    (c,) = efficacy_bounds([1.0], 0.05)
+    assert c == pytest.approx(stats.norm.isf(0.025), abs=1e-9) and nominal_p([c]) == pytest.approx([0.05])
+    # (the lower tail adds 3e-6 of power: the drift is that much below the one-sided formula)
+    assert drift_for_power([1.0], [c], 0.8) == pytest.approx(stats.norm.isf(0.025) + stats.norm.isf(0.2), abs=1e-5)
+
+
+def _simulate(fractions: list[float], drift: float, n: int = 200_000, seed: int = 0) -> np.ndarray:
+    """Z_1..Z_K of ``n`` simulated studies: a Brownian motion with ``drift`` observed at ``fractions``."""
+    rng = np.random.default_rng(seed)
+    t = np.array(fractions)
+    steps = rng.normal(drift * np.diff(t, prepend=0.0), np.sqrt(np.diff(t, prepend=0.0)), (n, len(t)))
+    return np.cumsum(steps, axis=1) / np.sqrt(t)
+
+
+def test_unequal_looks_and_futility_hold_in_simulation() -> None:
+    """Uneven looks (seeds 4, 10, 16, 20 of 20) with non-binding futility: simulated studies reject under the
+    null at rate alpha whether or not they stop for futility, and stop for futility under the design effect at
+    the beta spent."""
+    fractions = [0.2, 0.5, 0.8, 1.0]
+    c = efficacy_bounds(fractions, 0.05)
+    drift = drift_for_power(fractions, c, 0.8)
+    a = futility_bounds(fractions, c, drift, beta=0.2)
+    assert all(0 <= x <= y for x, y in zip(a, c, strict=True)) and a[-1] == c[-1]
+    assert a == sorted(a)  # futility gets stricter as information grows
+
+    z0 = _simulate(fractions, 0.0)
+    rejected_ignoring_futility = (np.abs(z0) >= c).any(axis=1).mean()
+    assert rejected_ignoring_futility == pytest.approx(0.05, abs=0.002)
+
+    z1 = _simulate(fractions, drift, seed=1)
+    stopped = np.zeros(len(z1), bool)
+    futile_by = []
+    for k in range(len(fractions) - 1):
+        futile = ~stopped & (np.abs(z1[:, k]) < a[k])
+        stopped |= futile | (np.abs(z1[:, k]) >= c[k])
+        futile_by.append(futile.mean())
+    assert np.cumsum(futile_by) == pytest.approx([spent(t, 0.2, "obf") for t in fractions[:-1]], abs=0.003)
+    power_binding = sum(crossing_probabilities(fractions, c, drift, a))
+    assert power_binding < 0.8  # futility costs power, which is why the seeds are planned with it in mind
+
+
+def test_seeds_needed_grows_with_looks_and_noise() -> None:
+    assert seeds_needed(1.0, 1.0, [1.0]) == 8  # (2.8016)^2 = 7.85
+    four = seeds_needed(1.0, 1.0, [0.25, 0.5, 0.75, 1.0])
+    assert four >= 8 and seeds_needed(1.0, 2.0, [0.25, 0.5, 0.75, 1.0]) >= 4 * four - 4
+
+
+@pytest.mark.parametrize("fractions", [[], [0.5], [0.5, 0.5, 1.0], [0.0, 1.0], [0.6, 0.3, 1.0], [0.5, 1.2]])
+def test_bad_fractions_are_refused(fractions: list[float]) -> None:
+    with pytest.raises(ValueError, match="information fractions"):
+        efficacy_bounds(fractions)

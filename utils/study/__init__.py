@@ -1,0 +1,1 @@
+"""Studies: many runs per encoding, their statistics and reports."""
