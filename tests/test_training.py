@@ -86,8 +86,10 @@ def test_same_seed_repeats_exactly_on_cpu(tmp_path: Path, tiny_config) -> None:
 
 
 def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path: Path, tiny_config) -> None:
+    """With a moving average of the weights (train.ema_decay): both the averaged weights (``model``) and the
+    training weights (``train_model``) continue exactly."""
     # The interrupted point must fall inside an epoch, so the resumed epoch skips the batches already seen.
-    cfg = tiny_config(tmp_path, max_steps=40, eval_every=10)
+    cfg = tiny_config(tmp_path, max_steps=40, eval_every=10, ema_decay=0.9)
     corpus = load_corpus(cfg.data)
     straight = create_run_dir(cfg, tmp_path / "a")
     train(cfg, straight)
@@ -96,7 +98,7 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path: Path, 
     per_epoch = len(TokenBatchSampler(split.src_lengths, split.tgt_lengths, cfg.data.max_tokens, True, cfg.seed))
     assert 10 % per_epoch != 0 and per_epoch < 40, per_epoch  # stop mid-epoch, finish in a later epoch
 
-    first = tiny_config(tmp_path, max_steps=10, eval_every=10)
+    first = tiny_config(tmp_path, max_steps=10, eval_every=10, ema_decay=0.9)
     resumed = create_run_dir(first, tmp_path / "b")
     train(first, resumed)
     assert load_checkpoint(resumed / "checkpoints" / "last.pt")["trainer"]["iteration"] == 10
@@ -105,9 +107,14 @@ def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path: Path, 
     assert RunDir(resumed).summary()["steps"] == 30  # the summary of the latest session, as its log line says
     final = load_checkpoint(resumed / "checkpoints" / "last.pt")
     assert final["trainer"]["iteration"] == 40
-    reference = weights(straight)
-    for name, tensor in final["model"].items():
-        assert torch.equal(tensor, reference[name]), name
+    reference = load_checkpoint(straight / "checkpoints" / "last.pt")
+    for key in ("model", "train_model"):
+        for name, tensor in final[key].items():
+            assert torch.equal(tensor, reference[key][name]), (key, name)
+    assert final["ema"] == {"updates": 40}
+    assert any(not torch.equal(final["model"][n], final["train_model"][n]) for n in final["model"])
+    decoded = load_run(str(resumed / "checkpoints" / "last.pt")).model.state_dict()  # decoding loads the average
+    assert all(torch.equal(decoded[n], final["model"][n]) for n in final["model"])
     for a, b in zip(final["optimizer"]["state"].values(), load_checkpoint(straight / "checkpoints" / "last.pt")[
             "optimizer"]["state"].values(), strict=True):
         assert torch.equal(a["exp_avg"], b["exp_avg"])
@@ -243,6 +250,24 @@ def test_schedule_in_tokens_is_the_same_at_any_batch_size(tmp_path: Path, tiny_c
     for batch, factor in ((small, small_factor), (big, big_factor)):
         warmup = round(6000 / batch)
         assert factor(warmup) == 1.0 and factor(warmup - 1) < 1.0
+
+
+def test_a_cool_down_ends_the_learning_rate_near_zero_at_the_budget(tmp_path: Path, tiny_config) -> None:
+    """train.cooldown=0.25 over train.max_steps=40: the schedule as before for 30 steps, then a straight line
+    down to 1/10 of it at the last step (40 - 39 = 1 of 10); the step budget may also come from target tokens."""
+    from utils.config import ConfigError
+    from utils.training.setup import build_setup
+
+    plain = build_setup(tiny_config(tmp_path, max_steps=40), tmp_path / "plain").scheduler.lr_lambdas[0]
+    cooled = build_setup(tiny_config(tmp_path, max_steps=40, cooldown=0.25), tmp_path / "cooled")
+    factor = cooled.scheduler.lr_lambdas[0]
+    assert [factor(s) for s in range(31)] == [plain(s) for s in range(31)]
+    assert [factor(s) / plain(s) for s in range(30, 41)] == pytest.approx([1 - i / 10 for i in range(11)])
+    s = build_setup(tiny_config(tmp_path, max_target_tokens=9000, cooldown=0.5), tmp_path / "tokens")
+    total = -(-9000 // tokens_per_batch(s))  # ceil: the steps 9,000 target tokens allow
+    assert s.scheduler.lr_lambdas[0](total) == 0.0 and s.scheduler.lr_lambdas[0](total - 1) > 0.0
+    with pytest.raises(ConfigError, match=r"^train.cooldown: needs a step budget to end at: set train.max_steps "):
+        tiny_config(tmp_path, cooldown=0.5)
 
 
 def tokens_per_batch(s) -> float:

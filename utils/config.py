@@ -59,6 +59,17 @@ class TrainConfig(Section):
         "inverse_sqrt", description="Learning-rate schedule: `inverse_sqrt` rises linearly to `train.lr` over the "
         "warmup, then decays as 1/sqrt(step) (Vaswani et al. 2017); `constant` keeps `train.lr` from the first step "
         "(no warmup).")
+    cooldown: float = Field(0.0, ge=0, le=1, description="Share of the run's step budget over which the learning "
+                            "rate falls linearly to zero at the end (a cool-down, the warmup-stable-decay schedule "
+                            "of Hägele et al. 2024), so that the last weights are taken at a learning rate near zero "
+                            "(less noise from run to run); the budget is `train.max_steps`, or the steps "
+                            "`train.max_target_tokens` allows at the run's batch size, one of which must be set. "
+                            "0: no cool-down.")
+    ema_decay: float | None = Field(None, gt=0, lt=1, description="Keep an exponential moving average of the "
+                                    "weights (Polyak averaging) with this decay per optimizer step, e.g. 0.999: "
+                                    "validation scores the averaged weights, and every checkpoint holds them as "
+                                    "its `model` (what decoding loads; `last.pt` keeps the training weights too, "
+                                    "to resume). null: off.")
     warmup_steps: int = Field(4000, ge=0, description="Warmup length in optimizer steps; ignored when "
                               "`train.warmup_tokens` is set (a `--set` of it is then refused).")
     warmup_tokens: int | None = Field(None, ge=1, description="Warmup length in target tokens instead of steps, so "
@@ -245,6 +256,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("model.rope.beta_fast: must be larger than model.rope.beta_slow")
     if m.rope.dim is not None and (m.rope.dim % 2 or not 0 < m.rope.dim <= head_dim):
         raise ConfigError(f"model.rope.dim: must be even and in 2..{head_dim} (the head dim), got {m.rope.dim}")
+    if cfg.train.cooldown and cfg.train.max_steps is None and cfg.train.max_target_tokens is None:
+        raise ConfigError("train.cooldown: needs a step budget to end at: set train.max_steps or "
+                          "train.max_target_tokens")
     if not all(0.0 <= b < 1.0 for b in cfg.train.betas):
         raise ConfigError(f"train.betas: each must be in [0, 1), got {cfg.train.betas}")
     if cfg.decode.nbest > cfg.decode.beam:

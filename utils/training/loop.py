@@ -103,7 +103,7 @@ class Recipe:
         self.rank, self.world = idist.get_rank(), idist.get_world_size()
         self.guard = NonFiniteGuard(self.t.nonfinite, check_grads=not self.s.scaler.is_enabled())
         self.trainer = Engine(self.train_step)
-        self.evaluator = create_evaluator(self.s.core, self.s.tokenizer.pad_id, self.s.device, self.s.autocast)
+        self.evaluator = create_evaluator(self.s.decoded, self.s.tokenizer.pad_id, self.s.device, self.s.autocast)
         self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1))
         self.totals = Totals(window_since=time.perf_counter())
         self.seen = TokenCount(self.world)
@@ -149,6 +149,8 @@ class Recipe:
                     s.scaler.step(s.optimizer)
                     s.scaler.update()
                     s.scheduler.step()
+                    if s.ema is not None:
+                        s.ema.update(s.core)
                 s.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss_value, "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
 
@@ -201,7 +203,7 @@ class Recipe:
 
         @self.evaluator.on(Events.COMPLETED)
         def _bleu(engine: Engine) -> None:
-            scored = decode_and_score(self.s.core, self.s.tokenizer, self.s.valid_texts, self.s.valid_refs,
+            scored = decode_and_score(self.s.decoded, self.s.tokenizer, self.s.valid_texts, self.s.valid_refs,
                                       self.valid_decode, self.cfg.tokenizer.lowercase, shard=True)
             engine.state.metrics["bleu"] = scored.scores.bleu
             engine.state.metrics["chrf"] = scored.scores.chrf
@@ -217,18 +219,20 @@ class Recipe:
         saver = AtomicSaver(self.rd.checkpoints,
                             on_first_save=None if self.resume else lambda: point_latest(self.run_dir))
         step = global_step_from_engine(trainer, Events.ITERATION_COMPLETED)
-        self.best = Checkpoint({"model": s.core, "meta": meta, "trainer": trainer},  # the trainer state: the step
+        self.best = Checkpoint({"model": s.decoded, "meta": meta, "trainer": trainer},  # the trainer state: the step
                                saver, filename_pattern=f"{BEST}.{{ext}}", n_saved=1,
                                score_function=lambda e: e.state.metrics["bleu"], score_name="bleu",
                                global_step_transform=step)
         self.stopper = EarlyStopping(t.patience, lambda e: e.state.metrics["bleu"], trainer)
         self.to_save = {
-            "model": s.core, "optimizer": s.optimizer, "lr_scheduler": s.scheduler, "scaler": s.scaler,
+            "model": s.decoded, "optimizer": s.optimizer, "lr_scheduler": s.scheduler, "scaler": s.scaler,
             "trainer": trainer, "rng": RNGState(), "meta": meta, "early_stopping": self.stopper,
             "best_checkpoint": self.best, "grads": PendingGradients(s.core), "tokens_seen": self.seen,
         }
+        if s.ema is not None:  # "model": the average (what decoding loads); the training weights to resume
+            self.to_save.update(train_model=s.core, ema=s.ema)
         if t.keep_checkpoints > 0:  # weights every checkpoint_every steps (or validation), the last K kept
-            self.periodic = Checkpoint({"model": s.core, "meta": meta, "trainer": trainer}, saver,
+            self.periodic = Checkpoint({"model": s.decoded, "meta": meta, "trainer": trainer}, saver,
                                        filename_pattern=f"{PERIODIC_PREFIX}{{global_step}}.{{ext}}",
                                        n_saved=t.keep_checkpoints, global_step_transform=step)
             self.to_save["periodic_checkpoints"] = self.periodic
@@ -262,7 +266,7 @@ class Recipe:
             from utils.figures.maps import attention_figures, write_figures
 
             began = time.perf_counter()
-            figures = attention_figures(self.s.core, self.s.tokenizer, self.s.attention_sentence)
+            figures = attention_figures(self.s.decoded, self.s.tokenizer, self.s.attention_sentence)
             write_figures(figures, None, tb.writer, engine.state.iteration)
             self.totals.eval_s += time.perf_counter() - began
 

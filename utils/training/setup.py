@@ -57,6 +57,27 @@ def inverse_sqrt(warmup: int) -> Callable[[int], float]:
     return factor
 
 
+def cooled(factor: Callable[[int], float], total: int, share: float) -> Callable[[int], float]:
+    """``factor`` times a linear fall to zero over the last ``share`` of ``total`` optimizer steps (a cool-down,
+    Hägele et al. 2024): the step after ``s`` updates uses ``factor(s) * min(1, (total - s) / (share * total))``,
+    so the last step's rate is ``1 / (share * total)`` of the plain schedule's."""
+    length = max(1, round(share * total))
+
+    def f(step: int) -> float:
+        return factor(step) * min(1.0, max(0.0, (total - step) / length))
+
+    return f
+
+
+def step_budget(t: TrainConfig, batch_tokens: float) -> int | None:
+    """Optimizer steps the run may take: ``train.max_steps``, or the steps ``train.max_target_tokens`` allows at
+    ``batch_tokens`` per step, whichever is smaller; None without either."""
+    budgets = [t.max_steps] if t.max_steps is not None else []
+    if t.max_target_tokens is not None:
+        budgets.append(max(1, math.ceil(t.max_target_tokens / batch_tokens)))
+    return min(budgets) if budgets else None
+
+
 def tokens_per_step(split: Any, sampler: TokenBatchSampler, accumulate: int, world: int) -> float:
     """Mean target tokens (eos included) per optimizer step over an epoch: all ranks, all accumulated batches."""
     total = float(split.tgt_lengths.sum() + len(split.tgt_lengths))
@@ -79,6 +100,28 @@ def schedule_for_batch(t: TrainConfig, batch_tokens: float) -> Schedule:
     return Schedule(batch_tokens, lr, warmup)
 
 
+class WeightAverage:
+    """An exponential moving average of the weights (``train.ema_decay``; Polyak & Juditsky 1992), kept by torch's
+    ``AveragedModel``: after each optimizer step ``avg = decay * avg + (1 - decay) * weights`` (the first step
+    copies). ``module`` is a model holding the averaged weights; the state dict is the count of updates."""
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+        self.module: torch.nn.Module = self.averaged.module
+        self.module.eval()
+
+    def update(self, model: torch.nn.Module) -> None:
+        self.averaged.update_parameters(model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"updates": int(self.averaged.n_averaged)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.averaged.n_averaged.fill_(int(state["updates"]))
+
+
 @dataclass
 class Setup:
     """Everything a training run needs, built from a config and a run directory."""
@@ -98,6 +141,12 @@ class Setup:
     valid_refs: list[str]
     attention_sentence: str  # the validation sentence whose attention maps are logged
     autocast: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+    ema: WeightAverage | None = None  # train.ema_decay
+
+    @property
+    def decoded(self) -> torch.nn.Module:
+        """The weights validation scores and checkpoints store as ``model``: the average, else the trained ones."""
+        return self.ema.module if self.ema is not None else self.core
 
 
 def prepare(cfg: Config) -> tuple[Any, Tokenizer]:
@@ -176,8 +225,13 @@ def optimization(t: TrainConfig, model: torch.nn.Module, device: torch.device, b
         model.parameters(), lr=sched.peak_lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay
     )
     factor = inverse_sqrt(sched.warmup_steps) if t.scheduler == "inverse_sqrt" else (lambda step: 1.0)
-    log.info("schedule: %.0f target tokens per optimizer step, peak lr %.3g, warmup %d steps",
-             sched.batch_tokens, sched.peak_lr, sched.warmup_steps)
+    total = step_budget(t, batch_tokens)
+    cool = ""
+    if t.cooldown and total is not None:
+        factor = cooled(factor, total, t.cooldown)
+        cool = f", cool-down to 0 over the last {max(1, round(t.cooldown * total))} of {total} steps"
+    log.info("schedule: %.0f target tokens per optimizer step, peak lr %.3g, warmup %d steps%s",
+             sched.batch_tokens, sched.peak_lr, sched.warmup_steps, cool)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     scaler = torch.amp.GradScaler(device.type, enabled=t.amp == "fp16" and device.type == "cuda")
     cpu_bf16 = t.amp == "bf16" and (t.amp_cpu is True or (t.amp_cpu == "auto" and cpu_has_native_bf16()))
@@ -235,7 +289,10 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     t = cfg.train
     batch_tokens = tokens_per_step(train_data.split, train_data.sampler, t.accumulate, world)
     optimizer, scheduler, scaler, autocast = optimization(t, model, device, batch_tokens)
+    ema = WeightAverage(core, t.ema_decay) if t.ema_decay is not None else None
+    if ema is not None:
+        log.info("weights: validation and checkpoints use their moving average (train.ema_decay=%g)", t.ema_decay)
     if t.compile:
         model = compiled(model)
     return Setup(cfg, run_dir, device, tokenizer, model, core, optimizer, scheduler, scaler, train_data, valid_data,
-                 src_texts, refs, attention_sentence(tokenizer, src_texts, core.max_length), autocast)
+                 src_texts, refs, attention_sentence(tokenizer, src_texts, core.max_length), autocast, ema)
