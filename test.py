@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from utils.cli import (
@@ -116,9 +117,8 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
             "threads": args.threads, "max_sentences": args.max_sentences, "overrides": list(args.overrides),
             "by_source_length": by_length,
         }
+        entry = write_scores(rd.eval_file(name, ckpt, beam, tag), entry, hyps)
         report[name] = entry
-        atomic_write_text(rd.eval_file(name, ckpt, beam, tag, "hyp"), "\n".join(hyps) + "\n")
-        atomic_write_text(rd.eval_file(name, ckpt, beam, tag), json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
         decoder = "greedy" if beam == 1 else f"beam {beam}, lenpen {decode.lenpen}"
         print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s"
               f"{threads_note(args.threads)}")
@@ -131,6 +131,19 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
         ))
     if len(report) > 1:
         atomic_write_text(rd.eval_file("all", ckpt, beam, tag), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_scores(path: Path, entry: dict[str, Any], hyps: list[str]) -> dict[str, Any]:
+    """Write a split's hypotheses (``path`` with ``.hyp``, one line each) and its score file ``path``, which records
+    the sha256 of the hypotheses (``hyp_sha256``) and its own (``sha256``): a file changed after scoring is
+    refused by the study that reads it. The entry written, checksums included."""
+    from utils.io import atomic_write_text, with_sha256
+
+    text = "\n".join(hyps) + "\n"
+    entry = with_sha256({**entry, "hyp_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()})
+    atomic_write_text(path.with_suffix(".hyp"), text)
+    atomic_write_text(path, json.dumps(entry, indent=2, ensure_ascii=False) + "\n")
+    return entry
 
 
 def splits_to_score(asked: list[str] | None, listed: list[str], corpus: Any) -> list[str]:

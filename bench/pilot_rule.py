@@ -15,7 +15,6 @@ the rule stops, it says which budget to raise the study to next. Only validation
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -31,9 +30,10 @@ def seed_mean(per_seed: list[dict[int, float]]) -> dict[int, float]:
 def curves(study: Path, seeds: list[int]) -> dict[str, dict[int, float]]:
     """Validation BLEU by optimizer step of each variant: its seed's run, or the mean of its seeds' runs."""
     from bench.study import find_run, slug
+    from bench.study_files import read_spec
     from bench.study_runs import valid_curve
 
-    spec = json.loads((study / "study.json").read_text())
+    spec = read_spec(study / "study.json")
     out = {}
     for variant in spec["variants"]:
         runs = [find_run(study / "runs" / slug(variant["label"]) / f"seed{seed}") for seed in seeds]
@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
+    from bench.study_files import read_spec
+
     parser = build_parser()
     args = parser.parse_args()
     if not (args.study / "study.json").is_file():
@@ -88,7 +90,7 @@ def main() -> int:
         print(f"\nrule: budget B = {budget} steps (gains over the last {args.step} steps: "
               + ", ".join(f"{k} {c[budget] - c.get(budget - args.step, float('nan')):+.2f}" for k, c in table.items())
               + ")")
-    elif budget > json.loads((args.study / "study.json").read_text()).get("steps", 0):
+    elif budget > read_spec(args.study / "study.json").get("steps", 0):
         print(f"\nrule: not decided; raise the study's --steps to {budget}")
     else:
         print(f"\nrule: not decided; the runs are still training toward {budget} steps")

@@ -209,6 +209,9 @@ def grid_variants(grids: Sequence[str]) -> list[Variant]:
         if any(other[0][0] == key.strip() for other in axes):
             raise ConfigError(f"--grid {key.strip()} is given twice: put all its values in one --grid "
                               f"{key.strip()}=V1,V2,...")
+        values = [v for _, v in axis]
+        if twice := sorted({v for v in values if values.count(v) > 1}):
+            raise ConfigError(f"--grid {item.strip()}: {', '.join(twice)} given twice; each value once")
         axes.append(axis)
     names = grid_labels([axis[0][0] for axis in axes])
     variants = []
@@ -263,6 +266,36 @@ def inference_only(trained: Any, tested: Any, name: str) -> None:
 
 def slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", label)
+
+
+def _covers(a: str, b: str) -> bool:
+    """Whether setting key ``a`` sets key ``b`` or the other way round (``model.rope`` and ``model.rope.theta``)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def check_sets(sets: Sequence[str], variants: Sequence[Variant], grid: bool) -> None:
+    """ConfigError, one line, for a ``--set`` of a key that a variant also sets: the variant's value would silently
+    win in its runs (``grid``: the variants are a ``--grid``'s, else a preset's)."""
+    for item in sets:
+        key = item.partition("=")[0].strip()
+        for v in variants:
+            other = next((o.partition("=")[0].strip() for o in v.overrides
+                          if _covers(key, o.partition("=")[0].strip())), None)
+            if other is not None:
+                by = f"--grid {other}" if grid else f"the preset's variant {v.label} ({other})"
+                raise ConfigError(f"--set {item.strip()}: {by} sets it too, and would silently win in its runs; "
+                                  "set each key in one place")
+
+
+def check_distinct(configs: dict[str, dict[str, Any]], flag: str) -> None:
+    """ConfigError, one line, if two systems (label -> the config each runs) are the same config: they would train
+    (or score) the same runs twice, e.g. ``--grid model.rope.theta=1e4,1E4``."""
+    seen: dict[str, str] = {}
+    for label, cfg in configs.items():
+        same = seen.setdefault(json.dumps(cfg, sort_keys=True, default=str), label)
+        if same != label:
+            raise ConfigError(f"{flag}: {same} and {label} are the same config once their values are read (as 1e4 "
+                              "and 1E4 are one number): the study would run it twice; give each value once")
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -643,6 +676,7 @@ def main() -> int:
     args = parser.parse_args()
 
     family: dict[str, Any] = {}
+    user_sets = list(args.overrides)
     if args.preset:
         preset = presets()[args.preset]
         config, variants, baseline = args.config or preset.config, preset.variants, preset.baseline
@@ -665,8 +699,12 @@ def main() -> int:
     if not name:
         parser.error("--name is required without --preset")
     study = Path(args.runs) / f"study_{slug(name)}"
+    from bench.study_files import read_spec
+    from bench.study_lock import check_free, lock_study
+
+    check_free(study)  # another process runs this study: refused at once, nothing read or written
     spec_file = study / "study.json"
-    recorded = json.loads(spec_file.read_text()) if spec_file.is_file() else None  # this study's, when resumed
+    recorded = read_spec(spec_file) if spec_file.is_file() else None  # this study's, when resumed
     if args.grid and recorded is not None:
         variants = recorded_labels(variants, recorded)
     for value, flag in ((args.seeds, "--seeds"), (args.steps, "--steps"), (args.tokens, "--tokens"),
@@ -683,6 +721,7 @@ def main() -> int:
             key = item.partition("=")[0].strip()
             if key in STUDY_KEYS:
                 parser.error(f"{flag} {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
+    check_sets(user_sets, variants, grid=bool(args.grid))
     if args.tokens and any(o.startswith("tokenizer.") for v in variants for o in v.overrides):
         parser.error("--tokens counts each tokenizer's own tokens, not an equal budget across tokenizations; "
                      "use --steps")
@@ -717,15 +756,23 @@ def main() -> int:
         if family and (missing := [x for x in dict.fromkeys(needed) if x not in splits]):
             parser.error(f"--splits {args.splits}: the primary family needs {', '.join(missing)} too")
     accumulate: dict[str, int] = {}  # iterations per optimizer step, where not 1 (the progress lines' steps)
+    configs: dict[str, dict[str, Any]] = {}
     for v in variants:  # every variant must load before anything runs
         trained = load_config(config, [*args.overrides, *v.overrides])
+        configs[v.label] = trained.to_dict()
         if trained.train.accumulate != 1:
             accumulate |= {f"{v.label} seed {seed}": trained.train.accumulate for seed in range(1, args.seeds + 1)}
+        tested = {v.label: configs[v.label]}
         for tag, extra in v.tests.items():
-            inference_only(trained, load_config(config, [*args.overrides, *v.overrides, *extra]), f"{v.label}+{tag}")
+            cfg = load_config(config, [*args.overrides, *v.overrides, *extra])
+            inference_only(trained, cfg, f"{v.label}+{tag}")
+            tested[f"{v.label}+{tag}"] = cfg.to_dict()
+        check_distinct(tested, "--test-variant")
+    check_distinct(configs, "--grid" if args.grid else f"--preset {args.preset}")
     from utils.io import ensure_dir
 
     ensure_dir(study, "the study folder")
+    lock_study(study)  # held to the end; a second start of this study is refused in one line
     eval_every = args.eval_every or max(1, (args.steps or 1000) // 5)
     budget_sets = budget_overrides(args.steps, args.tokens, eval_every)
     seeds = list(range(1, args.seeds + 1))
@@ -834,11 +881,16 @@ def main() -> int:
                 "step") != steps[job.key]:  # none, or of another step: not this model's
             print(f"  {job.key}: no checkpoint, so no attention statistics (the report leaves its system's out)",
                   flush=True)
+    from bench.study_files import Ledger
     from bench.study_report import aggregate, write_report
 
     print(f"study {name}: statistics and report", flush=True)
+    ledger = Ledger(study)
     results = aggregate(jobs, runs, corpus, splits, baseline, args.checkpoint, args.bootstrap,
-                        args.attention_sentences, args.max_sentences, family, list(decoders), steps)
+                        args.attention_sentences, args.max_sentences, family, list(decoders), steps, ledger)
+    if recorded_now := ledger.save():
+        print(f"study {name}: {recorded_now} files record no checksum (written by an older test.py or study): "
+              f"recorded in {ledger.path} at this first read; a later change to them is refused", flush=True)
     write_report(study, spec, results)
     print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
     return 0

@@ -16,7 +16,6 @@ Prints a line per run and a verdict; exits 1 when a compared value differs, 0 ot
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/stu
 
 def published_curves(folder: Path) -> dict[tuple[str, int], dict[int, float]]:
     """(system, seed) -> {step: validation BLEU} of a published study (trained systems only)."""
-    results = json.loads((folder / "results.json").read_text())
+    from bench.study_files import read_results
+
+    results = read_results(folder)
     out = {}
     for label, system in results["systems"].items():
         if system.get("test_variant"):
@@ -54,10 +55,12 @@ def compare_hypotheses(published: dict[str, dict[str, list[str]]], retrained: di
 
 def _hypotheses(folder: Path, label: str, seed: int) -> dict[str, Any] | None:
     """One system's and seed's published hypotheses ``{split: {decoder: lines}}``, None if the folder has none."""
+    from bench.study_files import read_results
     from bench.study_report import read_hypotheses
 
+    checksums = read_results(folder).get("checksums") if (folder / "results.json").is_file() else None
     try:
-        per_split = read_hypotheses(folder / "hypotheses", [label], [seed])[label]
+        per_split = read_hypotheses(folder / "hypotheses", [label], [seed], checksums)[label]
     except FileNotFoundError:
         return None
     return {split: {dec: hyps[0] for dec, hyps in per_dec.items()} for split, per_dec in per_split.items()}
@@ -65,13 +68,15 @@ def _hypotheses(folder: Path, label: str, seed: int) -> dict[str, Any] | None:
 
 def _scored_steps(folder: Path) -> int | None:
     """The step budget a scored study folder's hypotheses were decoded at (its ``results.json``), else None."""
-    results = folder / "results.json"
-    return json.loads(results.read_text())["spec"].get("steps") if results.is_file() else None
+    from bench.study_files import read_results
+
+    return read_results(folder)["spec"].get("steps") if (folder / "results.json").is_file() else None
 
 
 def replay(published: Path, studies: list[Path]) -> tuple[list[str], bool | None]:
     """Report lines, and whether every compared value is identical (None: nothing to compare yet)."""
     from bench.study import run_dirs, slug
+    from bench.study_files import read_spec
     from bench.study_runs import valid_curve
     from utils.run.layout import RunDir
 
@@ -79,7 +84,7 @@ def replay(published: Path, studies: list[Path]) -> tuple[list[str], bool | None
     at = _scored_steps(published)
     lines, same, seen = [], True, set()
     for study in studies:
-        spec = json.loads((study / "study.json").read_text())
+        spec = read_spec(study / "study.json")
         scored = _scored_steps(study)
         for variant in spec["variants"]:
             for seed in spec["seeds"]:

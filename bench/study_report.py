@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
+    from bench.study_files import Ledger
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/study_report.py: the repository root first
 
 from bench.common import ROOT, fmt_mean_std  # noqa: E402
@@ -25,30 +27,28 @@ DECODERS = {"beam5": 5, "greedy": 1}
 ALPHA = 0.05
 
 
-def _read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
-
-
 def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str], baseline: str, checkpoint: str,
               samples: int, attention_sentences: int, max_sentences: int | None = None,
               family: dict[str, Any] | None = None, decoders: list[str] | None = None,
-              steps: dict[str, int] | None = None) -> dict[str, Any]:
+              steps: dict[str, int] | None = None, ledger: Ledger | None = None) -> dict[str, Any]:
     """Every number of the study: per system (variant or test variant), split and decoder each seed's scores,
     length ratio and buckets; the declared family of primary tests and the exploratory ones
     (bench/study_analysis.py); ``corpus`` holds the test splits (data.sources.load_corpus). The hypotheses
     are returned under ``"_hypotheses"`` for ``write_report`` to publish. ``decoders``: those of ``DECODERS``
     scored (default all). A system missing the attention statistics of a seed (its checkpoint was gone at
-    scoring), or holding ones of another training step than ``steps`` gives its run, has none in the report."""
-    from bench.study_runs import eval_file, file_tag, read_attention, valid_curve
+    scoring), or holding ones of another training step than ``steps`` gives its run, has none in the report.
+    Every score file, hypotheses file and attention statistics file is checked before use
+    (``bench.study_runs.read_scores``, ``read_attention``; ``ledger``: the checksums of files that record none):
+    StudyFileError, one line naming the file, for one damaged or changed since it was written."""
+    from bench.study_runs import eval_file, file_tag, read_attention, read_scores, valid_curve
     from utils.config import load_config
     from utils.run.layout import RunDir
 
     labels = list(dict.fromkeys(job.variant.label for job in jobs))
     seeds = sorted({job.seed for job in jobs})
     by_key = {(job.variant.label, job.seed): job for job in jobs}
-    first = runs[by_key[(baseline, seeds[0])].key]
-    first_cfg = load_config(RunDir(first).config)
-    lengths = _source_lengths(first, corpus, splits)
+    references = {split: list(corpus[split]["tgt"]) for split in splits}
+    sizes = {split: min(len(refs), max_sentences or len(refs)) for split, refs in references.items()}
     hypotheses: dict[str, dict[str, dict[str, list[list[str]]]]] = {}
     systems: dict[str, dict[str, Any]] = {}
     for label in labels:
@@ -61,24 +61,22 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
                     for seed in seeds:
                         js = eval_file(runs[by_key[(label, seed)].key], split, beam, checkpoint,
                                        file_tag(tag, max_sentences))
-                        scores, hyps = json.loads(js.read_text()), _read_lines(js.with_suffix(".hyp"))
-                        if len(hyps) != scores["n_sentences"]:
-                            raise ValueError(f"{js.with_suffix('.hyp')}: {len(hyps)} hypotheses for the "
-                                             f"{scores['n_sentences']} sentences test.py scored")
-                        per_seed.append((scores, hyps))
+                        per_seed.append(read_scores(js, sizes[split], ledger))
                     hypotheses.setdefault(name, {}).setdefault(split, {})[decoder] = [h for _, h in per_seed]
                     signatures = {"signature": per_seed[0][0]["bleu_signature"],
                                   "chrf_signature": per_seed[0][0]["chrf_signature"]}
                     entry.setdefault("splits", {}).setdefault(split, {})[decoder] = signatures
             if tag is None:
                 keys = [by_key[(label, s)].key for s in seeds]
-                attention = [read_attention(runs[k], checkpoint, attention_sentences) for k in keys]
+                attention = [read_attention(runs[k], checkpoint, attention_sentences, ledger) for k in keys]
                 if all(a is not None and (steps is None or a.get("step") == steps[k])
                        for a, k in zip(attention, keys, strict=True)):
                     entry["attention"] = attention
                 entry["valid_bleu"] = [valid_curve(runs[by_key[(label, s)].key]) for s in seeds]
             systems[name] = entry
-    references = {split: list(corpus[split]["tgt"]) for split in splits}
+    first = runs[by_key[(baseline, seeds[0])].key]
+    first_cfg = load_config(RunDir(first).config)
+    lengths = _source_lengths(first, corpus, splits)
     results = analyse(systems, hypotheses, references, lengths, splits, baseline, seeds, samples,
                       first_cfg.tokenizer.lowercase, first_cfg.eval.length_buckets, first_cfg.data.max_train_len,
                       family, decoders)
@@ -354,7 +352,11 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     figures.mkdir(parents=True, exist_ok=True)
     for old in figures.glob("*.png"):  # the report is rewritten whole: no stale figure stays beside it
         old.unlink()
-    atomic_write_text(study / "results.json", json.dumps({"spec": spec, **results}, indent=1) + "\n")
+    from bench.study_files import hypotheses_checksums, with_sha256
+
+    doc = {"spec": spec, **{k: v for k, v in results.items() if k not in ("checksums", "sha256")},
+           "checksums": hypotheses_checksums(study)}  # what the report reads again: checked before use
+    atomic_write_text(study / "results.json", json.dumps(with_sha256(doc), indent=1) + "\n")
     paths = _figures(results, figures)
     _hparams(study, spec, results)
     base = results["baseline"]
@@ -436,15 +438,31 @@ def publish_hypotheses(folder: Path, hypotheses: dict[str, Any], seeds: list[int
             atomic_write_bytes(folder / f"{_slug(name)}.seed{seed}.json.xz", data)
 
 
-def read_hypotheses(folder: Path, systems: list[str], seeds: list[int]) -> dict[str, Any]:
-    """``publish_hypotheses``'s files back as ``[system][split][decoder] = [seed hypotheses]``."""
-    import lzma
+def read_hypotheses(folder: Path, systems: list[str], seeds: list[int], checksums: dict[str, str] | None = None,
+                    splits: list[str] | None = None, decoders: list[str] | None = None,
+                    references: dict[str, int] | None = None) -> dict[str, Any]:
+    """``publish_hypotheses``'s files back as ``[system][split][decoder] = [seed hypotheses]``, each checked before
+    use against the ``checksums`` its study's results.json records (None: none recorded), for the ``splits`` and
+    ``decoders`` asked (default: the first file's), as many lines as seed 1's and at most the split's number of
+    ``references``; StudyFileError, one line naming the file, for one that changed, is damaged, or is short."""
+    from bench.study_files import StudyFileError, read_hypotheses_file
 
     out: dict[str, Any] = {}
     for name in systems:
-        docs = [json.loads(lzma.decompress((folder / f"{_slug(name)}.seed{s}.json.xz").read_bytes()))
-                for s in seeds]
-        out[name] = {split: {dec: [d[split][dec] for d in docs] for dec in docs[0][split]} for split in docs[0]}
+        paths = [folder / f"{_slug(name)}.seed{s}.json.xz" for s in seeds]
+        docs = [read_hypotheses_file(p, checksums) for p in paths]
+        want = {split: list(decoders or docs[0].get(split, {})) for split in splits or docs[0]}
+        for path, doc in zip(paths, docs, strict=True):
+            wrong = [f"{split}/{dec}" + ("" if dec in doc.get(split, {}) else " (none)")
+                     for split, decs in want.items() for dec in decs
+                     if dec not in doc.get(split, {}) or dec not in docs[0].get(split, {})
+                     or len(doc[split][dec]) != len(docs[0][split][dec])
+                     or len(doc[split][dec]) > (references or {}).get(split, len(doc[split][dec]))]
+            if wrong:
+                raise StudyFileError(f"{path}: not the lines of every sentence for {', '.join(wrong)} (as many as "
+                                     f"{paths[0].name}'s, at most the references'): truncated or edited; restore "
+                                     "it as the study published it, or score the study again")
+        out[name] = {split: {dec: [d[split][dec] for d in docs] for dec in decs} for split, decs in want.items()}
     return out
 
 
@@ -641,7 +659,11 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
     """Recompute a published study's analysis from its folder alone: ``results.json`` (spec, per-seed scores,
     attention, validation curves) and, when published, ``hypotheses/`` with the references read from the
     study's corpus. Rewrites results.json, report.md and the figures there."""
-    old = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    from bench.study_files import read_results
+    from bench.study_lock import check_free
+
+    check_free(folder)  # a study running there rewrites these files
+    old = read_results(folder)
     spec = old["spec"]
     splits, baseline, seeds = old["splits"], old["baseline"], old["seeds"]
     decoders = old.get("decoders", list(DECODERS))
@@ -658,8 +680,13 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
 
         cfg = load_config(ROOT / spec["config"], spec.get("overrides", []))
         corpus = load_corpus(cfg.data)
-        hypotheses = read_hypotheses(folder / "hypotheses", list(systems), seeds)
+        checksums = old.get("checksums")
         references = {s: list(corpus[s]["tgt"]) for s in splits}
+        hypotheses = read_hypotheses(folder / "hypotheses", list(systems), seeds, checksums, splits, decoders,
+                                     {s: len(refs) for s, refs in references.items()})
+        if checksums is None:
+            print(f"{folder}: results.json records no checksums (written before they were): its hypotheses were read "
+                  "as they are; the results.json written now records them", flush=True)
         lengths = old.get("source_lengths")
     results = analyse(systems, hypotheses, references or {}, lengths, splits, baseline, seeds,
                       samples or old.get("bootstrap_samples", 10000), cfg.tokenizer.lowercase if cfg else False,

@@ -11,9 +11,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from utils.run.layout import RunDir
+
+if TYPE_CHECKING:
+    from bench.study_files import Ledger
 
 
 def run_cfg(run: Path) -> Any:
@@ -37,26 +40,70 @@ def eval_current(path: Path, sentences: int, overrides: list[str], step: int) ->
     """Whether test.py's scores at ``path`` exist and are what this study asks for: ``sentences`` scored
     under the inference ``overrides`` (a test variant whose settings changed is scored again) from the checkpoint
     of training step ``step`` (a run trained on after it was scored, or scores that do not say, are scored again)."""
+    from bench.study_files import read_json, rescore_hint, verify_own
+
     if not path.is_file():
         return False
-    try:
-        scores = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
+    scores = read_json(path, "test.py's scores")
+    verify_own(path, scores, rescore_hint(path))
     return (scores.get("n_sentences") == sentences and scores.get("overrides", []) == overrides
             and scores.get("step") == step)
 
 
+def read_scores(path: Path, sentences: int, ledger: Ledger | None = None) -> tuple[dict[str, Any], list[str]]:
+    """test.py's score file at ``path`` and its hypotheses (``.hyp`` beside it), checked before use: both readable,
+    ``sentences`` hypotheses, and each unchanged since test.py wrote it (the checksums the score file records, or,
+    for a file an older test.py wrote without them, those ``ledger`` recorded at its first read); StudyFileError,
+    one line naming the file and how to score it again, otherwise."""
+    from bench.study_files import (
+        StudyFileError,
+        check_hypotheses,
+        file_sha256,
+        parse_json,
+        read_bytes,
+        rescore_hint,
+        verify_own,
+    )
+
+    hyp = path.with_suffix(".hyp")
+    score_data = read_bytes(path)
+    scores = parse_json(path, score_data, "test.py's scores")
+    own = verify_own(path, scores, rescore_hint(path))
+    if scores.get("n_sentences") != sentences:
+        raise StudyFileError(f"{path}: scores {scores.get('n_sentences')} sentences, not the {sentences} the study "
+                             f"scores; {rescore_hint(path)}")
+    data = read_bytes(hyp)
+    lines = check_hypotheses(hyp, data, sentences, path)
+    if own and "hyp_sha256" in scores:
+        if scores["hyp_sha256"] != file_sha256(data):
+            raise StudyFileError(f"{hyp}: changed since it was scored (its sha256 is not the one {path.name} "
+                                 f"records); {rescore_hint(path)}")
+    elif ledger is not None:
+        ledger.check_pair(hyp, data, path, score_data)
+    return scores, lines
 
 
 def attention_file(run: Path, checkpoint: str, sentences: int) -> Path:
     return RunDir(run).attention_stats(checkpoint, sentences)
 
 
-def read_attention(run: Path, checkpoint: str, sentences: int) -> dict[str, Any] | None:
-    """The cached attention statistics of a run on its first ``sentences`` validation pairs, if computed."""
+def read_attention(run: Path, checkpoint: str, sentences: int, ledger: Ledger | None = None) -> dict[str, Any] | None:
+    """The cached attention statistics of a run on its first ``sentences`` validation pairs, if computed, checked
+    before use: unchanged since written (the checksum the file records, or, for one an older study wrote without,
+    the one ``ledger`` recorded at its first read); StudyFileError, one line naming the file, otherwise."""
+    from bench.study_files import StudyFileError, parse_json, read_bytes, verify_own
+
     out = attention_file(run, checkpoint, sentences)
-    return json.loads(out.read_text()) if out.is_file() else None
+    if not out.is_file():
+        return None
+    remedy = "delete it and run the study again to compute it again (the run's checkpoint is needed)"
+    data = read_bytes(out)
+    stats = parse_json(out, data, "a run's attention statistics")
+    if not verify_own(out, stats, remedy) and ledger is not None:
+        ledger.check_file(out, data, remedy)
+    if not isinstance(stats.get("stats"), dict):
+        raise StudyFileError(f"{out}: no statistics in it: not a run's attention statistics; {remedy}")
+    return {k: v for k, v in stats.items() if k != "sha256"}
 
 
 def compute_attention(run: Path, checkpoint: str, sentences: int, step: int | None = None) -> dict[str, Any]:
@@ -65,6 +112,7 @@ def compute_attention(run: Path, checkpoint: str, sentences: int, step: int | No
     cached = read_attention(run, checkpoint, sentences)
     if cached is not None and (step is None or cached.get("step") == step):
         return cached
+    from bench.study_files import with_sha256
     from data.sources import load_corpus
     from utils.figures.attention_stats import attention_statistics
     from utils.io import atomic_write_text
@@ -81,7 +129,7 @@ def compute_attention(run: Path, checkpoint: str, sentences: int, step: int | No
         tgt = [t[: limit - 1] for t in tgt]
     stats = attention_statistics(loaded.model, loaded.tokenizer.bos_id, list(zip(src, tgt, strict=True))).to_dict()
     stats["step"] = loaded.step
-    atomic_write_text(attention_file(run, checkpoint, sentences), json.dumps(stats) + "\n")
+    atomic_write_text(attention_file(run, checkpoint, sentences), json.dumps(with_sha256(stats)) + "\n")
     return stats
 
 

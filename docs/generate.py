@@ -67,7 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> int:
     args = build_parser().parse_args()
-    pages = generated()
+    from utils.schema import ConfigError
+
+    try:
+        pages = generated()
+    except ConfigError as e:  # a file a page is made from is damaged (e.g. a study's results.json): one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.check:
         bad = stale(pages)
         for line in bad:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
@@ -259,8 +258,10 @@ def _raw_outputs(name: str, results: dict[str, Any], about: dict[str, Any]) -> l
 def results_page(name: str) -> str:
     """The results page of the published study ``bench/studies/<name>``."""
     folder = STUDIES / name
-    results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-    about = json.loads((folder / "about.json").read_text(encoding="utf-8"))
+    from bench.study_files import read_json, read_results
+
+    results = read_results(folder)  # checked: a damaged or changed file is refused in one line naming it
+    about = read_json(folder / "about.json", "a study's description (about.json)")
     spec = results["spec"]
     preamble, sections = _sections((folder / "report.md").read_text(encoding="utf-8"))
     trained = [n for n, e in results["systems"].items() if not e.get("test_variant")]

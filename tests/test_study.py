@@ -356,7 +356,8 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert sorted(itself.stdout.splitlines()[:-1]) == [
         f"attention_pe={pe} seed {s}: validation BLEU 2 of 2 evaluations identical; hypotheses 2 of 2 split/decoder "
         "outputs identical" for pe in ("none", "rope") for s in (1, 2)]
-    changed = json.loads((published / "results.json").read_text())
+    changed = {k: v for k, v in json.loads((published / "results.json").read_text()).items()
+               if k not in ("checksums", "sha256")}  # as published before checksums: its edits below are not refused
     curve = changed["systems"]["attention_pe=rope"]["valid_bleu"][1]  # seed 2
     curve[-1][1] += 1e-9  # one evaluation off by one part in a billion
     other = changed["systems"]["attention_pe=none"]["valid_bleu"][1]

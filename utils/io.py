@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 class PathError(ValueError):
@@ -59,3 +62,16 @@ def atomic_write_text(target: Path | str, text: str) -> None:
 def atomic_write_bytes(target: Path | str, data: bytes) -> None:
     with atomic_path(target) as tmp:
         tmp.write_bytes(data)
+
+
+def json_sha256(doc: dict[str, Any]) -> str:
+    """The checksum a JSON document records of itself under ``sha256``: the sha256 of the compact, key-sorted JSON
+    of its other keys (as read back from JSON: the same for the document written and the file read)."""
+    rest = json.loads(json.dumps({k: v for k, v in doc.items() if k != "sha256"}))
+    text = json.dumps(rest, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def with_sha256(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with its own checksum (``json_sha256``) as its last key ``sha256``."""
+    return {**{k: v for k, v in doc.items() if k != "sha256"}, "sha256": json_sha256(doc)}
