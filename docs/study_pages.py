@@ -251,7 +251,7 @@ def _raw_outputs(name: str, results: dict[str, Any], about: dict[str, Any]) -> l
     out += ["```bash", f"cp -r {folder} /tmp/{name} && python bench/study_report.py /tmp/{name}",
             f"diff {folder}/report.md /tmp/{name}/report.md && echo identical", "```", "",
             "The test suite does the same for every published study "
-            "(`tests/test_study.py::test_the_published_reports_are_what_study_report_recomputes`).", ""]
+            "(`tests/test_study_published.py::test_the_published_reports_are_what_study_report_recomputes`).", ""]
     return out
 
 

@@ -121,3 +121,15 @@ def assert_same_weights(a: dict, b: dict, rtol: float = 1e-4, atol: float = 1e-5
         if name.endswith("kv_proj.bias"):
             other, tensor = other.chunk(2)[1], tensor.chunk(2)[1]
         torch.testing.assert_close(other, tensor, rtol=rtol, atol=atol, msg=name)
+
+
+def run_study(tmp: Path, *extra: str, grid: str = "model.attention_pe=none,rope",
+              name: str = "t", cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``bench/study.py`` on a tiny grid of the demo config (2 seeds of 8 steps, 12 sentences scored) under
+    ``tmp`` (the study: ``tmp/study_<name>``)."""
+    cmd = [sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid",
+           grid, "--set", "model.input_pe=none", "--set", "data.cache_dir=" + str(cache or tmp / "c"),
+           "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.encoder_layers=1",
+           "--set", "model.decoder_layers=1", "--seeds", "2", "--steps", "8", "--eval-every", "4", "--name", name,
+           "--runs", str(tmp), "--max-sentences", "12", "--attention-sentences", "6", "--bootstrap", "100", *extra]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
