@@ -271,8 +271,10 @@ def results_page(name: str) -> str:
     out = [f"# {about['title']}", ""]
     if about.get("notice"):
         out += ['!!! warning "' + about["notice"]["title"] + '"', "", f"    {about['notice']['text']}", ""]
-    out += [f"**Question.** {about['question']}", "",
-            f"- **Design:** `{spec['config']}`; {len(trained)} trained systems ({', '.join(trained)})"
+    out += [f"**Question.** {about['question']}", ""]
+    if about.get("established"):  # the study's answer in one paragraph a reader can quote
+        out += ['!!! abstract "What is established"', "", f"    {about['established']}", ""]
+    out += [f"- **Design:** `{spec['config']}`; {len(trained)} trained systems ({', '.join(trained)})"
             + (f" and {len(at_test)} decoded differently at test time ({', '.join(at_test)})" if at_test else "")
             + f"; seeds {', '.join(str(s) for s in results['seeds'])}; {budget} per run; checkpoint scored: "
             f"`{spec['checkpoint']}.pt`; {decoders} on {len(results['splits'])} test sets; baseline "

@@ -121,9 +121,15 @@ def test_one_results_page_per_published_study_and_the_pre_registration() -> None
         "studies/preregistration-extrapolation.md"}
     for name in PUBLISHED:  # the facts results.json does not record are kept beside it, for every study
         about = json.loads((STUDIES / name / "about.json").read_text(encoding="utf-8"))
-        assert {"title", "question", "setup", "machine", "date", "trained_by", "scored_by"} <= set(about), name
+        assert {"title", "question", "established", "setup", "machine", "date", "trained_by", "scored_by"} <= set(
+            about), name
         page = (PAGES / f"{name}.md").read_text(encoding="utf-8")
         assert page.startswith(f"# {about['title']}\n") and _results(name)["spec"]["command"] in page
+        # the answer a reader can quote, near the top; a second look says first that it is one
+        assert f'!!! abstract "What is established"\n\n    {about["established"]}\n' in page[:4000], name
+        declared = _results(name)["primary"]["family"].get("declared", "")
+        if "second look" in declared:
+            assert about["established"].startswith("A second look, not pre-registered."), name
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
