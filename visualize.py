@@ -22,8 +22,15 @@ one, else 0) and as PNG files to --out (default <run>/visualize/).
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from utils.cli import add_alias_args, add_set_arg, run_main, setup_logging
+
+if TYPE_CHECKING:
+    from models.config import ModelConfig
+
+#: Positions of the bias grids and augmentation draws (``position_figures``' ``bias_length``).
+BIAS_LENGTH = 32
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +74,7 @@ def main() -> int:
         raise ConfigError("--tgt_text is empty: leave it out to use the greedy translation")
     if args.length < 1:
         raise ConfigError(f"--length must be >= 1, got {args.length}")
+    check_length(args)
     run = load_run(args.model_path, args.config, args.overrides, args.device)
     from utils.io import ensure_dir
     from utils.run.layout import RunDir
@@ -94,7 +102,7 @@ def main() -> int:
     if args.alignment:
         aligned = alignment(src_tokens, tgt_tokens, attention, args.layer)
         figs["alignment"] = alignment_figure(aligned)
-    position, notes = position_figures(run.model, run.cfg, length=args.length)
+    position, notes = position_figures(run.model, run.cfg, length=args.length, bias_length=BIAS_LENGTH)
     figs.update(position)
 
     tb_dir = rd.tb_figures
@@ -119,6 +127,41 @@ def main() -> int:
     print(f"wrote {len(paths)} PNG files to {out_dir}")
     print(f"wrote {len(tags)} TensorBoard images to {tb_dir} (step {step}): {', '.join(tags)}")
     return 0
+
+
+def figures_memory(m: ModelConfig, length: int) -> int:
+    """Bytes the position figures of ``m`` take at ``--length`` ``length``: each input encoding's (its table and
+    the similarities between positions), the decay curves (``max(256, length)`` distances, float64, up to
+    ``d_model`` dimensions), each attention encoding's at ``BIAS_LENGTH`` positions."""
+    from models.positional import REGISTRY
+
+    inputs = {m.pe(stack, "input") for stack in ("encoder", "decoder")}
+    attention = {m.pe("encoder", "attention"), m.pe("decoder", "attention"), m.cross_attention_pe}
+    need = sum(REGISTRY["input"][name].plot_memory(m, length) for name in inputs)
+    need += sum(cls.plot_memory(m, BIAS_LENGTH) for cls in (REGISTRY["attention"][n] for n in attention) if cls)
+    return need + max(256, length) * (24 * m.d_model + 256)
+
+
+def check_length(args: argparse.Namespace) -> None:
+    """ConfigError (one line) for a ``--length`` whose figures the machine cannot hold (``models.memory``'s
+    limit), read from the run's config before the model is loaded, with the longest that fits."""
+    from models.memory import human, memory_limit
+    from utils.config import ConfigError, load_config
+    from utils.run.layout import RunDir
+    from utils.run.load import resolve_checkpoint
+
+    run_dir, _ = resolve_checkpoint(args.model_path)
+    m = load_config(args.config or RunDir(run_dir).config, args.overrides, warn=False).model
+    limit, where = memory_limit()
+    need = figures_memory(m, args.length)
+    if need <= limit:
+        return
+    low, high = 0, args.length  # the longest --length that fits: figures_memory grows with it
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if figures_memory(m, mid) <= limit else (low, mid - 1)
+    fits = f"--length {low} fits" if low else "the encodings' own figures need more at any --length"
+    raise ConfigError(f"--length {args.length}: the position figures would need ~{human(need)} ({where}); {fits}")
 
 
 def align_file(args: argparse.Namespace) -> int:

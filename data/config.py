@@ -29,19 +29,20 @@ class DataConfig(Section):
                             "given no `--split` (`text` source: their file prefixes).")
     min_len: int = Field(1, ge=0, description="Drop training pairs with a side shorter than this many subword tokens "
                          "(bos/eos not counted).")
-    max_len: int = Field(128, ge=1, description="Drop training and validation pairs with a side longer than this many "
-                         "subword tokens (bos/eos not counted); test sets are never filtered.")
-    max_train_len: int | None = Field(None, ge=1, description="A stricter cap for training pairs only (train short, "
-                                      "test long); null: `data.max_len`.")
+    max_len: int = Field(128, ge=1, le=100_000, description="Drop training and validation pairs with a side longer "
+                         "than this many subword tokens (bos/eos not counted); test sets are never filtered.")
+    max_train_len: int | None = Field(None, ge=1, le=100_000, description="A stricter cap for training pairs only "
+                                      "(train short, test long); null: `data.max_len`.")
     max_len_ratio: float | None = Field(None, ge=1, description="Drop training pairs whose longer side has more than "
                                         "this many times the tokens of the shorter; null: no ratio filter.")
-    max_tokens: int = Field(4096, ge=1, description="Training batch size in tokens: pairs per batch times the longer "
-                            "padded side (source or target), per process.")
-    valid_max_tokens: int | None = Field(None, ge=1, description="Validation batch size in tokens; null: "
-                                         "`data.max_tokens`.")
+    max_tokens: int = Field(4096, ge=1, le=10_000_000, description="Training batch size in tokens: pairs per batch "
+                            "times the longer padded side (source or target), per process.")
+    valid_max_tokens: int | None = Field(None, ge=1, le=10_000_000, description="Validation batch size in tokens; "
+                                         "null: `data.max_tokens`.")
     cache_dir: str = Field("data/cache", description="Folder of the tokenized, filtered splits (NumPy arrays with "
                            "checksums), rebuilt whenever the corpus, tokenizer or length limits change.")
-    num_proc: int = Field(1, ge=1, description="Processes that tokenize the corpus when its cache is first built.")
+    num_proc: int = Field(1, ge=1, le=1024, description="Processes that tokenize the corpus when its cache is first "
+                          "built.")
 
 class Experiment(Protocol):
     """What the cache reads of a whole config (``utils.config.Config`` is one)."""

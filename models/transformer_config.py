@@ -32,12 +32,13 @@ class TransformerConfig(Section):
     """The Transformer's own fields (``models.config.ModelConfig`` adds the training-time position augmentation
     and each encoding's settings section)."""
 
-    d_model: int = Field(512, ge=1, description="Width of the model: embeddings and every layer's input and output.")
-    n_heads: int = Field(8, ge=1, description="Attention heads per layer; must divide `model.d_model` (head "
+    d_model: int = Field(512, ge=1, le=65536, description="Width of the model: embeddings and every layer's input and "
+                         "output.")
+    n_heads: int = Field(8, ge=1, le=1024, description="Attention heads per layer; must divide `model.d_model` (head "
                          "dimension = d_model / n_heads).")
-    encoder_layers: int = Field(6, ge=1, description="Layers of the encoder.")
-    decoder_layers: int = Field(6, ge=1, description="Layers of the decoder.")
-    d_ff: int = Field(2048, ge=1, description="Hidden width of each layer's feed-forward network.")
+    encoder_layers: int = Field(6, ge=1, le=1000, description="Layers of the encoder.")
+    decoder_layers: int = Field(6, ge=1, le=1000, description="Layers of the decoder.")
+    d_ff: int = Field(2048, ge=1, le=1_000_000, description="Hidden width of each layer's feed-forward network.")
     dropout: float = Field(0.1, ge=0, lt=1, description="Dropout rate on the embeddings and on the output of every "
                            "attention and feed-forward block (residual dropout); 0: none.")
     attention_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout rate on the attention weights.")
@@ -61,11 +62,11 @@ class TransformerConfig(Section):
     cross_attention_pe: str = Field("none", description="Attention-level positional encoding in cross-attention "
                                     "(target position i, source position j); `none` as in the original "
                                     "Transformer. Source and target positions are not aligned: an experiment.")
-    max_positions: int = Field(1024, ge=1, description="Positions of the learned tables (`learnable`, "
+    max_positions: int = Field(1024, ge=1, le=1_000_000, description="Positions of the learned tables (`learnable`, "
                                "`learnable_ln`; `binary` takes ceil(log2 of it) bits): a longer input is an "
                                "error.")
-    gaussian_sigma: float = Field(2.0, gt=0, description="Only with input encoding `gaussian`: width (standard "
-                                  "deviation, in positions) of the normal window around each position.")
+    gaussian_sigma: float = Field(2.0, ge=1e-3, le=1e6, description="Only with input encoding `gaussian`: width "
+                                  "(standard deviation, in positions) of the normal window around each position.")
     encoder_pe: StackPE = Field(default_factory=StackPE, description="The encoder's own encodings, where they "
                                 "differ from the shorthand.")
     decoder_pe: StackPE = Field(default_factory=StackPE, description="The decoder's own encodings, where they "

@@ -276,8 +276,9 @@ REFUSED = [
     (["model.augment.method=cape", "model.augment.cape.max_local_shift=1.5"],
      r"^model.augment.cape.max_local_shift: must be <= 1 \(a jitter of at most half a position either way keeps "
      r"positions in order, which the decoder's causal mask needs\), got 1.5$"),
-    (["model.augment.cape.max_global_scaling=0.9"], r"^model.augment.cape.max_global_scaling: must be >= 1, got 0.9$"),
-    (["model.augment.shape.max_shift=0"], r"^model.augment.shape.max_shift: must be >= 1, got 0$"),
+    (["model.augment.cape.max_global_scaling=0.9"],
+     r"^model.augment.cape.max_global_scaling: must be >= 1 and <= 100, got 0.9$"),
+    (["model.augment.shape.max_shift=0"], r"^model.augment.shape.max_shift: must be >= 1 and <= 1000000, got 0$"),
     (["model.augment.method=shap"], r"^model.augment.method: 'shap' is not one of: none, shape, randomized, cape$"),
 ]
 

@@ -1,18 +1,24 @@
 """Anything load_config accepts works: random configs drawn over every key's declared range (edges included) either
-are refused in one line by validation, or build, train two steps and decode."""
+are refused in one line by validation, or build, train two steps and decode. And every numeric key, found by walking
+the config's sections, takes extreme values (0, -1, its bounds and past them, 1e12, 1e300, 2**63, nan, inf, "1e400"):
+each is refused in one line, or accepted with a memory estimate under the limit and above what the model holds."""
 
 from __future__ import annotations
 
+import copy
 import random
 import re
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import pytest
 import torch
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from models.decoding import beam_search, greedy_search
-from models.positional import names
+from models.positional import REGISTRY, names
 from models.transformer import Seq2SeqTransformer
 from utils.config import Config, ConfigError, from_dict
 
@@ -155,7 +161,7 @@ def test_a_random_accepted_config_trains_two_steps_and_translates(seed: int, tmp
 
 
 @pytest.mark.parametrize(("sets", "message"), [
-    (["seed=-1"], "seed: must be >= 0 and < 2.14748e+09, got -1"),
+    (["seed=-1"], "seed: must be >= 0 and < 2147483648, got -1"),
     (["model.input_pe=binary", "model.d_model=8", "model.n_heads=2"],
      "model.input_pe=binary needs 10 bits for model.max_positions=1024, which leaves no room in model.d_model=8"),
     (["model.attention_pe=rope", "model.d_model=12", "model.n_heads=4"],
@@ -167,7 +173,7 @@ def test_a_random_accepted_config_trains_two_steps_and_translates(seed: int, tmp
     (["model.attention_pe=t5", "model.t5.num_buckets=2"], "model.attention_pe=t5 needs model.t5.num_buckets >= 4"),
     (["model.cross_attention_pe=t5", "model.t5.max_distance=16"],
      "model.t5.max_distance: must exceed the 16 exact distances of model.t5.num_buckets=32, got 16"),
-    (["model.attention_pe=rope", "model.rope.theta=1"], "model.rope.theta: must be > 1, got 1.0"),
+    (["model.attention_pe=rope", "model.rope.theta=1"], "model.rope.theta: must be > 1 and <= 1e+12, got 1.0"),
     (["tokenizer.vocab_size=200"], "tokenizer.vocab_size: must be > 260 (256 byte tokens with tokenizer.byte_fa"),
     (["data.min_len=70"], "data.min_len: 70 exceeds the longest training pair allowed"),
     (["data.valid_max_tokens=10"], "data.valid_max_tokens: 10 cannot hold one sentence of data.max_len=64"),
@@ -203,3 +209,133 @@ def test_a_config_path_that_is_a_device_is_named_as_such() -> None:
 
     with pytest.raises(ConfigError, match=r"^/dev/null is not a regular file \(a device or a pipe\), not a config"):
         load_config("/dev/null")
+
+
+# ---------------------------------------------------------------------------------------------- every numeric key
+# Extreme values, one key at a time, on a small config where that key is read: refused in one ConfigError line, or
+# accepted with a memory estimate under the limit that is an upper bound on the model it builds.
+
+EXTREMES: list[Any] = [0, -1, 1e12, 1e300, 2**63, float("nan"), float("inf"), "1e400"]
+#: The small config the extremes are set on; each key's own encoding or augmentation is switched on (``base_for``).
+SMALL: dict[str, Any] = {
+    "name": "extreme", "data": {"source": "demo", "max_len": 8, "max_tokens": 64},
+    "tokenizer": {"type": "bpe", "vocab_size": V, "byte_fallback": False},
+    "model": {"d_model": 16, "n_heads": 2, "encoder_layers": 1, "decoder_layers": 1, "d_ff": 32},
+}
+
+
+def numeric_keys(section: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, FieldInfo]]:
+    """(dotted key, field) of every number, optional number or list of numbers below ``section``, walked through
+    pydantic: a key added later is found with no edit here."""
+    out = []
+    for name, field in section.model_fields.items():
+        tp = field.annotation
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            out += numeric_keys(tp, f"{prefix}{name}.")
+            continue
+        options = [a for a in get_args(tp) if a is not type(None)] if get_origin(tp) in (Union, UnionType) else [tp]
+        items = [get_args(o)[0] for o in options if get_origin(o) is list] or options
+        if all(o in (int, float) for o in items):
+            out.append((f"{prefix}{name}", field))
+    return out
+
+
+def bounds(field: FieldInfo) -> list[Any]:
+    """The field's own bounds, and one past its upper bound."""
+    out = []
+    for meta in field.metadata:
+        for name in ("ge", "gt", "le", "lt"):
+            if hasattr(meta, name):
+                out.append(getattr(meta, name))
+                if name in ("le", "lt"):
+                    out.append(getattr(meta, name) + 1)
+    return out
+
+
+def base_for(key: str) -> dict[str, Any]:
+    """``SMALL`` with the encoding that reads ``key`` in use (its settings section, or ``reads``), or the
+    augmentation method whose settings it is."""
+    raw = copy.deepcopy(SMALL)
+    parts = key.split(".")
+    if parts[0] != "model":
+        return raw
+    m = raw["model"]
+    if parts[1] == "augment" and len(parts) == 4:
+        m["augment"] = {"method": parts[2], "randomized": {"max_length": 64}}
+        return raw
+    for level, classes in REGISTRY.items():
+        for name, cls in classes.items():
+            if cls is not None and ((cls.settings or ("",))[0] == parts[1] or parts[1] in cls.reads):
+                if level == "input":
+                    m["input_pe"] = name
+                elif cls.causal_only:
+                    m["decoder_pe"] = {"attention": name}
+                else:
+                    m["attention_pe"] = name
+                return raw
+    return raw
+
+
+def set_key(raw: dict[str, Any], key: str, value: Any, field: FieldInfo) -> None:
+    *path, last = key.split(".")
+    node = raw
+    for part in path:
+        node = node.setdefault(part, {})
+    default = field.get_default(call_default_factory=True)
+    node[last] = [value, *default[1:]] if isinstance(default, list) else value
+
+
+def held_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+NUMERIC = numeric_keys()
+
+
+@pytest.fixture(scope="module")
+def limit() -> int:
+    """A limit below any test machine's memory, so that the outcomes do not depend on the machine."""
+    from models.memory import LIMIT_ENV, memory_limit
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(LIMIT_ENV, "4")
+    yield memory_limit()[0]
+    mp.undo()
+
+
+@pytest.mark.parametrize(("key", "field"), NUMERIC, ids=[k for k, _ in NUMERIC])
+def test_extreme_values_of_every_numeric_key_are_refused_in_one_line_or_fit_the_estimate(
+        key: str, field: FieldInfo, limit: int) -> None:
+    from models.memory import estimate_config
+
+    small = []
+    for value in [*EXTREMES, *bounds(field)]:
+        raw = base_for(key)
+        set_key(raw, key, value, field)
+        try:
+            cfg = from_dict(raw, warn=False)
+        except ConfigError as e:  # any other exception fails the test
+            assert "\n" not in str(e) and str(e), (key, value)
+            continue
+        estimate = estimate_config(cfg)
+        assert estimate.total <= limit, (key, value)
+        layers = cfg.model.encoder_layers + cfg.model.decoder_layers  # each takes ~1 ms to build, even on meta
+        if layers <= 100:
+            with torch.device("meta"):  # the model's shapes, nothing allocated: at any accepted size
+                assert held_bytes(Seq2SeqTransformer(cfg.model, cfg.tokenizer.vocab_size, PAD)) <= estimate.model
+        if estimate.model < 2**24 and layers <= 24:
+            small.append((value, cfg, estimate.model))
+    if small:  # one accepted value, built for real
+        value, cfg, model_bytes = random.Random(key).choice(small)
+        assert held_bytes(Seq2SeqTransformer(cfg.model, cfg.tokenizer.vocab_size, PAD)) <= model_bytes, (key, value)
+
+
+def test_the_hostile_sizes_are_within_reach_of_the_extremes() -> None:
+    """The keys of the sizes that took the machine down are among those walked, with an upper bound each."""
+    walked = dict(NUMERIC)
+    for key in ("model.cope.npos_max", "model.augment.shape.max_shift", "model.augment.randomized.max_length",
+                "model.sandwich.dim", "model.shaw.max_distance", "model.fire.mlp_width", "model.max_positions",
+                "model.rope.factor", "model.rope.theta", "model.gaussian_sigma", "model.d_model", "model.d_ff",
+                "model.encoder_layers", "model.decoder_layers", "model.n_heads", "tokenizer.vocab_size",
+                "data.max_tokens", "data.max_len"):
+        assert any(hasattr(m, "le") for m in walked[key].metadata), key

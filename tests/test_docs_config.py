@@ -89,8 +89,8 @@ def test_allowed_values_come_from_literals_ranges_and_the_registry(page: str) ->
     assert rows["train.label_smoothing"][2] == "≥ 0, < 1"
     assert rows["train.nonfinite"][2] == "`stop`, `skip`"
     assert rows["train.amp_cpu"][2] == "`true`, `false`, `auto`"
-    assert rows["train.max_steps"][:3] == ["integer or null", "`null`", "≥ 1, `null`"]
-    assert rows["model.rope.theta"][2] == "> 1"
+    assert rows["train.max_steps"][:3] == ["integer or null", "`null`", "≥ 1, ≤ 10000000000, `null`"]
+    assert rows["model.rope.theta"][2] == "> 1, ≤ 1e+12"
     assert rows["model.attention_pe"][2] == ", ".join(f"`{n}`" for n in REGISTRY["attention"])
     assert rows["model.decoder_pe.input"][2] == ", ".join(f"`{n}`" for n in [*REGISTRY["input"], None]).replace(
         "`None`", "`null`")

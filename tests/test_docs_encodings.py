@@ -98,7 +98,7 @@ def test_each_page_holds_its_title_paper_formula_and_settings_keys(pages: dict[s
             assert f"| `model.{key}` |" in page
         assert "## Where it is allowed" in page and "## CTranslate2 export" in page
     rope = pages[f"{FOLDER}/rope.md"]
-    assert "| `model.rope.theta` | number, > 1 | `10000.0` |" in rope
+    assert "| `model.rope.theta` | number, > 1, ≤ 1e+12 | `10000.0` |" in rope
     assert "| `model.rope.scaling` | one of `none`, `linear`, `ntk`, `yarn` | `none` |" in rope
     assert "| Hooks | `rotate` |" in rope
     assert "| cross-attention | no: model.cross_attention_pe=rope: CTranslate2's cross-attention has no positional " \

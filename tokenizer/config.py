@@ -19,8 +19,8 @@ class TokenizerConfig(Section):
         "bpe", description="The vocabulary, one for both languages, trained on the training split: `bpe` or "
         "`unigram` subwords, `char` characters, `word` whole words; or `marian`, a pretrained Marian tokenizer "
         "(`tokenizer.path`).")
-    vocab_size: int = Field(8000, ge=1, description="Tokens in the trained vocabulary, special tokens (and the 256 "
-                            "byte tokens of `tokenizer.byte_fallback`) included.")
+    vocab_size: int = Field(8000, ge=1, le=1_000_000, description="Tokens in the trained vocabulary, special tokens "
+                            "(and the 256 byte tokens of `tokenizer.byte_fallback`) included.")
     min_frequency: int = Field(2, ge=0, description="Keep only tokens (merges, characters, words) seen at least this "
                                "many times in the training data.")
     lowercase: bool = Field(False, description="Lowercase all text before tokenizing; test.py then scores "

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 
 from data.config import DataConfig
 from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig, encoding_sections
+from models.memory import check as check_memory
 from models.positional import REGISTRY
 from models.positional.augment import check_augmentation
 from models.positional.base import name_at
@@ -44,15 +45,15 @@ CROSS_ATTENTION_PE_KEY = "model.cross_attention_pe"
 class TrainConfig(Section):
     """Optimisation, schedule, evaluation and stopping."""
 
-    epochs: int = Field(50, ge=1, description="Passes over the training data; training stops after the last one at "
-                        "the latest.")
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (validating and "
-                                  "saving `last.pt` first); null: no step limit.")
-    max_target_tokens: int | None = Field(None, ge=1, description="Stop once this many target tokens were trained on, "
-                                          "counted over every process; null: no limit.")
-    max_minutes: float | None = Field(None, gt=0, description="Stop after this much wall time, in minutes; null: no "
-                                      "limit.")
-    lr: float = Field(5e-4, ge=0, description="Peak learning rate of AdamW (the rate after warmup); with "
+    epochs: int = Field(50, ge=1, le=10**7, description="Passes over the training data; training stops after the "
+                        "last one at the latest.")
+    max_steps: int | None = Field(None, ge=1, le=10**10, description="Stop after this many optimizer steps "
+                                  "(validating and saving `last.pt` first); null: no step limit.")
+    max_target_tokens: int | None = Field(None, ge=1, le=10**15, description="Stop once this many target tokens were "
+                                          "trained on, counted over every process; null: no limit.")
+    max_minutes: float | None = Field(None, gt=0, le=10**8, description="Stop after this much wall time, in minutes; "
+                                      "null: no limit.")
+    lr: float = Field(5e-4, ge=0, le=10, description="Peak learning rate of AdamW (the rate after warmup); with "
                       "`train.lr_batch_tokens` the peak for batches of that size. 0 freezes the weights (a control "
                       "run).")
     scheduler: Literal["inverse_sqrt", "constant"] = Field(
@@ -70,48 +71,52 @@ class TrainConfig(Section):
                                     "validation scores the averaged weights, and every checkpoint holds them as "
                                     "its `model` (what decoding loads; `last.pt` keeps the training weights too, "
                                     "to resume). null: off.")
-    warmup_steps: int = Field(4000, ge=0, description="Warmup length in optimizer steps; ignored when "
+    warmup_steps: int = Field(4000, ge=0, le=10**10, description="Warmup length in optimizer steps; ignored when "
                               "`train.warmup_tokens` is set (a `--set` of it is then refused).")
-    warmup_tokens: int | None = Field(None, ge=1, description="Warmup length in target tokens instead of steps, so "
+    warmup_tokens: int | None = Field(None, ge=1, le=10**15, description="Warmup length in target tokens instead of "
+                                      "steps, so "
                                       "that it holds at any batch size (replaces `train.warmup_steps`); null: count "
                                       "the warmup in steps.")
-    lr_batch_tokens: int | None = Field(None, ge=1, description="Makes `train.lr` the peak for batches of this many "
+    lr_batch_tokens: int | None = Field(None, ge=1, le=10**12, description="Makes `train.lr` the peak for batches of "
+                                        "this many "
                                         "target tokens, scaled by sqrt(batch / lr_batch_tokens) for other batch "
                                         "sizes (Adam's square-root rule, Malladi et al. 2022); batch = mean target "
                                         "tokens per optimizer step. null: `train.lr` as given.")
     betas: list[float] = Field(default_factory=lambda: [0.9, 0.98], description="AdamW's two decay rates "
                                "(beta1, beta2), each in [0, 1).")
-    eps: float = Field(1e-9, gt=0, description="AdamW's epsilon, added to the denominator for stability.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay; 0: none.")
+    eps: float = Field(1e-9, gt=0, le=1, description="AdamW's epsilon, added to the denominator for stability.")
+    weight_decay: float = Field(0.0, ge=0, le=100, description="AdamW's decoupled weight decay; 0: none.")
     label_smoothing: float = Field(0.1, ge=0, lt=1, description="Share of probability mass the training target "
                                    "spreads over the whole vocabulary (label smoothing, Szegedy et al. 2016); 0: "
                                    "plain cross-entropy.")
     fused_loss: bool = Field(True, description="Compute the output layer and its loss chunk by chunk of rows, "
                              "gradients in the same pass, never holding the full [tokens x vocabulary] logits "
                              "(much less memory); false: the plain linear layer then cross-entropy.")
-    clip_norm: float = Field(1.0, ge=0, description="Clip the gradient's global norm to this value; 0: no clipping.")
+    clip_norm: float = Field(1.0, ge=0, le=1e9, description="Clip the gradient's global norm to this value; 0: no "
+                             "clipping.")
     nonfinite: Literal["stop", "skip"] = Field(
         "stop", description="A step whose loss or gradient norm is NaN or infinite: `stop` training with one line "
         "naming it, or `skip` it without an update (training stops after 20 skipped in a row). fp16 overflow steps "
         "are the gradient scaler's to skip.")
-    accumulate: int = Field(1, ge=1, description="Batches whose gradients are summed per optimizer step (gradient "
-                            "accumulation): the effective batch is this many times `data.max_tokens`.")
-    eval_every: int = Field(0, ge=0, description="Validate (loss and BLEU) every N iterations (batches); 0: at the "
-                            "end of each epoch.")
-    patience: int = Field(10, ge=1, description="Early stopping: stop after this many validations in a row without a "
-                          "better validation BLEU.")
-    valid_bleu_sentences: int | None = Field(None, ge=1, description="Score validation BLEU on the first N "
+    accumulate: int = Field(1, ge=1, le=65536, description="Batches whose gradients are summed per optimizer step "
+                            "(gradient accumulation): the effective batch is this many times `data.max_tokens`.")
+    eval_every: int = Field(0, ge=0, le=10**10, description="Validate (loss and BLEU) every N iterations (batches); "
+                            "0: at the end of each epoch.")
+    patience: int = Field(10, ge=1, le=10**10, description="Early stopping: stop after this many validations in a "
+                          "row without a better validation BLEU.")
+    valid_bleu_sentences: int | None = Field(None, ge=1, le=10**9, description="Score validation BLEU on the first N "
                                              "validation pairs only (faster); null: all of them.")
-    valid_beam: int = Field(1, ge=1, description="Beam size for validation BLEU; 1: greedy decoding.")
-    log_every: int = Field(50, ge=1, description="Log loss, learning rate and target tokens/s every N iterations "
-                           "(batches); without a terminal these lines are the progress report.")
-    keep_checkpoints: int = Field(0, ge=0, description="Keep the last K periodic checkpoints "
+    valid_beam: int = Field(1, ge=1, le=1024, description="Beam size for validation BLEU; 1: greedy decoding.")
+    log_every: int = Field(50, ge=1, le=10**10, description="Log loss, learning rate and target tokens/s every N "
+                           "iterations (batches); without a terminal these lines are the progress report.")
+    keep_checkpoints: int = Field(0, ge=0, le=10**5, description="Keep the last K periodic checkpoints "
                                   "(`checkpoints/step_<iteration>.pt`), e.g. to average them with `--average`; 0: "
                                   "none.")
-    checkpoint_every: int = Field(0, ge=0, description="Write a periodic checkpoint (and refresh `last.pt`) every N "
+    checkpoint_every: int = Field(0, ge=0, le=10**10, description="Write a periodic checkpoint (and refresh "
+                                  "`last.pt`) every N "
                                   "iterations; 0: at each validation. Only with `train.keep_checkpoints` > 0.")
-    log_attention_every: int = Field(0, ge=0, description="Log the attention maps of one validation sentence to "
-                                     "TensorBoard every N epochs; 0: off.")
+    log_attention_every: int = Field(0, ge=0, le=10**7, description="Log the attention maps of one validation "
+                                     "sentence to TensorBoard every N epochs; 0: off.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train: `auto` takes CUDA when "
                                                    "present, else the CPU.")
     amp: Literal["none", "bf16", "fp16"] = Field(
@@ -122,31 +127,34 @@ class TrainConfig(Section):
         "bf16 natively (AVX512-BF16, AMX or Arm BF16 instructions; faster than fp32 there, with less memory) and "
         "fp32 elsewhere, where bf16 is emulated and several times slower; `true` forces bf16, `false` forces fp32. "
         "The training log names the precision chosen.")
-    num_threads: int | None = Field(None, ge=1, description="CPU threads for training (`torch.set_num_threads`), "
+    num_threads: int | None = Field(None, ge=1, le=4096, description="CPU threads for training "
+                                    "(`torch.set_num_threads`), "
                                     "shared by the processes of one machine under torchrun; null: every core.")
     compile: bool = Field(False, description="`torch.compile` the training forward (inductor, dynamic shapes, the "
                           "same random numbers as eager); off by default: slower than eager on the 2-core CPUs "
                           "measured.")
-    profile_steps: int = Field(0, ge=0, description="Run the PyTorch profiler over this many optimizer steps and "
+    profile_steps: int = Field(0, ge=0, le=10**6, description="Run the PyTorch profiler over this many optimizer "
+                               "steps and "
                                "write `<run>/profile/phases.json` (milliseconds per step by phase) and the trace; 0: "
                                "off.")
-    profile_after: int = Field(10, ge=1, description="Optimizer steps to skip (warm-up) before `train.profile_steps` "
-                               "starts profiling.")
+    profile_after: int = Field(10, ge=1, le=10**10, description="Optimizer steps to skip (warm-up) before "
+                               "`train.profile_steps` starts profiling.")
 
 
 class DecodeConfig(Section):
     """Decoding defaults shared by validation, inference.py and test.py."""
 
-    beam: int = Field(5, ge=1, description="Beam size; 1: greedy decoding. `--beam` of inference.py and test.py "
-                      "overrides it.")
-    nbest: int = Field(1, ge=1, description="Hypotheses returned per sentence, best first; at most `decode.beam`.")
-    lenpen: float = Field(0.6, ge=0, description="GNMT length penalty alpha (Wu et al. 2016, eq. 14): finished "
+    beam: int = Field(5, ge=1, le=1024, description="Beam size; 1: greedy decoding. `--beam` of inference.py and "
+                      "test.py overrides it.")
+    nbest: int = Field(1, ge=1, le=1024, description="Hypotheses returned per sentence, best first; at most "
+                       "`decode.beam`.")
+    lenpen: float = Field(0.6, ge=0, le=100, description="GNMT length penalty alpha (Wu et al. 2016, eq. 14): finished "
                           "hypotheses are ranked by log-probability / ((5 + length) / 6)^alpha, so larger values "
                           "favour longer outputs; 0: raw log-probability.")
-    max_len_a: float = Field(1.5, ge=0, description="Output length cap: a hypothesis ends at a * source length + b "
-                             "tokens (`b` = `decode.max_len_b`).")
-    max_len_b: int = Field(10, ge=0, description="The `b` of the output length cap a * source length + b.")
-    batch_size: int = Field(64, ge=1, description="Sentences decoded together in one batch.")
+    max_len_a: float = Field(1.5, ge=0, le=1000, description="Output length cap: a hypothesis ends at a * source "
+                             "length + b tokens (`b` = `decode.max_len_b`).")
+    max_len_b: int = Field(10, ge=0, le=10**6, description="The `b` of the output length cap a * source length + b.")
+    batch_size: int = Field(64, ge=1, le=10**6, description="Sentences decoded together in one batch.")
     beam_stop: Literal["bound", "k_finished"] = Field(
         "bound", description="When a sentence's beam search ends: `bound` once no live hypothesis can beat its "
         "finished n-best (finds the output the model prefers); `k_finished` once `decode.beam` hypotheses have "
@@ -281,6 +289,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.betas: expected two numbers, got {cfg.train.betas}")
     _check_encodings(cfg)
     check_augmentation(cfg, REGISTRY)
+    check_memory(cfg)  # last: the sizes it adds up are each valid
     return cfg
 
 

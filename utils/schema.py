@@ -132,17 +132,29 @@ def _coerce(value: Any, tp: Any, where: str = "") -> Any:
     return value
 
 
+def _show(value: float, bound: bool = False) -> str:
+    """A value (or a ``bound``) as people write it: integers in full up to 16 digits, a value's float as typed, a
+    bound's as ``%g``, and anything larger as ``%g`` (1e+300, not 301 digits)."""
+    if isinstance(value, int) and abs(value) < 10**16:
+        return str(value)
+    if isinstance(value, float) and abs(value) < 1e16 and not bound:
+        return repr(value)
+    return f"{float(value):g}"
+
+
 def _check_range(value: Any, metadata: list[Any]) -> None:
-    """A finite number within the field's ``ge``/``gt``/``lt`` bounds, else ``_Bad`` stating them all."""
-    ge, gt, lt = (next((getattr(m, b) for m in metadata if hasattr(m, b)), None) for b in ("ge", "gt", "lt"))
-    if (ge, gt, lt) == (None, None, None) or not isinstance(value, (int, float)) or isinstance(value, bool):
+    """A finite number within the field's ``ge``/``gt``/``le``/``lt`` bounds, else ``_Bad`` stating them all."""
+    bounds = {b: next((getattr(m, b) for m in metadata if getattr(m, b, None) is not None), None)
+              for b in ("ge", "gt", "le", "lt")}
+    if all(v is None for v in bounds.values()) or not isinstance(value, (int, float)) or isinstance(value, bool):
         return
-    parts = ([f">= {ge:g}"] if ge is not None else []) + ([f"> {gt:g}"] if gt is not None else []) \
-        + ([f"< {lt:g}"] if lt is not None else [])
+    ops = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    parts = [f"{ops[b]} {_show(v, bound=True)}" for b, v in bounds.items() if v is not None]
+    ge, gt, le, lt = bounds.values()
     ok = math.isfinite(value) and (ge is None or value >= ge) and (gt is None or value > gt) \
-        and (lt is None or value < lt)
+        and (le is None or value <= le) and (lt is None or value < lt)
     if not ok:
-        raise _Bad(f": must be {' and '.join(parts)}, got {value!r}", out_of_range=True)
+        raise _Bad(f": must be {' and '.join(parts)}, got {_show(value)}", out_of_range=True)
 
 
 class Section(BaseModel):

@@ -5,9 +5,10 @@ line in ``REGISTRY`` below; its own settings, if any, are a Section declared on 
 and become ``model.<key>`` without an edit elsewhere. ``model.input_pe`` names an input-level entry;
 ``model.attention_pe`` (self-attention) and ``model.cross_attention_pe`` (cross-attention) name
 attention-level entries.
-The class carries everything else about the encoding: what to plot (``plots``) and how to export to
-CTranslate2 or why it cannot (``ct2_*``), with defaults in ``models/positional/base.py``; nothing outside
-the registry switches on encoding names or classes.
+The class carries everything else about the encoding: what to plot (``plots``), how to export to
+CTranslate2 or why it cannot (``ct2_*``), and the memory it takes (``memory``, ``plot_memory``: what
+``models.memory`` adds up before a model is built), with defaults in ``models/positional/base.py``; nothing
+outside the registry switches on encoding names or classes.
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from models.positional.base import InputPE, Plot
+from models.positional.base import F32, InputPE, Plot, Share, Use
 
 if TYPE_CHECKING:
     from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
@@ -55,6 +56,15 @@ class SinusoidalPE(InputPE):
         super().__init__(cfg)
         self.register_buffer("cached", sinusoid_table(cfg.max_positions, cfg.d_model), persistent=False)
 
+    @classmethod
+    def memory(cls, cfg: ModelConfig, use: Use) -> Share:
+        """A float32 table of ``model.max_positions`` rows, regrown to the largest position trained on; building
+        one takes 16 bytes a value (float64 table, angles and their sines) beside the table it replaces."""
+        rows = max(cfg.max_positions, use.positions)
+        key = "model.max_positions" if cfg.max_positions >= use.positions else use.positions_key
+        old = F32 * cfg.max_positions * cfg.d_model if rows > cfg.max_positions else 0
+        return Share(buffers=F32 * rows * cfg.d_model, working=16 * rows * cfg.d_model + old, key=key)
+
     def table(self, length: int) -> torch.Tensor:
         if length > self.cached.shape[0]:
             self.cached = sinusoid_table(length, self.cfg.d_model).to(self.cached.device)
@@ -94,6 +104,12 @@ class LearnablePE(InputPE):
     def length_limit(cls, cfg: ModelConfig) -> tuple[int, str]:
         return cfg.max_positions, f"model.max_positions={cfg.max_positions}"
 
+    @classmethod
+    def memory(cls, cfg: ModelConfig, use: Use) -> Share:
+        """The learned table ``[max_positions, d_model]`` (its N(0, 1) draw is scaled into a copy)."""
+        table = F32 * cfg.max_positions * cfg.d_model
+        return Share(parameters=table, working=table, key="model.max_positions")
+
     def table(self, length: int) -> torch.Tensor:
         return self.weight[:length].detach()
 
@@ -129,6 +145,11 @@ class LearnableLNPE(LearnablePE):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.norm = nn.LayerNorm(cfg.d_model)
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, use: Use) -> Share:
+        share = super().memory(cfg, use)
+        return replace(share, parameters=share.parameters + F32 * 2 * cfg.d_model)  # the LayerNorm's gain and bias
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return super().embed(self.norm(x), positions)

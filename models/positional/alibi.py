@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from models.positional.base import AttentionKind, AttentionPE, Plot
+from models.positional.base import F32, AttentionKind, AttentionPE, Plot, Share, Use
 
 if TYPE_CHECKING:
     from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
@@ -60,6 +60,11 @@ class ALiBiPE(AttentionPE):
         super().__init__(cfg, kind)
         slopes = torch.tensor(alibi_slopes(cfg.n_heads), dtype=torch.float32)
         self.register_buffer("slopes", slopes, persistent=False)  # [H]
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """The slopes ``[H]``; each forward's distances ``[T, T]`` and bias ``[H, T, T]``."""
+        return Share(buffers=F32 * cfg.n_heads, working=(16 + F32 * cfg.n_heads) * use.length**2, key="data.max_len")
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
         """q_pos ``[Tq]``, k_pos ``[Tk]`` -> ``[1, H, Tq, Tk]``: -m_h |i - j| (decoder: -m_h (i - j))."""

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from pydantic import Field
 
+from models.positional.base import F64, Share
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
@@ -81,8 +82,8 @@ class ShapeConfig(Section):
         "An input table must hold the longest training sentence with its end token plus K positions."
     )
 
-    max_shift: int = Field(100, ge=1, description="K: the largest offset k added to every position of a stack "
-                           "(k ~ U{0..K}, one draw per batch); the authors' released WMT configs use 10 to 500.")
+    max_shift: int = Field(100, ge=1, le=1_000_000, description="K: the largest offset k added to every position of a "
+                           "stack (k ~ U{0..K}, one draw per batch); the authors' released WMT configs use 10 to 500.")
 
 
 class RandomizedConfig(Section):
@@ -105,8 +106,8 @@ class RandomizedConfig(Section):
         "positions."
     )
 
-    max_length: int | None = Field(None, ge=1, description="L: positions are drawn from 0..L-1; required with "
-                                   "`model.augment.method=randomized`, set it above the longest input the model "
+    max_length: int | None = Field(None, ge=1, le=1_000_000, description="L: positions are drawn from 0..L-1; required "
+                                   "with `model.augment.method=randomized`, set it above the longest input the model "
                                    "will be tested on.")
 
 
@@ -131,12 +132,12 @@ class CapeConfig(Section):
         "authors' code. Positions are not mean-centred."
     )
 
-    max_global_shift: float = Field(5.0, ge=0, description="Largest global shift: Delta ~ U[-max_global_shift, "
+    max_global_shift: float = Field(5.0, ge=0, le=1e6, description="Largest global shift: Delta ~ U[-max_global_shift, "
                                     "max_global_shift], one per batch and stack.")
     max_local_shift: float = Field(1.0, ge=0, description="Width w of each position's own jitter, eps_i ~ U[-w/2, "
                                    "w/2]; at most 1 keeps the positions in order.")
-    max_global_scaling: float = Field(1.03, ge=1, description="Largest global scaling s: log lambda ~ U[-log s, "
-                                      "log s].")
+    max_global_scaling: float = Field(1.03, ge=1, le=100, description="Largest global scaling s: log lambda ~ U[-log "
+                                      "s, log s].")
 
 
 class AugmentConfig(Section):
@@ -171,6 +172,22 @@ class AugmentConfig(Section):
     shape: ShapeConfig = Field(default_factory=ShapeConfig, description="Settings of `shape`.")
     randomized: RandomizedConfig = Field(default_factory=RandomizedConfig, description="Settings of `randomized`.")
     cape: CapeConfig = Field(default_factory=CapeConfig, description="Settings of `cape`.")
+
+    def positions(self, length: int) -> tuple[int, str]:
+        """(the positions a training sequence of ``length`` tokens may take, all below it; the setting that sets it):
+        ``length`` plus SHAPE's largest offset, randomized's L, or ``length`` (CAPE's real positions index no table)."""
+        if self.method == "shape":
+            return length + self.shape.max_shift, "model.augment.shape.max_shift"
+        if self.method == "randomized" and self.randomized.max_length is not None:
+            return max(length, self.randomized.max_length), "model.augment.randomized.max_length"
+        return length, "data.max_len"
+
+    def memory(self) -> Share:
+        """What a draw takes: randomized permutes all of 0..L-1 (int64) to pick its subset; the others, a few
+        positions."""
+        if self.method == "randomized" and self.randomized.max_length is not None:
+            return Share(working=F64 * self.randomized.max_length, key="model.augment.randomized.max_length")
+        return Share()
 
     def describe(self) -> str:
         """``shape (k ~ U{0..100})``, ...: the method and its distribution in a few words; "" for none."""

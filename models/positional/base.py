@@ -14,8 +14,9 @@ KV-cached decoding step passes its true offset and the same code serves training
 positions to the encodings that declare ``positions = "real"``.
 
 Beyond the forward hooks, an encoding describes itself to the layers above (which never switch on names):
-``plots`` returns ``Plot`` specs that ``utils.figures.maps`` draws, and ``ct2_refusal`` / ``ct2_token_weight``
-/ ``ct2_stack`` / ``ct2_fill`` map it onto a CTranslate2 spec (ctranslate2 is imported lazily, inside).
+``plots`` returns ``Plot`` specs that ``utils.figures.maps`` draws, ``ct2_refusal`` / ``ct2_token_weight``
+/ ``ct2_stack`` / ``ct2_fill`` map it onto a CTranslate2 spec (ctranslate2 is imported lazily, inside), and
+``memory`` states the memory it takes (``Share``), which ``models.memory`` adds up before anything is built.
 """
 
 from __future__ import annotations
@@ -47,6 +48,51 @@ class Plot:
     draw: str  # the name of a function in utils.figures.plots, e.g. "pe_heatmap", "bias_grid"
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Use:
+    """What one training step gives the encodings, for their memory estimate (``models.memory``): sequences of at
+    most ``length`` tokens (bos/eos included), positions below ``positions`` (more than ``length`` under
+    ``model.augment``; ``positions_key`` is the setting that sets them) and ``tokens`` tokens per batch (sequences
+    times their padded length)."""
+
+    length: int
+    positions: int
+    tokens: int
+    positions_key: str = "data.max_len"
+
+
+@dataclass(frozen=True)
+class Share:
+    """The memory of one encoding (one instance: the model holds one per attention layer it serves), in bytes:
+    learned ``parameters`` (training holds them five times: with their gradients, AdamW's two moments and its
+    step's temporaries, ``models.memory.TRAINING_COPIES``), ``buffers`` it keeps, and the
+    ``working`` memory it computes while it is built or in one training forward (what it keeps for the backward
+    pass included); ``key`` is the setting that sizes it most, e.g. ``model.cope.npos_max`` ("" if none)."""
+
+    parameters: int = 0
+    buffers: int = 0
+    working: int = 0
+    key: str = ""
+
+
+#: Bytes of a float32 and of a float64 / int64 element.
+F32, F64 = 4, 8
+
+
+def largest(*terms: tuple[str, int]) -> str:
+    """The key of the largest of ``terms`` (setting, bytes it sizes): which one a ``Share`` names."""
+    return max(terms, key=lambda term: term[1])[0]
+
+
+def meta_share(build: Callable[[], nn.Module], working: int = 0, key: str = "") -> Share:
+    """The parameters and buffers of the module ``build()`` makes, built on the meta device (no memory is taken,
+    no value computed): the default ``memory`` of an encoding that states none."""
+    with torch.device("meta"):
+        module = build()
+    return Share(sum(p.numel() * p.element_size() for p in module.parameters()),
+                 sum(b.numel() * b.element_size() for b in module.buffers()), working, key)
 
 
 class SharedPositions:
@@ -137,6 +183,23 @@ class InputPE(Reference, nn.Module):
         if limit is not None and limit[0] < need:
             raise ConfigError(f"{key}={name_at(cfg, key)} represents {limit[0]} positions ({limit[1]}), "
                               f"fewer than the {need} of a data.max_len={cfg.data.max_len} sentence with its eos")
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, use: Use) -> Share:
+        """The memory one instance (one stack's) takes in training (``Use``), before it is built. By default its
+        parameters and buffers as built on the meta device, no working memory: override where the config sizes a
+        table, a build or a per-forward tensor."""
+        return meta_share(lambda: cls(cfg))
+
+    @classmethod
+    def plot_memory(cls, cfg: ModelConfig, length: int) -> int:
+        """Bytes its figures (``plots``) take at ``length`` positions (visualize.py refuses a ``--length`` beyond
+        the machine). By default: its table at the positions it represents, and for each table drawn (one per side
+        for a learned table) the similarity matrices between positions, cosine and MDS, ~96 bytes a pair."""
+        limit = cls.length_limit(cfg)
+        n = min(length, limit[0]) if limit is not None else length
+        share = cls.memory(cfg, Use(n, n, n))
+        return share.buffers + share.working + (2 if share.parameters else 1) * 96 * n * n
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -231,6 +294,19 @@ class AttentionPE(Reference, nn.Module):
     def check(cls, cfg: Config, key: str) -> None:
         """ConfigError, one line, for settings this encoding cannot run with; ``key`` names the setting that
         chose it (model.attention_pe or model.cross_attention_pe). Validation calls it."""
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """The memory one instance (one layer's, in ``kind`` attention) takes in training (``Use``), before it is
+        built. By default its parameters and buffers as built on the meta device, no working memory: override
+        where the config sizes a table, a build or a per-forward tensor (e.g. a bias of every query and key)."""
+        return meta_share(lambda: cls(cfg, kind))
+
+    @classmethod
+    def plot_memory(cls, cfg: ModelConfig, length: int) -> int:
+        """Bytes its figures (``plots`` at ``length`` positions, ``model_plots``) take; by default a grid of
+        ``length`` x ``length`` values per head, ~64 bytes each drawn."""
+        return 64 * cfg.n_heads * length**2
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
@@ -341,6 +417,14 @@ class NoInputPE(InputPE):
     )
     ct2_export = ("A table of zeros is written as CTranslate2's position table (without one, CTranslate2 would add "
                   "its own sinusoids).")
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, use: Use) -> Share:
+        return Share()
+
+    @classmethod
+    def plot_memory(cls, cfg: ModelConfig, length: int) -> int:
+        return 0
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x

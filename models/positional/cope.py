@@ -37,7 +37,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from models.positional.base import AttentionKind, AttentionPE, Plot
+from models.positional.base import F32, AttentionKind, AttentionPE, Plot, Share, Use, largest
 from utils.schema import Section
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 class CopeConfig(Section):
     """Contextual position encoding (Golovneva et al. 2024)."""
 
-    npos_max: int = Field(64, ge=2, description="Rows of the learned position table; contextual positions (gated "
-                          "counts of keys) are clipped to npos_max - 1.")
+    npos_max: int = Field(64, ge=2, le=1_000_000, description="Rows of the learned position table; contextual "
+                          "positions (gated counts of keys) are clipped to npos_max - 1.")
 
 
 class CopePE(AttentionPE):
@@ -89,6 +89,17 @@ class CopePE(AttentionPE):
         super().__init__(cfg, kind)
         self.npos_max = cfg.cope.npos_max
         self.pos_embed = nn.Parameter(torch.zeros(self.npos_max, self.head_dim))  # zeros, as the reference
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """The table ``[npos_max, Dh]``; per forward the scores of every query against each table row,
+        ``[B, H, Tq, npos_max]`` (and three more such in the backward: one gradient per gather, their sum), and about
+        twenty ``[B, H, Tq, Tk]`` steps (gates, their sums, the gathers)."""
+        table = F32 * cfg.cope.npos_max * (cfg.d_model // cfg.n_heads)
+        per_position = 4 * F32 * use.tokens * cfg.n_heads * cfg.cope.npos_max
+        grid = 80 * use.tokens * cfg.n_heads * use.length
+        return Share(parameters=table, working=per_position + grid,
+                     key=largest(("model.cope.npos_max", 4 * table + per_position), ("data.max_len", grid)))
 
     def contextual_positions(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, mask: torch.Tensor | None

@@ -40,7 +40,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from models.positional.base import AttentionKind
+from models.positional.base import F32, AttentionKind, Share, Use, largest
 from models.positional.t5 import DistanceBiasPE
 from utils.schema import Section
 
@@ -51,9 +51,9 @@ if TYPE_CHECKING:
 class DpbConfig(Section):
     """Dynamic position bias (x-transformers' ``DynamicPositionBias``): the MLP's shape and its input."""
 
-    mlp_width: int | None = Field(None, ge=1, description="Hidden units of the MLP; null: `model.d_model` // 4 "
-                                  "(x-transformers' default).")
-    depth: int = Field(2, ge=1, description="Hidden Linear-SiLU blocks of the MLP (x-transformers' "
+    mlp_width: int | None = Field(None, ge=1, le=65536, description="Hidden units of the MLP; null: `model.d_model` // "
+                                  "4 (x-transformers' default).")
+    depth: int = Field(2, ge=1, le=64, description="Hidden Linear-SiLU blocks of the MLP (x-transformers' "
                        "`dynamic_pos_bias_mlp_depth`).")
     log_distance: bool = Field(False, description="Feed the MLP sign(i - j) log(|i - j| + 1) instead of the raw "
                                "distance i - j.")
@@ -101,6 +101,22 @@ class DpbPE(DistanceBiasPE):
         dpb = cfg.dpb
         self.log_distance = dpb.log_distance
         self.mlp = dpb_mlp(dpb.mlp_width or max(1, cfg.d_model // 4), dpb.depth, cfg.n_heads, dpb.norm)
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """The MLP; per forward its blocks' outputs (``[2T - 1, width]`` each, one per distance; ``[T, T, width]``
+        under CAPE's real positions, one per pair), kept for the backward, and the bias ``[T, T, H]``."""
+        dpb, heads = cfg.dpb, cfg.n_heads
+        width = dpb.mlp_width or max(1, cfg.d_model // 4)
+        params = F32 * (2 * width + (dpb.depth - 1) * (width**2 + width) + 2 * width * dpb.depth * dpb.norm
+                        + width * heads + heads)
+        rows = use.length**2 if cfg.augment.method == "cape" else 2 * use.length
+        blocks = F32 * rows * (width * dpb.depth * (2 + dpb.norm) + 2)
+        grid = (16 + 2 * F32 * heads) * use.length**2
+        wide = dpb.mlp_width / max(1, cfg.d_model // 4) if dpb.mlp_width else 1.0  # against the default width
+        mlp = "model.dpb.depth" if dpb.depth / 2 > wide else "model.dpb.mlp_width" if dpb.mlp_width else "model.d_model"
+        return Share(parameters=params, working=blocks + grid,
+                     key=largest((mlp, blocks + 4 * params), ("data.max_len", grid)))
 
     def features(self, rel: torch.Tensor) -> torch.Tensor:
         """i - j (float) -> the MLP's input x: itself, or sign(i - j) log(|i - j| + 1)."""

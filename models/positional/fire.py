@@ -46,7 +46,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from models.positional.base import AttentionKind, AttentionPE, Plot
+from models.positional.base import F32, AttentionKind, AttentionPE, Plot, Share, Use, largest
 from utils.schema import Section
 
 if TYPE_CHECKING:
@@ -59,10 +59,10 @@ EPS = 1e-6
 class FireConfig(Section):
     """FIRE (Li et al. 2024): the MLP's width and the initial values of the learned c and L."""
 
-    mlp_width: int = Field(32, ge=1, description="Hidden units of the MLP (the paper's 32).")
-    init_c: float = Field(0.1, gt=0, description="Initial value of the learned c in psi(x) = log(c x + 1).")
-    init_threshold: float = Field(512.0, gt=0, description="Initial value of the learned threshold L: the query "
-                                  "position is normalised by psi(max(L, i)).")
+    mlp_width: int = Field(32, ge=1, le=65536, description="Hidden units of the MLP (the paper's 32).")
+    init_c: float = Field(0.1, gt=0, le=1e6, description="Initial value of the learned c in psi(x) = log(c x + 1).")
+    init_threshold: float = Field(512.0, gt=0, le=1e9, description="Initial value of the learned threshold L: the "
+                                  "query position is normalised by psi(max(L, i)).")
 
 
 def fire_mlp(width: int, n_heads: int) -> nn.Sequential:
@@ -109,6 +109,18 @@ class FirePE(AttentionPE):
         self.threshold_scale = nn.Parameter(torch.tensor(1.0))
         self.mlp = fire_mlp(fire.mlp_width, cfg.n_heads)
         self.mlp_ahead = fire_mlp(fire.mlp_width, cfg.n_heads) if kind != "decoder" else None
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """c, L and one MLP (two outside the decoder); per forward the normalised distances ``[T, T]`` and, for
+        each MLP, its hidden layer before and after the ReLU ``[T, T, mlp_width]`` (kept for the backward, which
+        makes two more such) and its output ``[T, T, H]``."""
+        width, heads, mlps = cfg.fire.mlp_width, cfg.n_heads, 1 if kind == "decoder" else 2
+        params = F32 * (mlps * (2 * width + width * heads + heads) + 2)
+        hidden = F32 * mlps * 4 * width * use.length**2
+        rest = (32 + F32 * (mlps + 1) * heads + 1) * use.length**2
+        return Share(parameters=params, working=hidden + rest,
+                     key=largest(("model.fire.mlp_width", hidden + 4 * params), ("data.max_len", rest)))
 
     @property
     def threshold(self) -> torch.Tensor:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from models.positional.absolute import PositionLimitError
-from models.positional.base import InputPE, Plot
+from models.positional.base import F32, F64, InputPE, Plot, Share, Use
 from utils.schema import ConfigError
 
 if TYPE_CHECKING:
@@ -51,6 +51,11 @@ class _FixedTablePE(InputPE):
     @classmethod
     def length_limit(cls, cfg: ModelConfig) -> tuple[int, str]:
         return cfg.d_model, f"model.d_model={cfg.d_model}"
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, use: Use) -> Share:
+        """The float32 ``[d_model, d_model]`` table, built through float64 ``[d_model, d_model]`` steps."""
+        return Share(buffers=F32 * cfg.d_model**2, working=4 * F64 * cfg.d_model**2, key="model.d_model")
 
     def build(self, cfg: ModelConfig) -> torch.Tensor:
         raise NotImplementedError
@@ -137,6 +142,11 @@ class BinaryPE(InputPE):
     @classmethod
     def length_limit(cls, cfg: ModelConfig) -> tuple[int, str]:
         return 2 ** (cfg.max_positions - 1).bit_length(), f"model.max_positions={cfg.max_positions}"
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, use: Use) -> Share:
+        """No table: the bits of each forward's positions, ``[T, n_bits]``."""
+        return Share(working=F32 * use.length * (cfg.max_positions - 1).bit_length())
 
     @classmethod
     def check(cls, cfg: Config, key: str = "model.input_pe") -> None:

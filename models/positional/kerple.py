@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from models.positional.base import AttentionKind
+from models.positional.base import F32, AttentionKind, Share, Use
 from models.positional.t5 import DistanceBiasPE
 
 if TYPE_CHECKING:
@@ -69,6 +69,12 @@ class KerplePE(DistanceBiasPE):
         self.r1 = nn.Parameter(torch.rand(cfg.n_heads) * self.r1_scale)
         self.r2 = nn.Parameter(torch.rand(cfg.n_heads) * self.r2_scale)
         self.project()
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """r1 and r2 ``[H]``; each forward's distances ``[T, T]`` and three ``[H, T, T]`` steps of the kernel."""
+        return Share(parameters=F32 * 2 * cfg.n_heads, working=(20 + 3 * F32 * cfg.n_heads) * use.length**2,
+                     key="data.max_len")
 
     def project(self) -> None:
         """The authors' constraint, in place and outside autograd: r1 >= eps, r2 in [eps, r2_max]."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import Field
 
-from models.positional.base import AttentionKind, AttentionPE, Plot
+from models.positional.base import F64, AttentionKind, AttentionPE, Plot, Share, Use
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
@@ -43,22 +43,22 @@ class RopeConfig(Section):
     (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
     """
 
-    theta: float = Field(10000.0, gt=1, description="The base: dimension pair j rotates by position * "
+    theta: float = Field(10000.0, gt=1, le=1e12, description="The base: dimension pair j rotates by position * "
                          "theta^(-2j/d).")
-    dim: int | None = Field(None, description="Rotate only the first `dim` dimensions of each head (partial "
-                            "rotary): even, at most the head dimension; null: all of them.")
+    dim: int | None = Field(None, ge=2, le=65536, description="Rotate only the first `dim` dimensions of each head "
+                            "(partial rotary): even, at most the head dimension; null: all of them.")
     scaling: Literal["none", "linear", "ntk", "yarn"] = Field(
         "none", description="Length extension, settable on a trained model: `linear` position interpolation (Chen "
         "et al. 2023), `ntk` NTK-aware scaling of the base, `yarn` YaRN (Peng et al. 2023: NTK-by-parts with an "
         "attention temperature); `none`: plain RoPE.")
-    factor: float = Field(1.0, ge=1, description="s: how many times longer than `original_max_len` the inputs "
+    factor: float = Field(1.0, ge=1, le=1e4, description="s: how many times longer than `original_max_len` the inputs "
                           "the scaling prepares for.")
-    original_max_len: int = Field(128, ge=1, description="L: the training length in tokens that the scaling "
-                                  "starts from.")
-    beta_fast: float = Field(32.0, gt=0, description="YaRN: dimensions that rotate more than beta_fast times over "
-                             "L positions are left unchanged; must exceed `beta_slow`.")
-    beta_slow: float = Field(1.0, gt=0, description="YaRN: dimensions that rotate fewer than beta_slow times over "
-                             "L positions are fully interpolated; those in between, partly.")
+    original_max_len: int = Field(128, ge=1, le=1_000_000, description="L: the training length in tokens that the "
+                                  "scaling starts from.")
+    beta_fast: float = Field(32.0, ge=1e-3, le=1e6, description="YaRN: dimensions that rotate more than beta_fast "
+                             "times over L positions are left unchanged; must exceed `beta_slow`.")
+    beta_slow: float = Field(1.0, ge=1e-3, le=1e6, description="YaRN: dimensions that rotate fewer than beta_slow "
+                             "times over L positions are fully interpolated; those in between, partly.")
 
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -169,6 +169,13 @@ class RotaryPE(AttentionPE):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """No parameter; the angles' cos and sin ``[T, rot_dim]`` of each forward (float64 steps, float32 kept in the
+        model's memo of a few positions tensors)."""
+        rot = cfg.rope.dim or cfg.d_model // cfg.n_heads
+        return Share(buffers=F64 * rot // 2, working=96 * use.length * rot, key="data.max_len")
+
+    @classmethod
     def check(cls, cfg: Config, key: str) -> None:
         m = cfg.model
         rot = m.rope.dim or m.d_model // m.n_heads
@@ -177,6 +184,13 @@ class RotaryPE(AttentionPE):
                               f"model.n_heads = {m.d_model}/{m.n_heads} = {rot} is odd (or set an even model.rope.dim)")
         if m.rope.scaling == "ntk" and rot <= 2:
             raise ConfigError(f"model.rope.scaling=ntk needs more than 2 rotated dimensions, got {rot}")
+
+    @classmethod
+    def plot_memory(cls, cfg: ModelConfig, length: int) -> int:
+        """``model_plots``' curves over 1.25 s L distances (float64 angles of each rotated pair, four lines)."""
+        r = cfg.rope
+        distances = int(1.25 * (r.factor if r.factor > 1 else 4.0) * r.original_max_len)
+        return distances * (12 * (r.dim or cfg.d_model // cfg.n_heads) + 256) + super().plot_memory(cfg, length)
 
     def model_plots(self) -> list[Plot]:
         """``position/rope_scaling``: the length extension of ``model.rope`` (factor 4 shown when unscaled)."""

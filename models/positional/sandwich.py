@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import Field
 
-from models.positional.base import AttentionKind
+from models.positional.base import F32, F64, AttentionKind, Share, Use, largest
 from models.positional.t5 import DistanceBiasPE
 from utils.schema import ConfigError, Section
 
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 class SandwichConfig(Section):
     """Sandwich (Chi et al. 2023): the sinusoid dimension d' of the position inner product."""
 
-    dim: int = Field(128, ge=2, description="d', the dimension of the sinusoidal embeddings whose inner product is "
-                     "the bias (d'/2 frequencies 10000^(-2k/d')); even.")
+    dim: int = Field(128, ge=2, le=65536, description="d', the dimension of the sinusoidal embeddings whose inner "
+                     "product is the bias (d'/2 frequencies 10000^(-2k/d')); even.")
 
 
 def sandwich_embeddings(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -89,6 +89,15 @@ class SandwichPE(DistanceBiasPE):
         self.register_buffer("inv_freq", 10000.0 ** (-2.0 * k / self.dim), persistent=False)
         h = torch.arange(1, cfg.n_heads + 1, dtype=torch.float64)
         self.register_buffer("ratio", 8.0 * h / cfg.n_heads, persistent=False)
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """w_k ``[d'/2]`` and r_h ``[H]`` (float64); per forward the embeddings ``[T, d']`` (float64, built through
+        angles, cosines and sines, kept in the model's memo of a few positions tensors) and the bias ``[H, T, T]``."""
+        embeddings = 7 * F64 * use.length * cfg.sandwich.dim
+        grid = (2 * F64 + (F64 + F32) * cfg.n_heads) * use.length**2
+        return Share(buffers=F64 * (cfg.sandwich.dim // 2 + cfg.n_heads), working=embeddings + grid,
+                     key=largest(("model.sandwich.dim", embeddings), ("data.max_len", grid)))
 
     @classmethod
     def check(cls, cfg: Config, key: str) -> None:

@@ -22,7 +22,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from models.positional.base import AttentionKind, AttentionPE, Plot
+from models.positional.base import F32, AttentionKind, AttentionPE, Plot, Share, Use, largest
 from utils.schema import Section
 
 if TYPE_CHECKING:
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 class ShawConfig(Section):
     """Relative position representations (Shaw et al. 2018)."""
 
-    max_distance: int = Field(16, ge=1, description="k: relative distances are clipped to [-k, k], so 2k + 1 "
-                              "learned embeddings per layer.")
+    max_distance: int = Field(16, ge=1, le=1_000_000, description="k: relative distances are clipped to [-k, k], so 2k "
+                              "+ 1 learned embeddings per layer.")
     values: bool = Field(False, description="Also add learned relative embeddings to the values (Shaw et al.'s "
                          "a_V), which needs the slower explicit attention path.")
 
@@ -77,6 +77,17 @@ class ShawPE(AttentionPE):
             self.needs_explicit = True  # instance attribute: shadows the ClassVar default
             self.value_embed = nn.Embedding(size, self.head_dim)
             nn.init.normal_(self.value_embed.weight, 0.0, cfg.d_model**-0.5)
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """The tables ``[2k+1, Dh]`` (two with a^V); per forward the scores of every query against each distance,
+        ``[B, H, Tq, 2k+1]`` (three such with a^V), the gathered ``[B, H, Tq, Tk]`` and the index ``[T, T]``."""
+        size, tables = 2 * cfg.shaw.max_distance + 1, 1 + cfg.shaw.values
+        params = F32 * size * (cfg.d_model // cfg.n_heads) * tables
+        per_distance = F32 * use.tokens * cfg.n_heads * size * (1 + 2 * cfg.shaw.values)
+        rest = F32 * use.tokens * cfg.n_heads * use.length * tables + 24 * use.length**2
+        return Share(parameters=params, working=per_distance + rest,
+                     key=largest(("model.shaw.max_distance", 4 * params + per_distance), ("data.max_len", rest)))
 
     def relative_index(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """q_pos ``[Tq]``, k_pos ``[Tk]`` -> clip(j - i, -k, k) + k in [0, 2k], ``[Tq, Tk]``."""

@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from models.positional.base import AttentionKind, AttentionPE, Plot
+from models.positional.base import F32, AttentionKind, AttentionPE, Plot, Share, Use, largest
 from utils.schema import ConfigError, Section
 
 if TYPE_CHECKING:
@@ -94,12 +94,12 @@ class DistanceBiasPE(AttentionPE):
 class T5BiasConfig(Section):
     """T5's bucketed relative attention bias (Raffel et al. 2020)."""
 
-    num_buckets: int = Field(32, ge=2, description="Relative-distance buckets, each with one learned bias per "
-                             "head. The encoder and cross-attention split them between keys before and after the "
+    num_buckets: int = Field(32, ge=2, le=65536, description="Relative-distance buckets, each with one learned bias "
+                             "per head. The encoder and cross-attention split them between keys before and after the "
                              "query (so at least 4 there); in each direction half are exact distances, the rest "
                              "log-spaced up to `max_distance`.")
-    max_distance: int = Field(128, ge=1, description="Distances from this one on share the last bucket; must "
-                              "exceed `num_buckets` // 2.")
+    max_distance: int = Field(128, ge=1, le=1_000_000, description="Distances from this one on share the last bucket; "
+                              "must exceed `num_buckets` // 2.")
 
 
 class T5BiasPE(DistanceBiasPE):
@@ -143,6 +143,13 @@ class T5BiasPE(DistanceBiasPE):
         if t5.max_distance <= t5.num_buckets // 2:
             raise ConfigError(f"model.t5.max_distance: must exceed the {t5.num_buckets // 2} exact distances of "
                               f"model.t5.num_buckets={t5.num_buckets}, got {t5.max_distance}")
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """The table ``[num_buckets, H]``; each forward's bucket ids (int64 steps) ``[T, T]`` and bias ``[H, T, T]``."""
+        table, grid = F32 * cfg.t5.num_buckets * cfg.n_heads, (100 + 3 * F32 * cfg.n_heads) * use.length**2
+        return Share(parameters=table, working=grid,
+                     key=largest(("model.t5.num_buckets", 4 * table), ("data.max_len", grid)))
 
     def __init__(self, cfg: ModelConfig, kind: AttentionKind) -> None:
         super().__init__(cfg, kind)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import Field
 
-from models.positional.base import AttentionKind, AttentionPE, name_at
+from models.positional.base import F64, AttentionKind, AttentionPE, Share, Use, name_at
 from models.positional.rotary import apply_rotary, rope_angles, rope_inv_freq
 from utils.schema import ConfigError, Section
 
@@ -53,11 +53,11 @@ if TYPE_CHECKING:
 class XposConfig(Section):
     """xPos (Sun et al. 2022): RoPE with a per-pair scale zeta_i^(n/B) on queries, zeta_i^(-m/B) on keys."""
 
-    theta: float = Field(10000.0, gt=1, description="RoPE's base: pair i rotates by position * theta^(-2i/d).")
-    gamma: float = Field(0.4, gt=0, description="zeta_i = (i / (d/2) + gamma) / (1 + gamma): the larger gamma, the "
-                         "slower the scores decay with distance.")
-    scale_base: float = Field(512.0, gt=0, description="B: the score of pair i between positions n and m is scaled "
-                              "by zeta_i^((n - m) / B).")
+    theta: float = Field(10000.0, gt=1, le=1e12, description="RoPE's base: pair i rotates by position * theta^(-2i/d).")
+    gamma: float = Field(0.4, ge=1e-3, le=1e6, description="zeta_i = (i / (d/2) + gamma) / (1 + gamma): the larger "
+                         "gamma, the slower the scores decay with distance.")
+    scale_base: float = Field(512.0, ge=1, le=1e9, description="B: the score of pair i between positions n and m is "
+                              "scaled by zeta_i^((n - m) / B).")
 
 
 def xpos_zeta(dim: int, gamma: float) -> torch.Tensor:
@@ -110,6 +110,13 @@ class XposPE(AttentionPE):
         self.register_buffer("inv_freq", rope_inv_freq(self.head_dim, x.theta), persistent=False)
         self.register_buffer("zeta", xpos_zeta(self.head_dim, x.gamma), persistent=False)
         self.scale_base = x.scale_base
+
+    @classmethod
+    def memory(cls, cfg: ModelConfig, kind: AttentionKind, use: Use) -> Share:
+        """theta_i and zeta_i (float64); per forward four ``[T, Dh]`` tables (float64 steps, float32 kept in the
+        model's memo of a few positions tensors)."""
+        head_dim = cfg.d_model // cfg.n_heads
+        return Share(buffers=F64 * head_dim, working=200 * use.length * head_dim, key="data.max_len")
 
     @classmethod
     def check(cls, cfg: Config, key: str) -> None:
