@@ -52,8 +52,10 @@ def distributed_backend(device: str = "auto") -> str | None:
 
 def resolve_config(args: argparse.Namespace, warn: bool = True) -> Config:
     """The config this process trains: ``--config`` with ``--set``, or the resumed run's own with ``--set`` (which
-    must not change the model, nor may ``--config``). ConfigError, one line, for anything wrong with them;
+    must not change the model, nor may ``--config``). ConfigError, one line, for anything wrong with them or a
+    training that would not fit the machine's memory (``models.memory.check``);
     ``warn=False``: no warning about ``--set`` values without effect (the check before the real load)."""
+    from models.memory import check as check_memory
     from utils.config import ConfigError, load_config
     from utils.run.layout import RunDir
     from utils.run.load import check_compatible
@@ -62,6 +64,7 @@ def resolve_config(args: argparse.Namespace, warn: bool = True) -> Config:
         cfg = load_config(args.config, args.overrides, warn)
         if getattr(args, "name", None) is not None:
             cfg = cfg.model_copy(update={"name": args.name})
+        check_memory(cfg)  # what training will take, before anything is allocated (decoding a run never checks it)
         return cfg
     run = RunDir(Path(args.resume))
     if not run.last.is_file():
@@ -71,6 +74,7 @@ def resolve_config(args: argparse.Namespace, warn: bool = True) -> Config:
     check_compatible(run_cfg, cfg, "--set")
     if args.config:
         check_compatible(run_cfg, load_config(args.config), args.config)
+    check_memory(cfg)
     return cfg
 
 

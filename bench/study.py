@@ -742,6 +742,7 @@ def main() -> int:
     if baseline not in labels:
         parser.error(f"--baseline {baseline!r} is not a variant; variants: {', '.join(labels)}")
 
+    from models.memory import check as check_memory
     from utils.config import load_config
 
     base_cfg = load_config(config, args.overrides)
@@ -757,8 +758,10 @@ def main() -> int:
             parser.error(f"--splits {args.splits}: the primary family needs {', '.join(missing)} too")
     accumulate: dict[str, int] = {}  # iterations per optimizer step, where not 1 (the progress lines' steps)
     configs: dict[str, dict[str, Any]] = {}
-    for v in variants:  # every variant must load before anything runs
+    for v in variants:  # every variant must load, and fit the machine's memory in training, before anything runs
         trained = load_config(config, [*args.overrides, *v.overrides])
+        if not args.score_only:
+            check_memory(trained)
         configs[v.label] = trained.to_dict()
         if trained.train.accumulate != 1:
             accumulate |= {f"{v.label} seed {seed}": trained.train.accumulate for seed in range(1, args.seeds + 1)}

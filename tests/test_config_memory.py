@@ -14,7 +14,7 @@ import torch
 import yaml
 from conftest import ROOT
 
-from models.memory import LIMIT_ENV, estimate_config, machine_memory, memory_limit
+from models.memory import LIMIT_ENV, check, estimate_config, machine_memory, memory_limit
 from models.positional import REGISTRY
 from models.transformer import Seq2SeqTransformer
 from utils.config import Config, ConfigError, apply_overrides, from_dict, load_config
@@ -117,8 +117,9 @@ def test_the_hostile_sizes_are_refused_in_one_line_by_their_bound(sets: list[str
 def test_a_size_within_its_bound_but_beyond_the_limit_is_refused_naming_the_key_that_weighs_most(
         sets: list[str], message: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(LIMIT_ENV, "2")
+    cfg = load_config(DEMO, [*SMALL, *sets])  # a run's config loads (to decode it needs far less)
     with pytest.raises(ConfigError) as err:
-        load_config(DEMO, [*SMALL, *sets])
+        check(cfg)  # training it is refused
     assert str(err.value) == message
 
 
@@ -132,7 +133,7 @@ def test_the_limit_is_the_machine_or_the_lower_env_value(monkeypatch: pytest.Mon
     for bad in ("abc", "0", "-1", "nan", "inf"):
         monkeypatch.setenv(LIMIT_ENV, bad)
         with pytest.raises(ConfigError) as err:
-            load_config(DEMO)
+            check(load_config(DEMO))
         assert str(err.value) == f"FR2EN_MEMORY_GIB={bad!r}: expected a positive number of GiB"
 
 
@@ -166,3 +167,12 @@ def test_a_moving_average_of_the_weights_adds_one_copy_of_the_parameters() -> No
     params = sum(p.numel() * p.element_size() for p in Seq2SeqTransformer(
         load_config(DEMO, SMALL).model, 300, 0).parameters())
     assert averaged.total - plain.total == pytest.approx(params, rel=0.01)
+
+
+def test_train_refuses_a_run_beyond_the_limit_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--runs", str(tmp_path / "runs"),
+                          "--set", "model.d_ff=1000000"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, LIMIT_ENV: "1"})
+    assert res.returncode == 2 and res.stderr.startswith("error: model.d_ff: 1000000 would need ~"), res.stderr
+    assert len(res.stderr.splitlines()) == 1 and res.stderr.rstrip().endswith("limit: 1.0 GiB from FR2EN_MEMORY_GIB)")
+    assert not (tmp_path / "runs").exists()

@@ -306,7 +306,7 @@ def limit() -> int:
 @pytest.mark.parametrize(("key", "field"), NUMERIC, ids=[k for k, _ in NUMERIC])
 def test_extreme_values_of_every_numeric_key_are_refused_in_one_line_or_fit_the_estimate(
         key: str, field: FieldInfo, limit: int) -> None:
-    from models.memory import estimate_config
+    from models.memory import check, estimate_config
 
     small = []
     for value in [*EXTREMES, *bounds(field)]:
@@ -314,6 +314,7 @@ def test_extreme_values_of_every_numeric_key_are_refused_in_one_line_or_fit_the_
         set_key(raw, key, value, field)
         try:
             cfg = from_dict(raw, warn=False)
+            check(cfg)  # train.py's check before anything is allocated
         except ConfigError as e:  # any other exception fails the test
             assert "\n" not in str(e) and str(e), (key, value)
             continue

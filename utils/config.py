@@ -23,7 +23,6 @@ from pydantic import Field, ValidationError
 
 from data.config import DataConfig
 from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig, encoding_sections
-from models.memory import check as check_memory
 from models.positional import REGISTRY
 from models.positional.augment import check_augmentation
 from models.positional.base import name_at
@@ -289,7 +288,6 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"train.betas: expected two numbers, got {cfg.train.betas}")
     _check_encodings(cfg)
     check_augmentation(cfg, REGISTRY)
-    check_memory(cfg)  # last: the sizes it adds up are each valid
     return cfg
 
 
