@@ -46,6 +46,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("study_report", "bench/study_report.py", SECTIONS[1]),
     Command("study_replay", "bench/study_replay.py", SECTIONS[1]),
     Command("pilot_rule", "bench/pilot_rule.py", SECTIONS[1]),
+    Command("sequential_design", "bench/sequential_design.py", SECTIONS[1],
+            "A group-sequential design: the looks at a study's seeds, the error each spends, their boundaries "
+            "and the seeds its power needs."),
     Command("length_study", "bench/length_study.py", SECTIONS[1]),
     Command("peers", "bench/peers.py", SECTIONS[2]),
     Command("speed", "bench/speed.py", SECTIONS[2]),

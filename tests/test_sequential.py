@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from conftest import ROOT
 from scipy import stats
 
 from utils.study.sequential import (
@@ -90,3 +94,32 @@ def test_seeds_needed_grows_with_looks_and_noise() -> None:
 def test_bad_fractions_are_refused(fractions: list[float]) -> None:
     with pytest.raises(ValueError, match="information fractions"):
         efficacy_bounds(fractions)
+
+
+def _design(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "bench/sequential_design.py", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_design_command_prints_the_published_boundaries_and_the_seeds_the_power_needs() -> None:
+    res = _design("--looks", "6,12,18,24")
+    assert res.returncode == 0, res.stderr
+    rows = [line.split(" | ") for line in res.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [float(r[4]) for r in rows] == pytest.approx(PUBLISHED[("obf", 4)], abs=2e-4)
+    assert [r[1] for r in rows] == ["6", "12", "18", "24"]
+    # The extrapolation study's numbers: a pooled residual of 1.30 chrF, a 1-chrF effect, Holm over 24 tests:
+    # about 53 seeds per system for 80 % power (a fixed design needs 52).
+    res = _design("--looks", "6,12,18,24", "--family", "24", "--residual-sd", "1.30", "--effect", "1.0")
+    assert "seeds for power 0.8: 53 at the last look (the looks scaled to 14, 27, 40, 53)" in res.stdout
+    assert "seeds for power 0.8: 52 at the last look" in _design(
+        "--looks", "3", "--family", "24", "--residual-sd", "1.30", "--effect", "1.0").stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--looks", "6,3"], "argument --looks: '6,3': increasing seed counts, each at least 2"),
+    (["--looks", "6,12", "--alpha", "nan"], "argument --alpha: must be a number between 0 and 1, got 'nan'"),
+    (["--looks", "6,12", "--effect", "1"], "--effect and --residual-sd go together"),
+])
+def test_the_design_command_refuses_bad_input_in_one_line(args: list[str], message: str) -> None:
+    res = _design(*args)
+    assert res.returncode == 2 and message in res.stderr.splitlines()[-1] and "Traceback" not in res.stderr

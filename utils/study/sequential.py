@@ -70,6 +70,8 @@ class _Density:
 def _first(t: float, eta: float, intervals: Sequence[tuple[float, float]]) -> _Density:
     """The density of ``Z_1`` (normal, mean ``eta sqrt(t)``) on the union of ``intervals``."""
     parts = [_simpson(lo, hi) for lo, hi in intervals if hi > lo]
+    if not parts:  # nothing continues (a futility bound that met the efficacy bound)
+        return _Density(np.zeros(1), np.zeros(1), np.zeros(1), t)
     z = np.concatenate([p[0] for p in parts])
     w = np.concatenate([p[1] for p in parts])
     return _Density(z, w, stats.norm.pdf(z - eta * math.sqrt(t)), t)
