@@ -745,7 +745,9 @@ def main() -> int:
     from models.memory import check as check_memory
     from utils.config import load_config
 
-    base_cfg = load_config(config, args.overrides)
+    eval_every = args.eval_every or max(1, (args.steps or 1000) // 5)
+    budget_sets = budget_overrides(args.steps, args.tokens, eval_every)  # in every load: keys may need the budget
+    base_cfg = load_config(config, [*args.overrides, *budget_sets])
     splits = list(base_cfg.data.test)
     if args.splits:
         splits = [x.strip() for x in args.splits.split(",") if x.strip()]
@@ -759,7 +761,7 @@ def main() -> int:
     accumulate: dict[str, int] = {}  # iterations per optimizer step, where not 1 (the progress lines' steps)
     configs: dict[str, dict[str, Any]] = {}
     for v in variants:  # every variant must load, and fit the machine's memory in training, before anything runs
-        trained = load_config(config, [*args.overrides, *v.overrides])
+        trained = load_config(config, [*args.overrides, *v.overrides, *budget_sets])
         if not args.score_only:
             check_memory(trained)
         configs[v.label] = trained.to_dict()
@@ -767,7 +769,7 @@ def main() -> int:
             accumulate |= {f"{v.label} seed {seed}": trained.train.accumulate for seed in range(1, args.seeds + 1)}
         tested = {v.label: configs[v.label]}
         for tag, extra in v.tests.items():
-            cfg = load_config(config, [*args.overrides, *v.overrides, *extra])
+            cfg = load_config(config, [*args.overrides, *v.overrides, *budget_sets, *extra])
             inference_only(trained, cfg, f"{v.label}+{tag}")
             tested[f"{v.label}+{tag}"] = cfg.to_dict()
         check_distinct(tested, "--test-variant")
@@ -776,8 +778,6 @@ def main() -> int:
 
     ensure_dir(study, "the study folder")
     lock_study(study)  # held to the end; a second start of this study is refused in one line
-    eval_every = args.eval_every or max(1, (args.steps or 1000) // 5)
-    budget_sets = budget_overrides(args.steps, args.tokens, eval_every)
     seeds = list(range(1, args.seeds + 1))
     jobs = [Job(v, seed, study / "runs" / slug(v.label) / f"seed{seed}") for v in variants for seed in seeds]
     import torch

@@ -529,3 +529,11 @@ def test_the_primary_contrasts_figure_draws_each_tests_seeds_mean_and_interval(
             dots = next(line for line in ax.lines if list(line.get_xdata()) == d)
             assert list(dots.get_ydata()) == [row + 0.22] * 3
     assert "bars: 95 % t-interval" in fig.texts[0].get_text() and "filled: resolved" in fig.texts[0].get_text()
+
+
+def test_a_key_that_needs_the_budget_is_validated_with_the_studys_budget(tmp_path: Path) -> None:
+    """train.cooldown needs a step budget, which the study sets (--steps): its configs load with it, so the study
+    gets as far as its runs (here: none trained, --score-only refuses), not a refusal of the key."""
+    res = run_study(tmp_path, "--set", "train.cooldown=0.5", "--set", "train.ema_decay=0.9", "--score-only")
+    assert res.returncode == 2 and "train.cooldown" not in res.stderr, res.stderr
+    assert "--score-only: 4 of 4 runs are not trained to the budget" in res.stderr
