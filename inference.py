@@ -132,11 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--join", type=finite_float(0.0), default=0.5,
                          help="continuous batching: waiting sentences start together once they number this share "
                               "of those decoding, nothing decodes, or the oldest has waited 8 steps (default 0.5)")
-    from utils.serve.app import Limits
+    serving.add_argument("--allow-host", "--allow_host", action="append", default=[], metavar="NAME",
+                         help="answer requests naming this host too (repeatable; '*': any). By default only this "
+                              "machine's names (localhost) and IP addresses are answered, so that no web page can "
+                              "reach the server through a name of its own (DNS rebinding); 403 otherwise")
+    serving.add_argument("--allow-origin", "--allow_origin", action="append", default=[], metavar="ORIGIN",
+                         help="answer requests from web pages of this origin too, e.g. https://example.org "
+                              "(repeatable; '*': any), with the CORS headers a browser needs. By default only the "
+                              "server's own page and pages on this machine are answered; 403 otherwise")
+    from utils.serve.limits import Limits
 
     for name, value in vars(Limits()).items():
         flag = name.replace("_", "-")
-        kind = finite_float(0.0, 1000.0) if name == "max_wait_ms" else type(value)  # Limits.check's range
+        kind = finite_float(*Limits.RANGES[name]) if name in Limits.RANGES else type(value)  # Limits.check's range
         serving.add_argument(f"--{flag}", f"--{name}", dest=name, type=kind, default=value,
                              help=f"{Limits.HELP[name]} (default {value})")
     return parser
@@ -239,7 +247,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
     from dataclasses import fields
 
     from utils.config import ConfigError
-    from utils.serve.app import Limits
+    from utils.serve.limits import Limits
 
     if args.src_text is not None or args.input is not None:
         parser.error("--serve takes no --src_text or --input: sentences come in HTTP requests")
@@ -255,6 +263,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
         import uvicorn  # noqa: F401
     except ImportError:
         parser.error("--serve needs FastAPI and uvicorn: pip install '.[serve]'")
+    from utils.serve.access import Access
     from utils.serve.app import bind
     from utils.serve.app import serve as serve_http
 
@@ -273,7 +282,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
         except DecoderError as err:
             raise ConfigError(str(err)) from None
         engine.continuous = args.batching != "static"
-    serve_http(engine, args.model_path, sock, limits)
+    serve_http(engine, args.model_path, sock, limits, Access(tuple(args.allow_host), tuple(args.allow_origin)))
     return 0
 
 

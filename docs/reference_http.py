@@ -153,13 +153,14 @@ def _anchor(method: str, path: str) -> str:
 
 
 def curl(method: str, path: str, body: dict[str, Any] | None = None) -> str:
-    """The curl command of a request (``-d``: curl sends a POST)."""
+    """The curl command of a request (``-d``: curl sends a POST; the server takes it as JSON only with that
+    ``Content-Type``)."""
     if body is None:
         return f"curl -s {BASE}{path}"
     data = json.dumps(body, ensure_ascii=False)
     if "'" in data:
         raise ValueError(f"an example body holds a single quote, which the shell line cannot: {data}")
-    return f"curl -s {BASE}{path} -d '{data}'"
+    return f"curl -s {BASE}{path} -H 'Content-Type: application/json' -d '{data}'"
 
 
 def endpoint(schema: dict[str, Any], method: str, path: str, op: dict[str, Any]) -> list[str]:
@@ -211,8 +212,9 @@ def page(schema: dict[str, Any], limits_: Any) -> str:
         "",
         "`python inference.py --serve --model_path runs/demo_latest` serves a run (or its CTranslate2 export) on "
         f"`http://{BASE}`: see [Serving and the demo page](../guide/serving.md) for how to start it, the flags, and "
-        "how requests are batched. Requests and answers are JSON (curl's `-d` sends the body; the content type is "
-        "not checked).",
+        "how requests are batched, and for [what the server promises](../guide/serving.md#what-the-server-promises): "
+        "its limits, the hosts and pages it answers, its timeouts. Requests and answers are JSON; a POST must say so "
+        "(`Content-Type: application/json`, else 415).",
         "",
         f"**Defaults and limits on this page** are those of the default flags ({flags}) and of the default config's "
         "`decode` section (beam 5, n-best 1, length penalty 0.6). A server started with other `--max-*` flags, "

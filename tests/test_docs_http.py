@@ -77,7 +77,8 @@ def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]
     """-> (status, JSON answer)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request(method, path, body=None if body is None else json.dumps(body).encode())
+        conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
+                     headers={} if body is None else {"Content-Type": "application/json"})
         res = conn.getresponse()
         return res.status, json.loads(res.read())
     finally:
@@ -145,8 +146,8 @@ def test_the_page_shows_the_defaults_and_limits_of_the_default_flags() -> None:
     assert ("| `text` | string or array of string | required | string: 1..2000 characters; array: 1..64 items"
             in translate)
     assert "| `lenpen` | number or null | `0.6` | 0.0..10.0 |" in translate
-    assert ("curl -s 127.0.0.1:8000/translate -d '{\"text\": [\"Bonjour.\", \"Merci beaucoup.\"], \"beam\": 5, "
-            "\"nbest\": 2, \"lenpen\": 1.0}'") in translate
+    assert ("curl -s 127.0.0.1:8000/translate -H 'Content-Type: application/json' -d '{\"text\": [\"Bonjour.\", "
+            "\"Merci beaucoup.\"], \"beam\": 5, \"nbest\": 2, \"lenpen\": 1.0}'") in translate
 
 
 # ---------------------------------------------------------------------------------------------- the schema
@@ -299,9 +300,9 @@ def test_the_schema_can_be_built_without_a_model_and_says_where_each_error_comes
     text = schema["components"]["schemas"]["TranslateRequest"]["properties"]["text"]
     assert [b.get("maxItems") for b in text["anyOf"]] == [None, 5]
     translate = schema["paths"]["/translate"]["post"]["responses"]
-    assert sorted(translate) == ["200", "400", "405", "413", "422", "500", "503"]
-    assert sorted(schema["paths"]["/attention"]["post"]["responses"]) == ["200", "400", "405", "413", "422", "500",
-                                                                          "501", "503"]
+    assert sorted(translate) == ["200", "400", "403", "405", "413", "415", "422", "500", "503"]
+    assert sorted(schema["paths"]["/attention"]["post"]["responses"]) == ["200", "400", "403", "405", "413", "415",
+                                                                          "422", "500", "501", "503"]
     error = {"$ref": "#/components/schemas/ErrorAnswer"}
     assert all(r["content"]["application/json"]["schema"] == error for s, r in translate.items() if s != "200")
     with pytest.raises(ValueError, match="--max-lines must be >= 1"):

@@ -86,7 +86,8 @@ def request(server: Server, method: str, path: str, body: bytes | None = None,
     """-> (status, content type, JSON answer)."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        json_body = {"Content-Type": "application/json"} if body is not None else {}
+        conn.request(method, path, body=body, headers=headers or json_body)
         res = conn.getresponse()
         return res.status, res.getheader("content-type", ""), json.loads(res.read())
     finally:
@@ -402,11 +403,12 @@ def test_bad_requests_get_a_4xx_and_one_readable_line(server: Server, expected: 
 def test_a_slow_client_and_a_vanished_one_do_not_stall_the_others(server: Server,
                                                                   expected: dict[str, list[str]]) -> None:
     slow = socket.create_connection((server.host, server.port))
-    slow.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    slow.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 60\r\n\r\n{\"text\": ")  # and never the rest
     gone = socket.create_connection((server.host, server.port))
     body = json.dumps({"text": LINES[:8], "beam": 4}).encode()
-    gone.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    gone.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     gone.close()  # before its answer
     try:
         began = time.perf_counter()

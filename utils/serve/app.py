@@ -17,29 +17,37 @@ Endpoints (JSON in and out; every error is ``{"error": "<one line>"}`` with a 4x
   defaults (request and answer models in ``utils/serve/schema.py``; requests are still checked here, by hand, for
   their statuses and one-line errors); no Swagger UI (``/docs``), whose scripts come from a CDN.
 
-One decoding worker owns the model: requests wait in a bounded queue (full: 503), and those that arrive
-together are decoded together (micro-batching: up to ``max_batch`` sentences, after a wait of at most
-``max_wait_ms`` for more), in one thread, so the event loop keeps serving slow or gone clients meanwhile.
+One decoding worker owns the model (``utils/serve/batcher.py``): requests wait in a bounded queue (full: 503), and
+those that arrive together are decoded together (continuous batching in a PyTorch run's decoding process, else
+micro-batches of up to ``max_batch`` sentences after a wait of at most ``max_wait_ms``), in one thread, so the event
+loop keeps serving slow or gone clients meanwhile. A request whose client hangs up is cancelled and its work dropped.
+
+What the server takes is bounded (``utils/serve/limits.py``: lines, characters, tokens, beam x tokens, attention
+weights, body), who it answers is checked (``utils/serve/access.py``: ``Host``, ``Origin``, and a POST's
+``Content-Type: application/json``), and so are its connections (``utils/serve/connection.py``: how many, header
+bytes, a deadline for each request to arrive and for its answer to be read).
 
 No ``from __future__ import annotations`` here: FastAPI reads the endpoints' ``Request`` annotations at runtime.
 """
 
 import asyncio
-import itertools
 import json
 import logging
 import math
 import socket
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
+
+from utils.serve.access import Access
+from utils.serve.batcher import Batcher
+from utils.serve.limits import Limits, RequestError, check_attention, check_lines, source_tokens
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Request
 
     from utils.config import Config, DecodeConfig
     from utils.translation.engines import Engine
@@ -49,283 +57,6 @@ log = logging.getLogger("server")
 
 PAGE = Path(__file__).resolve().parent / "static" / "index.html"
 KINDS = ("cross", "encoder", "decoder")
-
-
-@dataclass
-class Limits:
-    """What one request may ask for, and how requests are batched and queued."""
-
-    max_lines: int = 64  # lines in one /translate request
-    max_chars: int = 2000  # characters in one line
-    max_beam: int = 32
-    max_batch: int = 64  # sentences decoded together
-    max_wait_ms: float = 2.0  # how long the worker waits for more requests to join a batch
-    max_queue: int = 256  # requests waiting for the worker; one more is answered 503
-
-    HELP: ClassVar[dict[str, str]] = {
-        "max_lines": "most lines in one /translate request", "max_chars": "most characters in one line",
-        "max_beam": "largest beam a request may ask for", "max_batch": "most sentences decoded together",
-        "max_wait_ms": "milliseconds the worker waits for more requests to join a batch",
-        "max_queue": "requests that may wait for the worker; more are answered 503"}
-
-    def check(self) -> None:
-        """ValueError, one line, for a limit that cannot work."""
-        for name in ("max_lines", "max_chars", "max_beam", "max_batch", "max_queue"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.max_wait_ms <= 1000:
-            raise ValueError(f"--max-wait-ms must be in 0..1000, got {self.max_wait_ms}")
-
-    @property
-    def max_body(self) -> int:
-        """Bytes a request body may have: every line at its limit, JSON-escaped, and room for the options."""
-        return 6 * self.max_lines * self.max_chars + 4096
-
-
-class RequestError(Exception):
-    """A request the server refuses: an HTTP status and one readable line."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-# ---------------------------------------------------------------------------------------------- the worker
-
-
-@dataclass
-class _Job:
-    future: asyncio.Future
-    texts: list[str]
-    key: tuple[int, int, float] | None = None  # (beam, nbest, lenpen) of a translation; None: ``call``
-    call: Callable[[], Any] | None = None
-    answered: bool = False  # a translation's n-best lists were handed over (counted once)
-    parts: list[Any] | None = None  # continuous batching: the n-best lists received so far
-    left: int = 0  # continuous batching: sentences not received yet
-
-
-@dataclass
-class Counters:
-    """What the worker has done (``GET /health``)."""
-
-    requests: int = 0
-    sentences: int = 0
-    batches: int = 0  # calls to the engine's translate (continuous batching: batches started by the decoder)
-    largest_batch: int = 0  # sentences in the largest of them (continuous batching: the most in flight at once)
-    steps: int = 0  # continuous batching: decoder steps run
-    step_sentences: int = 0  # continuous batching: over those steps, the sum of the sentences decoding
-    busy_s: float = 0.0  # seconds the engine has spent in its calls (translations and attention maps), so far
-    rejected: int = 0  # requests answered 503
-
-
-class Batcher:
-    """One decoding worker fed by a bounded queue. Static batching: translation requests that wait together are
-    decoded in one ``translate`` call (grouped by beam, n-best and length penalty). Continuous batching (an engine
-    with ``continuous`` set: a PyTorch run's decoding process): each request is handed to the decoding in flight
-    (``engine.submit``) as soon as it fits under ``max_batch`` sentences, and joins it between two decoder steps
-    (``utils/translation/continuous.py``). Other work (attention maps) runs alone. The blocking calls run in one
-    thread of their own, so the server's model is only ever used by that thread."""
-
-    def __init__(self, engine: "Engine", limits: Limits) -> None:
-        self.engine, self.limits = engine, limits
-        self.continuous = bool(getattr(engine, "continuous", False))
-        self._in_flight = 0  # continuous batching: sentences handed to the decoder and not answered
-        self._room = asyncio.Event()  # set when sentences in flight are answered
-        self.counters = Counters()
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue(limits.max_queue)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
-        self._task: asyncio.Task | None = None
-        self._held: _Job | None = None
-        self._joining: _Job | None = None  # continuous batching: taken from the queue, waiting for room
-        self._busy_since: float | None = None  # when the engine call in progress began
-
-    def snapshot(self) -> dict[str, Any]:
-        """The counters now, ``busy_s`` with the call in progress up to now (its requests may be answered already)."""
-        out = asdict(self.counters)
-        if self._busy_since is not None:
-            out["busy_s"] += time.perf_counter() - self._busy_since
-        if self.continuous:
-            out["batches"], out["steps"], out["step_sentences"] = self.engine.stats  # type: ignore[attr-defined]
-        return out
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="decode-worker")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-    @property
-    def waiting(self) -> int:
-        return self._queue.qsize() + (self._held is not None) + (self._joining is not None)
-
-    def _submit(self, job: _Job) -> asyncio.Future:
-        try:
-            self._queue.put_nowait(job)
-        except asyncio.QueueFull:
-            self.counters.rejected += 1
-            raise RequestError(503, f"the server is busy ({self.limits.max_queue} requests waiting); "
-                                    "try again shortly") from None
-        return job.future
-
-    async def translate(self, texts: list[str], decode: "DecodeConfig") -> list[list["Translation"]]:
-        """The n-best lists of ``texts``, decoded with whatever other requests wait at the same time."""
-        future = asyncio.get_running_loop().create_future()
-        return await self._submit(_Job(future, texts, key=(decode.beam, decode.nbest, decode.lenpen)))
-
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` in the decoding thread, between batches (anything else that uses the model)."""
-        return await self._submit(_Job(asyncio.get_running_loop().create_future(), [], call=fn))
-
-    async def _run(self) -> None:
-        while True:
-            job, self._held = (self._held, None) if self._held is not None else (await self._queue.get(), None)
-            if job.call is not None:
-                if not job.future.done():
-                    await self._execute([job], lambda job=job: job.call())
-                continue
-            if self.continuous:
-                await self._join(job)
-                continue
-            jobs, size = [job], len(job.texts)
-            waited = False
-            while size < self.limits.max_batch:
-                try:
-                    nxt = self._queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    if waited or self.limits.max_wait_ms <= 0:
-                        break
-                    waited = True  # one short wait for requests sent at the same moment
-                    await asyncio.sleep(self.limits.max_wait_ms / 1000)
-                    continue
-                if nxt.call is not None or size + len(nxt.texts) > self.limits.max_batch:
-                    self._held = nxt  # the next batch starts with it
-                    break
-                jobs.append(nxt)
-                size += len(nxt.texts)
-            jobs = [j for j in jobs if not j.future.done()]  # clients that went away while waiting
-            groups: dict[tuple[int, int, float], list[_Job]] = {}
-            for j in jobs:
-                groups.setdefault(j.key, []).append(j)  # type: ignore[arg-type]
-            for (beam, nbest, lenpen), group in groups.items():
-                decode = self.engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
-                texts = [t for j in group for t in j.texts]
-                self.counters.batches += 1
-                self.counters.largest_batch = max(self.counters.largest_batch, len(texts))
-                await self._execute(group, lambda on_done, texts=texts, decode=decode:
-                                    self.engine.translate(texts, decode, on_done))
-
-    async def _join(self, job: _Job) -> None:
-        """Continuous batching: hand ``job`` to the decoding in flight once it fits under ``max_batch`` sentences; its
-        n-best lists come back one by one (``_received``) from the decoder's reader thread."""
-        self._joining = job  # still waiting (/health)
-        while self._in_flight and self._in_flight + len(job.texts) > self.limits.max_batch:
-            self._room.clear()
-            await self._room.wait()
-        self._joining = None
-        if job.future.done():  # its client went away while it waited
-            return
-        loop = asyncio.get_running_loop()
-        beam, nbest, lenpen = job.key  # type: ignore[misc]
-        decode = self.engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
-        job.parts, job.left = [None] * len(job.texts), len(job.texts)
-        if not self._in_flight:
-            self._busy_since = time.perf_counter()
-        self._in_flight += job.left
-        self.counters.largest_batch = max(self.counters.largest_batch, self._in_flight)
-
-        def submit() -> None:  # in the decoding thread: a decoding process that ended is started again there
-            self.engine.submit(job.texts, decode,  # type: ignore[attr-defined]
-                               lambda i, nbest: loop.call_soon_threadsafe(self._received, job, i, nbest),
-                               lambda err: loop.call_soon_threadsafe(self._received, job, None, err))
-        try:
-            await loop.run_in_executor(self._pool, submit)
-        except Exception as err:  # noqa: BLE001 - the request fails, not the worker
-            self._received(job, None, err)
-
-    def _received(self, job: _Job, i: int | None, result: Any) -> None:
-        """In the event loop: sentence ``i`` of a continuously batched job is final (``result`` its n-best list), or
-        the job failed (``i`` None, ``result`` the exception)."""
-        if job.left == 0:  # failed before, or answered
-            return
-        done = job.left if i is None else 1
-        job.left -= done
-        self._in_flight -= done
-        if not self._in_flight and self._busy_since is not None:
-            self.counters.busy_s += time.perf_counter() - self._busy_since
-            self._busy_since = None
-        self._room.set()
-        if i is None:
-            job.left = 0
-            if not job.future.done():
-                job.future.set_exception(result)
-            return
-        job.parts[i] = result  # type: ignore[index]
-        if job.left == 0:
-            self._answer(job, job.parts)  # type: ignore[arg-type]
-
-    async def _execute(self, group: list[_Job], fn: Callable[..., Any]) -> None:
-        """Run ``fn`` in the decoding thread; hand each job its share of the result (or the error). A translation's
-        ``fn(on_done)`` reports each sentence as the engine finishes it: a job is answered as soon as all of its
-        sentences are, while the rest of the batch decodes (its client can send the next request meanwhile)."""
-        loop = asyncio.get_running_loop()
-        began = time.perf_counter()
-        # Continuous batching counts the time sentences are in flight (_join); a call beside them is not added again.
-        counted = not self.continuous
-        if counted:
-            self._busy_since = began
-        if group[0].call is not None:
-            call = fn
-        else:
-            owner = [k for k, j in enumerate(group) for _ in j.texts]  # the job of each sentence of the batch
-            first = [0, *itertools.accumulate(len(j.texts) for j in group)]
-            parts: list[Any] = [None] * first[-1]
-            left = [len(j.texts) for j in group]
-
-            def on_done(i: int, nbest: Any) -> None:  # in the decoding thread
-                parts[i] = nbest
-                k = owner[i]
-                left[k] -= 1
-                if left[k] == 0:
-                    loop.call_soon_threadsafe(self._answer, group[k], parts[first[k]:first[k + 1]])
-
-            def call() -> Any:
-                return fn(on_done)
-        try:
-            result = await loop.run_in_executor(self._pool, call)
-        except Exception as err:  # a failed decode fails the requests it held (those not answered yet), not the worker
-            for j in group:
-                if not j.future.done():
-                    j.future.set_exception(err)
-            return
-        finally:
-            if counted:
-                self.counters.busy_s += time.perf_counter() - began
-                self._busy_since = None
-        if group[0].call is not None:
-            if not group[0].future.done():
-                group[0].future.set_result(result)
-            return
-        start = 0
-        for j in group:  # the engine reported every sentence; a job it did not (none should) is answered here
-            if not j.answered:
-                self._answer(j, result[start : start + len(j.texts)])
-            start += len(j.texts)
-
-    def _answer(self, job: _Job, nbest: list[Any]) -> None:
-        """In the event loop: a translation job's n-best lists are all final."""
-        if job.answered:
-            return
-        job.answered = True
-        self.counters.requests += 1
-        self.counters.sentences += len(job.texts)
-        if not job.future.done():  # its client may have gone
-            job.future.set_result(nbest)
 
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -619,22 +350,52 @@ def responses(answer: Any, description: str, errors: dict[int, str | None]) -> d
 API_DESCRIPTION = """\
 Translations, attention maps and a description of the model served by `python inference.py --serve`. JSON in and \
 out; every refusal is `{"error": "one line"}` with a 4xx or 5xx status. Limits and defaults in this schema are the \
-server's own (its `--max-*` and decoding flags)."""
+server's own (its `--max-*` and decoding flags). A POST's body must be sent with `Content-Type: application/json` \
+(415 otherwise). Requests naming another host than this machine's names, IP addresses and `--allow-host` names, or \
+sent by a web page of another origin than the server's own, this machine's and `--allow-origin` ones, are refused \
+(403). A request must arrive whole within `--request-timeout` seconds (408, connection closed), with headers of at \
+most `--max-header-bytes` (431); at most `--max-connections` connections are open at once (503 for one more)."""
 
 
-def create_app(engine: "Engine", limits: Limits | None = None, model_path: str = "") -> "FastAPI":
-    """The FastAPI application serving ``engine`` (one decoding worker, started with the app). Its OpenAPI schema
-    (``app.openapi()``, served at ``GET /openapi.json``) describes every endpoint with this server's limits and
-    decoding defaults; there is no Swagger UI (``/docs``), whose scripts come from a CDN."""
+async def _disconnected(request: "Request") -> None:
+    """Return once the client of ``request`` (whose body was read) has hung up."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(request: "Request", work: Awaitable[Any]) -> Any:
+    """``work``'s result; if the client hangs up first, ``work`` is cancelled (the worker drops what it asked for)
+    and ``RequestError`` 400 raised (nobody reads it)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # this endpoint cancelled too: nothing left behind
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    raise RequestError(400, "the client hung up before its answer")
+
+
+def create_app(engine: "Engine", limits: Limits | None = None, model_path: str = "",
+               access: Access | None = None) -> "FastAPI":
+    """The FastAPI application serving ``engine`` (one decoding worker, started with the app), answering the hosts
+    and origins ``access`` allows (default: this machine's). Its OpenAPI schema (``app.openapi()``, served at
+    ``GET /openapi.json``) describes every endpoint with this server's limits and decoding defaults; there is no
+    Swagger UI (``/docs``), whose scripts come from a CDN."""
     from fastapi import FastAPI, Request
     from fastapi.openapi.utils import get_openapi
-    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
     from fastapi.routing import APIRoute
     from starlette.exceptions import HTTPException
+    from starlette.middleware.cors import CORSMiddleware
     from starlette.requests import ClientDisconnect
 
     from models.positional import PositionLimitError
     from utils.serve import schema
+    from utils.serve.access import AccessMiddleware
     from utils.serve.worker import DecoderError
     from utils.translation.translate import InputError
 
@@ -651,8 +412,14 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         yield
         await state["batcher"].stop()
 
+    # No redirect_slashes: "GET /health/" would answer a redirect to whatever host its Host header names.
     app = FastAPI(title="fr2en-pe translation server", description=API_DESCRIPTION, version=_version(),
-                  lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+                  lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json", redirect_slashes=False)
+    access = access or Access()
+    if access.origins:  # pages of other origins allowed: the CORS headers that let a browser read the answers
+        app.add_middleware(CORSMiddleware, allow_origins=["*"] if "*" in access.origins else list(access.origins),
+                           allow_methods=["GET", "POST"], allow_headers=["Content-Type"], max_age=600)
+    app.add_middleware(AccessMiddleware, access=access, max_header_bytes=limits.max_header_bytes)  # outermost
 
     def openapi() -> dict[str, Any]:
         """FastAPI's schema, with the request bodies the endpoints read by hand (``schema.request_models``)."""
@@ -706,6 +473,11 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         return error(500, f"internal error: {first}")
 
     async def read_body(request: Request) -> dict[str, Any]:
+        kind = request.headers.get("content-type")
+        if kind is None or kind.split(";")[0].strip().lower() != "application/json":
+            got = "none" if kind is None else json.dumps(kind[:60])
+            raise RequestError(415, "send the body as JSON with the header Content-Type: application/json "
+                                    f"(got {got})")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limits.max_body:
             raise RequestError(413, f"the request body has {declared} bytes, over the limit of {limits.max_body}")
@@ -722,17 +494,18 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
 
     @app.get("/", response_class=HTMLResponse, summary="The demo page",
              responses=responses("text/html", "one HTML page, its script and style inline (no external assets: it "
-                                              "works offline)", {}))
+                                              "works offline)", {403: None}))
     async def page() -> HTMLResponse:
         """A text box, the n-best list with scores, and the attention map of the best translation (any kind and
         layer), drawn with the tokens on its axes; the run's encoding named at the top."""
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
     @app.get("/health", response_model=None, summary="Whether the server is up, and what it has done",
-             responses=responses(schema.HealthAnswer, "the batching counters since the server started", {405: None}))
+             responses=responses(schema.HealthAnswer, "the batching counters since the server started",
+                                 {403: None, 405: None}))
     async def health() -> dict[str, Any]:
         """`status` ok, the requests and sentences decoded, how they were batched, how busy the model was, the
-        requests waiting and those refused; a PyTorch run's decoding process."""
+        requests waiting, those refused and those whose clients left; a PyTorch run's decoding process."""
         batcher = state["batcher"]
         decoder = getattr(engine, "decoder", None)
         process = {} if decoder is None else {"decoder": {"pid": decoder.pid, "restarts": decoder.restarts}}
@@ -740,7 +513,8 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
                 **process}
 
     @app.get("/model", response_model=None, summary="The model served",
-             responses=responses(schema.ModelAnswer, "what the server loaded and how it decodes", {405: None}))
+             responses=responses(schema.ModelAnswer, "what the server loaded and how it decodes",
+                                 {403: None, 405: None}))
     async def model() -> dict[str, Any]:
         """The run's name, engine, where decoding runs and how requests are batched, the attention `/attention`
         draws, the positional encodings, size, tokenizer, training summary, decoding defaults and limits."""
@@ -748,8 +522,10 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
 
     @app.post("/translate", response_model=None, summary="Translate one sentence or a list", openapi_extra=body(
         requests[0]), responses=responses(schema.TranslateAnswer, "the n-best list of each line", {
-            400: None, 405: None,
-            413: "more lines than `--max-lines`, a line longer than `--max-chars`, or a body over what those allow",
+            400: None, 403: None, 405: None,
+            413: "more lines than `--max-lines`, a line of more than `--max-chars` characters or `--max-tokens` "
+                 "tokens, more source tokens x beam than `--max-beam-tokens`, or a body over what those allow",
+            415: None,
             422: "the body is not a JSON object; a field is unknown, missing or of the wrong type; a blank line or "
                  "an empty list; `beam`, `nbest` or `lenpen` out of range, or `nbest` over `beam`; a sentence longer "
                  "than the model's positions allow",
@@ -759,8 +535,10 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         summed log-probability: the same texts and scores as `inference.py --input` with the same flags. Requests
         that arrive together are decoded together."""
         lines, single, decode = translate_request(await read_body(request), engine.cfg.decode, limits)
+        counts = await asyncio.to_thread(source_tokens, engine, lines)
+        check_lines(counts, ["text"] if single else [f"text[{i}]" for i in range(len(lines))], decode.beam, limits)
         start = time.perf_counter()
-        results = await state["batcher"].translate(lines, decode)
+        results = await unless_gone(request, state["batcher"].translate(lines, decode))
         out = [{"source": src, "translation": nbest[0].text, "nbest": hypotheses(nbest)}
                for src, nbest in zip(lines, results, strict=True)]
         return {"translations": out, "beam": decode.beam, "nbest": decode.nbest, "lenpen": decode.lenpen,
@@ -768,13 +546,15 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
 
     @app.post("/attention", response_model=None, summary="One layer's attention for a sentence", openapi_extra=body(
         requests[1]), responses=responses(schema.AttentionAnswer, "the tokens and the attention weights", {
-            400: None, 405: None,
-            413: "`text` or `target` longer than `--max-chars`, or a body over the limit",
+            400: None, 403: None, 405: None,
+            413: "`text` or `target` of more than `--max-chars` characters or `--max-tokens` tokens, attention "
+                 "weights over `--max-attention-weights`, or a body over the limit",
+            415: None,
             422: "the body is not a JSON object; a field is unknown, missing, of the wrong type or blank; a `kind` "
                  "other than cross, encoder, decoder; a layer the model does not have, or one a CTranslate2 export "
                  "does not give",
             500: None, 501: None, 503: None}))
-    async def attention(request: Request) -> dict[str, Any]:
+    async def attention(request: Request) -> Response:
         """The attention weights of one layer (mean over heads, and each head) for the greedy translation of
         `text`, or for `target` teacher-forced, computed as `visualize.py` does. A CTranslate2 export gives what
         CTranslate2 returns: the last layer's cross-attention, mean over heads (`heads` null)."""
@@ -783,7 +563,10 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
             raise RequestError(501, "this CTranslate2 export was made before exports kept attention: export the run "
                                     "again (inference.py --export-ctranslate2), or serve the run directory")
         text, target, kind, layer = attention_request(body, engine.cfg, info["attention"], limits)
-        return await state["batcher"].call(lambda: attention_map(engine, text, target, kind, layer))
+        await asyncio.to_thread(check_attention, engine, text, target, limits)
+        answer = await unless_gone(request, state["batcher"].call(  # the JSON made in the decoding thread too
+            lambda: json.dumps(attention_map(engine, text, target, kind, layer)).encode()))
+        return Response(answer, media_type="application/json")
 
     return app
 
@@ -833,12 +616,17 @@ def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
     return sock
 
 
-def serve(engine: "Engine", model_path: str, sock: socket.socket, limits: Limits | None = None) -> None:
-    """Serve ``engine`` on the bound ``sock`` until Ctrl-C or SIGTERM; once the server accepts connections it
-    prints ``serving ... on http://HOST:PORT`` (the real port when 0 was asked for)."""
+def serve(engine: "Engine", model_path: str, sock: socket.socket, limits: Limits | None = None,
+          access: Access | None = None) -> None:
+    """Serve ``engine`` on the bound ``sock`` until Ctrl-C or SIGTERM, its connections bounded as ``limits`` says
+    (``utils/serve/connection.py``); once the server accepts connections it prints ``serving ... on
+    http://HOST:PORT`` (the real port when 0 was asked for)."""
     import uvicorn
 
-    app = create_app(engine, limits, model_path)
+    from utils.serve.connection import uvicorn_config
+
+    limits = limits or Limits()
+    app = create_app(engine, limits, model_path, access)
     what = "PyTorch" if getattr(engine, "run", None) is not None else "CTranslate2"
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
@@ -848,5 +636,4 @@ def serve(engine: "Engine", model_path: str, sock: socket.socket, limits: Limits
             await super().startup(sockets)
             print(f"serving {model_path} ({what}) on {url} (Ctrl-C to stop)", flush=True)
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=5)
-    Announcing(config).run(sockets=[sock])
+    Announcing(uvicorn_config(app, limits)).run(sockets=[sock])

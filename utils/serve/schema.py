@@ -23,17 +23,23 @@ KINDS = ("cross", "encoder", "decoder")
 ERRORS: dict[int, str] = {
     400: "the body is not JSON (invalid, empty, nested too deeply), not UTF-8, or a text holds a lone surrogate or a "
          "NUL character; or the client left before its request was complete",
+    403: "the request names a host this server does not answer (`--allow-host`), or comes from a web page of another "
+         "origin (`--allow-origin`)",
     404: "no such endpoint (the error names the endpoints there are)",
     405: "the endpoint does not take this method (e.g. `GET /translate`)",
-    413: "too many lines (`--max-lines`), a line with too many characters (`--max-chars`), or a body over what those "
-         "allow",
+    408: "the request did not arrive whole within `--request-timeout` seconds; the connection is closed",
+    413: "too many lines (`--max-lines`), a line with too many characters (`--max-chars`) or tokens (`--max-tokens`), "
+         "too much work (source tokens x beam over `--max-beam-tokens`, attention weights over "
+         "`--max-attention-weights`), or a body over what those allow",
+    415: "a POST body sent without `Content-Type: application/json`",
     422: "the body is not a JSON object; a field is unknown, missing, of the wrong type, empty or out of range; or the "
          "model cannot take the sentence (longer than its positions allow)",
+    431: "the request line and headers hold more than `--max-header-bytes` bytes; the connection is closed",
     500: "an internal error (the first line of its message; the traceback goes to the server's log)",
     501: "a CTranslate2 export made before exports kept attention: `/attention` has nothing to draw (export the run "
          "again, or serve the run directory)",
-    503: "the server is busy (`--max-queue` requests already wait), or the decoding process ended while it held the "
-         "request (the next request starts a new one): try again",
+    503: "the server is busy (`--max-queue` requests already wait, or `--max-connections` connections are open), or "
+         "the decoding process ended while it held the request (the next request starts a new one): try again",
 }
 
 
@@ -47,7 +53,7 @@ class ErrorAnswer(BaseModel):
 
 def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel], type[BaseModel]]:
     """The request bodies of ``POST /translate`` and ``POST /attention`` for a server with these limits
-    (``utils.serve.app.Limits``: its ``--max-*`` flags) and decoding defaults (the run's ``decode`` section with the
+    (``utils.serve.limits.Limits``: its ``--max-*`` flags) and decoding defaults (the run's ``decode`` section with the
     decoding flags over it)."""
     line = Annotated[str, StringConstraints(min_length=1, max_length=limits.max_chars)]
     lines = Annotated[list[line], Field(min_length=1, max_length=limits.max_lines)]
@@ -60,10 +66,13 @@ def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel]
             {"text": ["Bonjour.", "Merci beaucoup."], "beam": 5, "nbest": 2, "lenpen": 1.0}]})
         text: line | lines = Field(
             description=f"a sentence, or a list of up to {limits.max_lines} (`--max-lines`); each line at most "
-                        f"{limits.max_chars} characters (`--max-chars`), not blank, no NUL character")
+                        f"{limits.max_chars} characters (`--max-chars`) and {limits.max_tokens} tokens "
+                        "(`--max-tokens`), not blank, no NUL character")
         beam: int | None = Field(decode.beam, ge=1, le=limits.max_beam,
                                  description="beam size (1: greedy search); absent or null: the server's default "
-                                             "(`--beam`, else the run's `decode.beam`); at most `--max-beam`")
+                                             "(`--beam`, else the run's `decode.beam`); at most `--max-beam`, and "
+                                             "the lines' tokens times the beam at most "
+                                             f"{limits.max_beam_tokens} (`--max-beam-tokens`)")
         nbest: int | None = Field(min(decode.nbest, decode.beam), ge=1, le=limits.max_beam,
                                   description="hypotheses returned per line, best first; at most `beam`; absent or "
                                               "null: the server's `--nbest` (at most `beam`)")
@@ -78,9 +87,13 @@ def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel]
         model_config = ConfigDict(extra="forbid", title="AttentionRequest", json_schema_extra={"examples": [
             {"text": "Le chat dort.", "kind": "cross", "layer": -1},
             {"text": "Le chat dort.", "target": "The cat sleeps.", "kind": "encoder"}]})
-        text: line = Field(description=f"the source sentence, at most {limits.max_chars} characters (`--max-chars`)")
+        text: line = Field(description=f"the source sentence, at most {limits.max_chars} characters (`--max-chars`) "
+                                       f"and {limits.max_tokens} tokens (`--max-tokens`); its attention weights over "
+                                       f"every layer and head at most {limits.max_attention_weights} "
+                                       "(`--max-attention-weights`)")
         target: line | None = Field(None, description="a translation to teacher-force (each row predicts its next "
-                                                       "token); absent or null: the model's greedy translation")
+                                                       "token), at most `--max-tokens` tokens; absent or null: the "
+                                                       "model's greedy translation")
         kind: Literal["cross", "encoder", "decoder"] = Field(
             "cross", description="`cross` (decoder rows over source columns), `encoder` (source over source) or "
                                  "`decoder` (target over target) self-attention")
@@ -219,16 +232,29 @@ class DecodeDefaults(Answer):
 
 
 class LimitsInfo(Answer):
-    """What one request may ask for, and how requests are batched and queued (the `--max-*` flags)."""
+    """What one request may ask for, how requests are batched and queued, and what a connection may hold (the
+    `--max-*` and `--request-timeout` flags)."""
 
     max_lines: int = Field(description="most lines in one `/translate` request (`--max-lines`)")
     max_chars: int = Field(description="most characters in one line (`--max-chars`)")
+    max_tokens: int = Field(description="most tokens in one line as the model reads it: a `/translate` line, an "
+                                        "`/attention` text or target (`--max-tokens`)")
     max_beam: int = Field(description="largest beam a request may ask for (`--max-beam`)")
+    max_beam_tokens: int = Field(description="most source tokens x beam in one `/translate` request, over its lines "
+                                             "(`--max-beam-tokens`)")
+    max_attention_weights: int = Field(description="most attention weights one `/attention` request computes, over "
+                                                   "every layer and head (`--max-attention-weights`)")
     max_batch: int = Field(description="most sentences decoded together (`--max-batch`)")
     max_wait_ms: float = Field(description="static batching: milliseconds the worker waits for more requests to join "
                                            "a batch (`--max-wait-ms`)")
     max_queue: int = Field(description="requests that may wait for the worker; one more is answered 503 "
                                        "(`--max-queue`)")
+    max_connections: int = Field(description="connections open at once; one more is answered 503 and closed "
+                                             "(`--max-connections`)")
+    max_header_bytes: int = Field(description="bytes of one request's line and headers; more are answered 431 "
+                                              "(`--max-header-bytes`)")
+    request_timeout: float = Field(description="seconds a request has to arrive whole (else 408, connection closed), "
+                                               "and a client to read its answer (`--request-timeout`)")
 
 
 class ModelAnswer(Answer):
@@ -268,7 +294,7 @@ class HealthAnswer(Answer):
 
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "status": "ok", "engine": "pytorch", "waiting": 0, "requests": 2, "sentences": 3, "batches": 2,
-        "largest_batch": 2, "steps": 22, "step_sentences": 27, "busy_s": 0.3939, "rejected": 0,
+        "largest_batch": 2, "steps": 22, "step_sentences": 27, "busy_s": 0.3939, "rejected": 0, "abandoned": 0,
         "decoder": {"pid": 7240, "restarts": 0}}]})
     status: Literal["ok"] = Field(description="always `ok` (an answer means the server is up)")
     engine: Literal["pytorch", "ctranslate2"] = Field(description="a PyTorch run or a CTranslate2 export")
@@ -285,4 +311,6 @@ class HealthAnswer(Answer):
                                       "call in progress included; continuous batching: the time with sentences in "
                                       "flight. Its share of a time span is how busy the model was")
     rejected: int = Field(description="requests answered 503 because the queue was full")
+    abandoned: int = Field(description="requests whose client hung up before its answer: their work was dropped (out "
+                                       "of the queue, out of the decoding in flight)")
     decoder: DecoderInfo = absent("a PyTorch run decoding in its own process: that process (absent otherwise)")

@@ -1,7 +1,8 @@
 """The PyTorch server's decoding process: the run's model loaded again in a process of its own, which decodes the
 server's batches. Python beam search holds the GIL for most of a step; in the server's process it takes turns
 with the HTTP and JSON work of every request, in its own process both run at once (CTranslate2 releases the GIL
-while it decodes and needs no such process)."""
+while it decodes and needs no such process). A job whose client hung up is cancelled there (``cancel``): it stops
+at the next decoder step (a batch that holds other jobs too goes on for them)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import multiprocessing as mp
 import signal
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from utils.translation.continuous import ContinuousDecoder, Request
 
 if TYPE_CHECKING:
     from utils.translation.translate import OnDone
@@ -27,57 +31,168 @@ class DecoderError(RuntimeError):
     """The decoding process could not start, ended, or holds other weights than the server's."""
 
 
+class Cancelled(Exception):
+    """A job was cancelled (``ProcessDecoder.cancel``): what its ``on_error`` gets, and its ``translate`` raises."""
+
+
+class _Stopped(Exception):
+    """The static batch decoding in the child was cancelled."""
+
+
+@dataclass(eq=False)
+class _Cancellable(Request):
+    """A request of the child's continuous decoder, which its job's cancel marks."""
+
+    cancelled: bool = False
+
+
+class CancellableDecoder(ContinuousDecoder):
+    """A continuous decoder from which a request can be taken out (``cancel``): if it waits, at once; if it decodes,
+    its batch is dropped as soon as every request in it is cancelled or done (a batch's rows cannot leave it one by
+    one)."""
+
+    def cancel(self, request: _Cancellable) -> None:
+        request.cancelled = True
+        self.waiting = [r for r in self.waiting if r is not request]
+        self._drop_abandoned()
+
+    def step(self) -> None:
+        super().step()
+        self._drop_abandoned()
+
+    def _drop_abandoned(self) -> None:
+        keep = []
+        for search, owners in self.searches:
+            if all(r.cancelled or not r.left for r in owners):
+                self.in_flight -= sum(r.left for r in owners)  # each request's rows are all in one batch
+            else:
+                keep.append((search, owners))
+        self.searches = keep
+
+
 def _decode_forever(conn: Connection, model_path: str, config: str | None, overrides: list[str], device: str,
                     average: int | None, join: float) -> None:
     """The child: load the run, answer ("ok", (checkpoint, step)) or ("error", ...), then decode every job received
     until the pipe closes (the server's end goes when the server does). A job is (kind, id, texts, decode): kind
     "translate" is decoded at once, alone, as ``translate`` does (static batches); kind "join" joins the decoding in
-    flight (``ContinuousDecoder``: iteration-level batching), new jobs being read between decoder steps. Each text
-    is reported as soon as its list is final: ("done", (id, i, nbest, stats)), stats the continuous decoder's
-    (batches, steps, sentence-steps); a job that fails answers ("error", (id, exception class name, message,
-    traceback)) instead of its remaining texts."""
+    flight (``ContinuousDecoder``: iteration-level batching), new jobs being read between decoder steps; kind
+    "cancel" (texts and decode None) drops the job of that id: not started, or out of the decoding in flight (its
+    batch stops once it holds no other job), or, the static batch decoding now, at its next decoder step; kind
+    "close" ends the child. Each text is reported as soon as its list is final: ("done", (id, i, nbest, stats)),
+    stats the continuous decoder's (batches, steps, sentence-steps); a job that fails answers ("error", (id,
+    exception class name, message, traceback)) instead of its remaining texts; a cancelled job answers nothing
+    more."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server handles it
     try:
         from utils.run.load import load_run
-        from utils.translation.continuous import ContinuousDecoder, Request
-        from utils.translation.translate import encode_sources, translate
+        from utils.translation.translate import encode_sources
 
         run = load_run(model_path, config, overrides, device, average=average)
     except Exception as err:  # noqa: BLE001 - the parent reports it in one line
         conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
         return
     conn.send(("ok", (str(run.checkpoint), run.step)))
-    decoder = ContinuousDecoder(run.model, run.tokenizer, join=join)
+    decoder = CancellableDecoder(run.model, run.tokenizer, join=join)
+    pending: deque[tuple[str, int, Any, Any]] = deque()  # jobs received, not started
+    live: dict[int, Any] = {}  # "join" jobs in the decoder: id -> its request
+    static: list[Any] = [None, False]  # the "translate" job decoding now, and whether it was cancelled
 
     def stats() -> tuple[int, int, int]:
         return decoder.batches, decoder.steps, decoder.sentence_steps
 
-    def failed(job: int, err: BaseException) -> None:
+    def failed(job: int, err: BaseException, joined: bool = False) -> None:
+        if joined and live.pop(job, None) is None:  # cancelled: nobody waits for its error
+            return
         conn.send(("error", (job, type(err).__name__, str(err), "".join(traceback.format_exception(err)))))
+
+    def take(message: tuple[str, int, Any, Any]) -> None:
+        kind, job = message[0], message[1]
+        if kind == "close":
+            raise EOFError
+        if kind != "cancel":
+            pending.append(message)
+        elif job == static[0]:
+            static[1] = True
+        elif job in live:
+            decoder.cancel(live.pop(job))
+        else:  # not started yet (or finished: then it is nowhere)
+            for queued in [m for m in pending if m[1] == job]:
+                pending.remove(queued)
+
+    def read(wait: bool) -> None:
+        """Take the messages that have come (``wait``: at least one)."""
+        if wait:
+            take(conn.recv())
+        while conn.poll():
+            take(conn.recv())
+
+    def stopped() -> bool:
+        """Whether the "translate" job decoding now was cancelled (the messages that have come read)."""
+        read(wait=False)
+        return static[1]
 
     while True:
         try:
-            jobs = [] if decoder.busy else [conn.recv()]  # idle: wait for work; busy: take what has come
-            while conn.poll():
-                jobs.append(conn.recv())
+            read(wait=not pending and not decoder.busy)  # idle: wait for work; busy: take what has come
         except (EOFError, OSError):
             return
         joining = []
-        for kind, job, texts, decode in jobs:
-            def done(i: int, nbest: Any, job: int = job) -> None:
+        while pending:
+            kind, job, texts, decode = pending.popleft()
+
+            def done(i: int, nbest: Any, job: int = job, kind: str = kind) -> None:
+                if kind == "join" and job not in live:  # cancelled while its batch goes on for others
+                    return
                 conn.send(("done", (job, i, nbest, stats())))
+                if kind == "join" and not live[job].left:
+                    live.pop(job)
 
             try:
                 if kind == "translate":
-                    translate(run.model, run.tokenizer, texts, decode, strict=False, on_done=done)
+                    static[:] = [job, False]
+                    _translate(run, texts, decode, done, stopped)
                     continue
                 sources = encode_sources(run.tokenizer, texts, run.model.max_length, strict=False)
+            except _Stopped:
+                continue
+            except (EOFError, OSError):  # the server's end of the pipe is gone
+                return
             except Exception as err:  # noqa: BLE001 - fails this job, not the process
                 failed(job, err)
                 continue
-            joining.append(Request(sources, decode, done, lambda err, job=job: failed(job, err)))
+            finally:
+                static[:] = [None, False]
+            live[job] = _Cancellable(sources, decode, done, lambda err, job=job: failed(job, err, joined=True))
+            joining.append(live[job])
         decoder.add(joining)
-        decoder.step()
+        try:
+            decoder.step()
+        except (EOFError, OSError):
+            return
+
+
+def _translate(run: Any, texts: list[str], decode: Any, on_done: OnDone, stopped: Callable[[], bool]) -> None:
+    """``translate(run.model, run.tokenizer, texts, decode, strict=False, on_done=on_done)``: the same batches (the
+    sources sorted by length, ``decode.batch_size`` at a time), each decoded as ``Search.run`` does, but ``_Stopped``
+    at the first decoder step after ``stopped()`` (the rest of the job is not decoded)."""
+    import torch
+
+    from utils.translation.translate import Translation, _batches, encode_sources, make_search, translations
+
+    sources = encode_sources(run.tokenizer, texts, run.model.max_length, strict=False)
+    todo = [i for i, src in enumerate(sources) if src]
+    for i in (i for i, src in enumerate(sources) if not src):
+        on_done(i, [Translation("", 0.0, 0.0, [])])
+    run.model.eval()
+    with torch.no_grad():
+        for batch in _batches([len(sources[i]) for i in todo], decode.batch_size):
+            rows = [todo[j] for j in batch]
+            search = make_search(run.model, run.tokenizer, [sources[i] for i in rows], decode,
+                                 lambda r, hyps, rows=rows: on_done(rows[r], translations(run.tokenizer, hyps)))
+            while search.running:
+                if stopped():
+                    raise _Stopped
+                search.advance(search.logits())
 
 
 @dataclass
@@ -102,10 +217,12 @@ class ProcessDecoder:
         source = str(run_dir) if average else str(checkpoint)
         self._args = (source, None if config is None else str(config), list(overrides), device, average, join)
         self._expected = (str(Path(checkpoint).resolve()), step)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # close() takes it too, also from within submit()
         self._jobs: dict[int, _Job] = {}  # the current child's jobs in flight
         self._ended_child = threading.Event()  # set by the current child's reader when its pipe closes
         self._ids = itertools.count()
+        #: The id of the job ``translate`` waits for now (None: none), for ``cancel``.
+        self.translating: int | None = None
         self.restarts = 0
         #: The child's continuous decoder so far: (batches started, decoder steps, sentence-steps).
         self.stats = (0, 0, 0)
@@ -181,12 +298,13 @@ class ProcessDecoder:
                 job.on_error(err)
 
     def submit(self, texts: list[str], decode: Any, on_done: OnDone, on_error: Callable[[BaseException], None],
-               kind: str = "join") -> None:
+               kind: str = "join") -> int | None:
         """Hand ``texts`` to the child: ``on_done(i, nbest)`` for each as it is final, or ``on_error(exception)``
         once if the job fails (errors as the server's own would be: an input the model cannot take as
-        ``InputError`` / ``PositionLimitError`` (422), an ended child ``DecoderError``, else ``RuntimeError``)."""
+        ``InputError`` / ``PositionLimitError`` (422), an ended child ``DecoderError``, else ``RuntimeError``).
+        Returns the job's id, for ``cancel`` (None: no texts, nothing to do)."""
         if not texts:
-            return
+            return None
         with self._lock:
             # is_alive alone can miss an end when something else in the process reaped the child: its pipe closed too
             if not self._proc.is_alive() or self._ended_child.is_set():
@@ -200,19 +318,41 @@ class ProcessDecoder:
                 self._conn.send((kind, job_id, texts, decode))
             except OSError:  # BrokenPipeError among them: the reader fails the job when it sees the end
                 pass
+        return job_id
+
+    def cancel(self, job_id: int) -> None:
+        """Drop a job handed to ``submit``: the child stops decoding it (module docstring), its ``on_error`` gets
+        ``Cancelled`` and its callbacks are not called again. A job that is over is left alone."""
+        with self._lock:
+            job = self._jobs.pop(job_id, None)
+            if job is None:
+                return
+            try:
+                self._conn.send(("cancel", job_id, None, None))
+            except OSError:  # the child has ended: nothing decodes the job any more
+                pass
+        job.on_error(Cancelled(f"job {job_id} was cancelled"))
 
     def translate(self, texts: list[str], decode: Any, on_done: OnDone | None = None) -> list[list[Any]]:
         """The n-best lists of ``texts`` decoded as one batch, alone (as ``translate`` does), ``on_done(i, nbest)``
-        called for each as the child finishes it; raises the job's error (``submit``)."""
+        called for each as the child finishes it; raises the job's error (``submit``). An ``on_done`` that raises
+        stops the batch (the child drops the rest at its next step) and ``translate`` raises that; so does
+        ``cancel(self.translating)``, with ``Cancelled``."""
         results: list[Any] = [None] * len(texts)
         finished = threading.Event()
         failure: list[BaseException] = []
         left = [len(texts)]
 
-        def done(i: int, nbest: Any) -> None:
+        def done(i: int, nbest: Any) -> None:  # in the reader thread: whatever on_done raises stays here
+            if failure:
+                return
             results[i] = nbest
             if on_done is not None:
-                on_done(i, nbest)
+                try:
+                    on_done(i, nbest)
+                except Exception as err:  # noqa: BLE001 - the caller's way to stop the batch
+                    error(err)
+                    return
             left[0] -= 1
             if left[0] == 0:
                 finished.set()
@@ -221,15 +361,26 @@ class ProcessDecoder:
             failure.append(err)
             finished.set()
 
-        self.submit(texts, decode, done, error, kind="translate")
-        if texts:
-            finished.wait()
+        job_id = self.translating = self.submit(texts, decode, done, error, kind="translate")
+        try:
+            if texts:
+                finished.wait()
+        finally:
+            self.translating = None
         if failure:
+            if job_id is not None:
+                self.cancel(job_id)
             raise failure[0]
         return results
 
     def close(self) -> None:
-        """Close the pipe (the child then returns) and wait for the child briefly."""
+        """Ask the child to end, close the pipe (the child returns at either, at its next decoder step) and wait for
+        the child briefly."""
+        with self._lock:
+            try:
+                self._conn.send(("close", -1, None, None))  # the pipe's end alone is not seen while the reader reads
+            except OSError:  # the child has ended
+                pass
         self._conn.close()
         self._proc.join(timeout=10)
         if self._proc.is_alive():

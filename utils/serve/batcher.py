@@ -1,0 +1,354 @@
+"""The server's decoding worker: one queue of requests in front of the model, micro-batching, and abandoned work
+dropped.
+
+Requests wait in a bounded queue (full: 503). Static batching: translation requests that wait together are decoded
+in one ``translate`` call (grouped by beam, n-best and length penalty). Continuous batching (an engine with
+``continuous`` set: a PyTorch run's decoding process): each request is handed to the decoding in flight as soon as
+it fits under ``max_batch`` sentences, and joins it between two decoder steps (``utils/translation/continuous.py``).
+Other work (attention maps) runs alone. The blocking calls run in one thread of their own, so the server's model is
+only ever used by that thread, and the event loop keeps serving meanwhile.
+
+A request whose client hung up is cancelled (``utils/serve/app.py`` watches each connection): its job leaves the
+queue at once. Once every request of a static batch is answered or gone, the batch stops: in a PyTorch run's
+decoding process at its next decoder step (``ProcessDecoder.cancel``), elsewhere at its next finished sentence (the
+engine's ``on_done`` raises ``Abandoned``). With continuous batching the request leaves the decoding in flight at the
+next decoder step (its batch stops once no other request is left in it). ``/health`` counts such requests
+(``abandoned``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from utils.serve.limits import Limits, RequestError
+
+if TYPE_CHECKING:
+    from utils.config import DecodeConfig
+    from utils.translation.engines import Engine
+    from utils.translation.translate import Translation
+
+
+log = logging.getLogger("server")
+
+
+class Abandoned(Exception):
+    """Raised by a static batch's ``on_done`` once nobody waits for the rest of the batch: the engine stops."""
+
+
+@dataclass(eq=False)
+class _Job:
+    future: asyncio.Future
+    texts: list[str]
+    key: tuple[int, int, float] | None = None  # (beam, nbest, lenpen) of a translation; None: ``call``
+    call: Callable[[], Any] | None = None
+    answered: bool = False  # a translation's n-best lists were handed over (counted once)
+    parts: list[Any] | None = None  # continuous batching: the n-best lists received so far
+    left: int = 0  # continuous batching: sentences not received yet
+    handle: Any = None  # continuous batching: the decoding process's id of the job, to cancel it
+
+
+@dataclass
+class Counters:
+    """What the worker has done (``GET /health``)."""
+
+    requests: int = 0
+    sentences: int = 0
+    batches: int = 0  # calls to the engine's translate (continuous batching: batches started by the decoder)
+    largest_batch: int = 0  # sentences in the largest of them (continuous batching: the most in flight at once)
+    steps: int = 0  # continuous batching: decoder steps run
+    step_sentences: int = 0  # continuous batching: over those steps, the sum of the sentences decoding
+    busy_s: float = 0.0  # seconds the engine has spent in its calls (translations and attention maps), so far
+    rejected: int = 0  # requests answered 503
+    abandoned: int = 0  # requests whose client hung up before its answer: their work dropped or stopped
+
+
+class _JobQueue(asyncio.Queue):
+    """An ``asyncio.Queue`` of jobs from which a cancelled one can be taken out."""
+
+    def discard(self, job: _Job) -> None:
+        try:
+            self._queue.remove(job)  # type: ignore[attr-defined]
+        except ValueError:  # taken by the worker already
+            pass
+
+
+class Batcher:
+    """One decoding worker fed by a bounded queue (module docstring)."""
+
+    def __init__(self, engine: Engine, limits: Limits) -> None:
+        self.engine, self.limits = engine, limits
+        self.counters = Counters()
+        self.continuous = bool(getattr(engine, "continuous", False))
+        # Continuous batching hands jobs to the engine's decoding process, whose ``submit`` gives an id to ``cancel``.
+        decoder = getattr(engine, "decoder", None)
+        self._decoder = decoder if self.continuous and hasattr(decoder, "cancel") else None
+        self._in_flight = 0  # continuous batching: sentences handed to the decoder and not answered
+        self._room = asyncio.Event()  # set when sentences in flight are answered, or a job waiting for room goes
+        self._queue: _JobQueue = _JobQueue(self.limits.max_queue)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        self._task: asyncio.Task | None = None
+        self._held: _Job | None = None
+        self._joining: _Job | None = None  # continuous batching: taken from the queue, waiting for room
+        self._executing: list[_Job] | None = None  # static batching: the requests of the batch decoding now
+        self._busy_since: float | None = None  # when the engine call in progress began
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters now, ``busy_s`` with the call in progress up to now (its requests may be answered already)."""
+        out = asdict(self.counters)
+        if self._busy_since is not None:
+            out["busy_s"] += time.perf_counter() - self._busy_since
+        if self.continuous:
+            out["batches"], out["steps"], out["step_sentences"] = self.engine.stats  # type: ignore[attr-defined]
+        return out
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="decode-worker")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize() + (self._held is not None) + (self._joining is not None)
+
+    def _submit(self, job: _Job) -> asyncio.Future:
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self.counters.rejected += 1
+            raise RequestError(503, f"the server is busy ({self.limits.max_queue} requests waiting); "
+                                    "try again shortly") from None
+        job.future.add_done_callback(partial(self._gone, job))
+        return job.future
+
+    async def translate(self, texts: list[str], decode: DecodeConfig) -> list[list[Translation]]:
+        """The n-best lists of ``texts``, decoded with whatever other requests wait at the same time. Cancelling
+        this (the client hung up) drops the request's work (module docstring)."""
+        future = asyncio.get_running_loop().create_future()
+        return await self._submit(_Job(future, texts, key=(decode.beam, decode.nbest, decode.lenpen)))
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in the decoding thread, between batches (anything else that uses the model); cancelled before it
+        starts, it never runs."""
+        return await self._submit(_Job(asyncio.get_running_loop().create_future(), [], call=fn))
+
+    def _gone(self, job: _Job, future: asyncio.Future) -> None:
+        """In the event loop, when a job's future is done: if it was cancelled (its client hung up), its work is
+        dropped: out of the queue, out of the decoding in flight."""
+        if not future.cancelled():
+            return
+        self.counters.abandoned += 1
+        self._queue.discard(job)
+        self._room.set()  # ``_join`` may be waiting for room for this very job
+        if job.left:  # continuous batching: handed to the decoder, not all answered
+            self._account(job.left)
+            job.left = 0
+            if job.handle is not None:
+                self._cancel(self._decoder, job.handle)
+        group = self._executing
+        if group is not None and job in group and all(j.future.done() for j in group):  # a static batch nobody awaits
+            decoder = getattr(self.engine, "decoder", None)
+            handle = getattr(decoder, "translating", None)
+            if handle is not None:  # a decoding process: stopped at its next step
+                self._cancel(decoder, handle)
+
+    @staticmethod
+    def _cancel(decoder: Any, handle: Any) -> None:
+        """Tell the decoding process to drop a job (in a thread: its pipe is shared with ``submit``, under a lock)."""
+        asyncio.get_running_loop().run_in_executor(None, decoder.cancel, handle)
+
+    def _account(self, done: int) -> None:
+        """``done`` sentences in flight are over (answered, failed or dropped)."""
+        self._in_flight -= done
+        if not self._in_flight and self._busy_since is not None:
+            self.counters.busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+        self._room.set()
+
+    async def _run(self) -> None:
+        while True:
+            job, self._held = (self._held, None) if self._held is not None else (await self._queue.get(), None)
+            if job.future.done():  # its client went away while it waited
+                continue
+            try:
+                await self._take(job)
+            except Exception as err:  # a fault of the worker's own: that request fails (500), the worker goes on
+                log.exception("the decoding worker failed on a request")
+                if not job.future.done():
+                    job.future.set_exception(err)
+
+    async def _take(self, job: _Job) -> None:
+        """Decode ``job``: alone (a call), joining the decoding in flight (continuous batching), or with the
+        translation requests waiting behind it (static batching)."""
+        if job.call is not None:
+            await self._execute([job], lambda job=job: job.call())
+        elif self.continuous:
+            await self._join(job)
+        else:
+            await self._batch(job)
+
+    async def _batch(self, job: _Job) -> None:
+        """Static batching: ``job`` and the translation requests waiting behind it (up to ``max_batch`` sentences),
+        decoded in one ``translate`` call per decoding setting."""
+        jobs, size = [job], len(job.texts)
+        waited = False
+        while size < self.limits.max_batch:
+            try:
+                nxt = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                if waited or self.limits.max_wait_ms <= 0:
+                    break
+                waited = True  # one short wait for requests sent at the same moment
+                await asyncio.sleep(self.limits.max_wait_ms / 1000)
+                continue
+            if nxt.call is not None or size + len(nxt.texts) > self.limits.max_batch:
+                self._held = nxt  # the next batch starts with it
+                break
+            jobs.append(nxt)
+            size += len(nxt.texts)
+        jobs = [j for j in jobs if not j.future.done()]  # clients that went away while waiting
+        groups: dict[tuple[int, int, float], list[_Job]] = {}
+        for j in jobs:
+            groups.setdefault(j.key, []).append(j)  # type: ignore[arg-type]
+        for (beam, nbest, lenpen), group in groups.items():
+            if all(j.future.done() for j in group):  # gone while an earlier group decoded
+                continue
+            decode = self.engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
+            texts = [t for j in group for t in j.texts]
+            self.counters.batches += 1
+            self.counters.largest_batch = max(self.counters.largest_batch, len(texts))
+            await self._execute(group, lambda on_done, texts=texts, decode=decode:
+                                self.engine.translate(texts, decode, on_done))
+
+    async def _join(self, job: _Job) -> None:
+        """Continuous batching: hand ``job`` to the decoding in flight once it fits under ``max_batch`` sentences; its
+        n-best lists come back one by one (``_received``) from the decoder's reader thread."""
+        self._joining = job  # still waiting (/health)
+        while (not job.future.done() and self._in_flight
+               and self._in_flight + len(job.texts) > self.limits.max_batch):
+            self._room.clear()
+            await self._room.wait()
+        self._joining = None
+        if job.future.done():  # its client went away while it waited
+            return
+        loop = asyncio.get_running_loop()
+        beam, nbest, lenpen = job.key  # type: ignore[misc]
+        decode = self.engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
+        job.parts, job.left = [None] * len(job.texts), len(job.texts)
+        if not self._in_flight:
+            self._busy_since = time.perf_counter()
+        self._in_flight += job.left
+        self.counters.largest_batch = max(self.counters.largest_batch, self._in_flight)
+
+        def on_done(i: int, nbest: Any) -> None:
+            loop.call_soon_threadsafe(self._received, job, i, nbest)
+
+        def on_error(err: BaseException) -> None:
+            loop.call_soon_threadsafe(self._received, job, None, err)
+
+        def submit() -> Any:  # in the decoding thread: a decoding process that ended is started again there
+            if self._decoder is not None:
+                return self._decoder.submit(job.texts, decode, on_done, on_error)
+            return self.engine.submit(job.texts, decode, on_done, on_error)  # type: ignore[attr-defined]
+        try:
+            job.handle = await loop.run_in_executor(self._pool, submit)
+        except Exception as err:  # noqa: BLE001 - the request fails, not the worker
+            self._received(job, None, err)
+            return
+        if job.future.cancelled() and job.handle is not None:  # its client left while it was handed over
+            self._cancel(self._decoder, job.handle)
+
+    def _received(self, job: _Job, i: int | None, result: Any) -> None:
+        """In the event loop: sentence ``i`` of a continuously batched job is final (``result`` its n-best list), or
+        the job failed (``i`` None, ``result`` the exception)."""
+        if job.left == 0:  # failed before, answered, or abandoned
+            return
+        done = job.left if i is None else 1
+        job.left -= done
+        self._account(done)
+        if i is None:
+            job.left = 0
+            if not job.future.done():
+                job.future.set_exception(result)
+            return
+        job.parts[i] = result  # type: ignore[index]
+        if job.left == 0:
+            self._answer(job, job.parts)  # type: ignore[arg-type]
+
+    async def _execute(self, group: list[_Job], fn: Callable[..., Any]) -> None:
+        """Run ``fn`` in the decoding thread; hand each job its share of the result (or the error). A translation's
+        ``fn(on_done)`` reports each sentence as the engine finishes it: a job is answered as soon as all of its
+        sentences are, while the rest of the batch decodes (its client can send the next request meanwhile); once
+        every job of the batch is answered or abandoned, ``on_done`` raises ``Abandoned`` and the engine stops."""
+        loop = asyncio.get_running_loop()
+        began = time.perf_counter()
+        # Continuous batching counts the time sentences are in flight (_join); a call beside them is not added again.
+        counted = not self.continuous
+        if counted:
+            self._busy_since = began
+        if group[0].call is not None:
+            call = fn
+        else:
+            owner = [k for k, j in enumerate(group) for _ in j.texts]  # the job of each sentence of the batch
+            first = [0, *itertools.accumulate(len(j.texts) for j in group)]
+            parts: list[Any] = [None] * first[-1]
+            left = [len(j.texts) for j in group]
+
+            def on_done(i: int, nbest: Any) -> None:  # in the decoding thread
+                if all(j.future.done() for j in group):  # nobody waits for the rest
+                    raise Abandoned
+                parts[i] = nbest
+                k = owner[i]
+                left[k] -= 1
+                if left[k] == 0:
+                    loop.call_soon_threadsafe(self._answer, group[k], parts[first[k]:first[k + 1]])
+
+            def call() -> Any:
+                return fn(on_done)
+        if group[0].call is None:
+            self._executing = group
+        try:
+            result = await loop.run_in_executor(self._pool, call)
+        except Exception as err:  # a failed decode fails the requests it held (those not answered yet), not the worker
+            for j in group:
+                if not j.future.done():
+                    j.future.set_exception(err)
+            return
+        finally:
+            self._executing = None
+            if counted:
+                self.counters.busy_s += time.perf_counter() - began
+                self._busy_since = None
+        if group[0].call is not None:
+            if not group[0].future.done():
+                group[0].future.set_result(result)
+            return
+        start = 0
+        for j in group:  # the engine reported every sentence; a job it did not (none should) is answered here
+            if not j.answered:
+                self._answer(j, result[start : start + len(j.texts)])
+            start += len(j.texts)
+
+    def _answer(self, job: _Job, nbest: list[Any]) -> None:
+        """In the event loop: a translation job's n-best lists are all final."""
+        if job.answered:
+            return
+        job.answered = True
+        self.counters.requests += 1
+        self.counters.sentences += len(job.texts)
+        if not job.future.done():  # its client may have gone
+            job.future.set_result(nbest)
