@@ -28,9 +28,7 @@ and a demo page at /, with the decoding flags above as defaults (see utils/serve
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,6 +40,7 @@ from utils.cli import (
     apply_average_args,
     apply_threads,
     decode_overrides,
+    finite_float,
     run_main,
     setup_logging,
     threads_note,
@@ -81,22 +80,6 @@ The scores above are made up. The best translation of each input line, from such
 A CTranslate2 export (--model_path EXPORT_DIR) writes the same formats. --export-ctranslate2 prints one line:
 wrote a CTranslate2 model of CHECKPOINT to OUT_DIR.
 """
-
-
-def finite_float(low: float, high: float | None = None) -> Callable[[str], float]:
-    """An argparse type: a finite number in ``low``..``high`` (no NaN, no inf), refused in one line otherwise."""
-    where = f"in {low:g}..{high:g}" if high is not None else f">= {low:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number {where}, got {text[:40]!r}") from None
-        if not math.isfinite(value) or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be a finite number {where}, got {text[:40]}")
-        return value
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/sequential_design.py: the root first
@@ -38,42 +37,28 @@ def seeds_list(text: str) -> list[int]:
     return looks
 
 
-def number(low: float, high: float | None = None) -> Callable[[str], float]:
-    """An argparse type: a finite number strictly between ``low`` and ``high`` (above ``low`` without one)."""
-    where = f"between {low:g} and {high:g}" if high is not None else f"above {low:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > low and (high is None or value < high)):
-            raise argparse.ArgumentTypeError(f"must be a number {where}, got {text[:40]!r}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line of bench/sequential_design.py."""
+    from utils.cli import finite_float
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--looks", type=seeds_list, required=True, metavar="N1,N2,...",
                         help="seeds per system at each look, the last the most the study trains")
-    parser.add_argument("--alpha", type=number(0, 1), default=0.05,
+    parser.add_argument("--alpha", type=finite_float(0, 1, open_ends=True), default=0.05,
                         help="two-sided type I error of the family (default 0.05)")
     parser.add_argument("--family", type=int, default=1, metavar="M",
                         help="tests in the Holm family: the boundaries shown are its first step's, alpha / M "
                              "(default 1)")
     parser.add_argument("--spending", choices=["obf", "pocock"], default="obf",
                         help="Lan-DeMets spending function: O'Brien-Fleming type (default) or Pocock type")
-    parser.add_argument("--residual-sd", type=number(0), metavar="SD",
+    parser.add_argument("--residual-sd", type=finite_float(0, open_ends=True), metavar="SD",
                         help="pooled residual SD of the seed test, in the metric's units (a report's 'pooled "
                              "residual')")
-    parser.add_argument("--effect", type=number(0),
+    parser.add_argument("--effect", type=finite_float(0, open_ends=True),
                         help="smallest difference of interest, in the metric's units (with --residual-sd)")
-    parser.add_argument("--beta", type=number(0, 1), default=0.2,
+    parser.add_argument("--beta", type=finite_float(0, 1, open_ends=True), default=0.2,
                         help="type II error spent on futility stops (default 0.2)")
-    parser.add_argument("--power", type=number(0, 1), default=0.8,
+    parser.add_argument("--power", type=finite_float(0, 1, open_ends=True), default=0.8,
                         help="power the seeds needed are computed for (default 0.8)")
     return parser
 

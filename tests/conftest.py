@@ -110,6 +110,24 @@ def train_tiny(tmp_path: Path) -> Callable[..., dict]:
     return run
 
 
+def train_tiny_run(tmp: Path, sets: list[str], **train_kw) -> Path:
+    """``make_tiny_config`` (``train`` keys ``train_kw``) with ``--set`` ``sets``, trained in this process on one
+    thread into ``tmp/runs`` (the caller's thread count restored); the run directory."""
+    import torch
+
+    from utils.run.store import create_run_dir
+    from utils.training.loop import train
+
+    cfg = from_dict(make_tiny_config(tmp, num_threads=1, **train_kw).to_dict(), sets)
+    run = create_run_dir(cfg, tmp / "runs")
+    threads = torch.get_num_threads()
+    try:
+        train(cfg, run)
+    finally:
+        torch.set_num_threads(threads)
+    return run
+
+
 def assert_same_weights(a: dict, b: dict, rtol: float = 1e-4, atol: float = 1e-5) -> None:
     """Two trainings' weights equal up to float rounding. A key projection's bias has zero gradient in exact
     arithmetic and Adam scales its rounding noise to full steps: only its values' half is compared."""

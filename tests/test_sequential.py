@@ -117,7 +117,7 @@ def test_the_design_command_prints_the_published_boundaries_and_the_seeds_the_po
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--looks", "6,3"], "argument --looks: '6,3': increasing seed counts, each at least 2"),
-    (["--looks", "6,12", "--alpha", "nan"], "argument --alpha: must be a number between 0 and 1, got 'nan'"),
+    (["--looks", "6,12", "--alpha", "nan"], "argument --alpha: must be a finite number between 0 and 1, got nan"),
     (["--looks", "6,12", "--effect", "1"], "--effect and --residual-sd go together"),
 ])
 def test_the_design_command_refuses_bad_input_in_one_line(args: list[str], message: str) -> None:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, make_tiny_config
+from conftest import ROOT, train_tiny_run
 
 from bench.demo_page import drive_page
 from bench.serve_load import Load, Server, get, load, post, start_server, table
@@ -39,22 +39,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test_export_ct2 recipe (d 32, 1+1 layers, RoPE alone: exportable; beam 2), 10 epochs on one thread
     (about 10 s; 32 different outputs for the 40 test lines), hypotheses capped at 12 tokens."""
-    import torch
-
-    from utils.run.store import create_run_dir
-    from utils.training.loop import train
-
-    tmp = tmp_path_factory.mktemp("serve")
-    base = make_tiny_config(tmp, epochs=10, eval_every=1000, lr=0.005, num_threads=1)
-    cfg = from_dict(base.to_dict(), ["model.input_pe=none", "tokenizer.byte_fallback=false", "decode.max_len_a=0",
-                                     "decode.max_len_b=12"])
-    run = create_run_dir(cfg, tmp / "runs")
-    threads = torch.get_num_threads()
-    try:
-        train(cfg, run)
-    finally:
-        torch.set_num_threads(threads)
-    return run
+    return train_tiny_run(tmp_path_factory.mktemp("serve"), ["model.input_pe=none", "tokenizer.byte_fallback=false",
+                          "decode.max_len_a=0", "decode.max_len_b=12"], epochs=10, eval_every=1000, lr=0.005)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, make_tiny_config
+from conftest import ROOT, train_tiny_run
 from test_docs_http import FakeEngine
 
 from utils.config import from_dict
@@ -41,21 +41,8 @@ LIMITS = Limits(max_tokens=64, max_beam_tokens=1000, max_attention_weights=10000
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny config (d 32, 1+1 layers, RoPE; byte fallback: an emoji is 4 tokens) trained 4 steps."""
-    import torch
-
-    from utils.run.store import create_run_dir
-    from utils.training.loop import train
-
-    tmp = tmp_path_factory.mktemp("hostile")
-    base = make_tiny_config(tmp, epochs=1, max_steps=4, eval_every=1000, num_threads=1)
-    cfg = from_dict(base.to_dict(), ["model.input_pe=none"])
-    run = create_run_dir(cfg, tmp / "runs")
-    threads = torch.get_num_threads()
-    try:
-        train(cfg, run)
-    finally:
-        torch.set_num_threads(threads)
-    return run
+    return train_tiny_run(tmp_path_factory.mktemp("hostile"), ["model.input_pe=none"], epochs=1, max_steps=4,
+                          eval_every=1000)
 
 
 @pytest.fixture(scope="module")

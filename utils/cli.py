@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import logging.handlers
+import math
 import os
 import subprocess
 import sys
@@ -178,3 +179,25 @@ def os_error_line(e: OSError) -> str:
     what = e.strerror or type(e).__name__
     paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
     return f"{paths}: {what}" if paths else one_line(str(e)) or what
+
+
+def finite_float(low: float, high: float | None = None, open_ends: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in ``low``..``high`` (above ``low`` without ``high``; strictly between
+    them with ``open_ends``), refused in one line otherwise (no NaN, no inf)."""
+    if open_ends:
+        where = f"between {low:g} and {high:g}" if high is not None else f"above {low:g}"
+    else:
+        where = f"in {low:g}..{high:g}" if high is not None else f">= {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number {where}, got {text[:40]!r}") from None
+        inside = (low < value and (high is None or value < high)) if open_ends else \
+            (low <= value and (high is None or value <= high))
+        if not (math.isfinite(value) and inside):
+            raise argparse.ArgumentTypeError(f"must be a finite number {where}, got {text[:40]}")
+        return value
+
+    return parse
