@@ -68,6 +68,7 @@ from bench.study_runs import (  # noqa: E402
 from utils.cli import add_set_arg  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 from utils.run.layout import RunDir  # noqa: E402
+from utils.study.launch import LAUNCHERS, JobFailed, Launcher, LaunchError, Resources, die_with_parent  # noqa: E402
 
 DECODERS = {"beam5": 5, "greedy": 1}
 
@@ -506,34 +507,62 @@ def train_command(job: Job, config: str, overrides: list[str], budget: list[str]
     return project_command("train.py", "--resume", run, overrides=budget)
 
 
-def die_with_parent(parent: int) -> Any:
-    """A ``preexec_fn`` giving the child SIGTERM when the study dies, however (``kill -9`` included; Linux
-    ``PR_SET_PDEATHSIG``): train.py then saves last.pt and exits, and no orphan writes on under a rerun."""
+def slot_envs(devices: int, jobs: int) -> list[dict[str, str]]:
+    """The environment of each slot commands run in: one per GPU when there are several, else ``jobs`` on the
+    CPU, each limited to its share of the cores (``OMP_NUM_THREADS``: two runs of one thread each keep both cores
+    busy without the stalls two threads suffer when anything else wants a core)."""
+    if devices > 1:
+        return [{"CUDA_VISIBLE_DEVICES": str(device)} for device in range(devices)]
+    threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))} if jobs > 1 else {}
+    return [dict(threads) for _ in range(max(1, jobs))]
 
-    def preexec() -> None:
-        import ctypes
-        import signal
 
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):  # not Linux: the run lock still keeps a rerun off its directory
-            return
-        if os.getppid() != parent:  # the study died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
+def study_launcher(parser: argparse.ArgumentParser, args: argparse.Namespace, study: Path) -> Launcher | None:
+    """The launcher ``--launcher`` names (None: local, the study's own processes), checked before the study
+    writes anything: a ``--slurm-*`` flag without ``--launcher slurm``, submitit missing, or SLURM absent or
+    refusing the resources is one line and exit 2."""
+    slurm = {"--slurm-partition": args.slurm_partition, "--slurm-time": args.slurm_time,
+             "--slurm-gpus-per-job": args.slurm_gpus_per_job, "--slurm-cpus-per-job": args.slurm_cpus_per_job,
+             "--slurm-mem-gb": args.slurm_mem_gb, "--slurm-array-parallelism": args.slurm_array_parallelism}
+    given = [flag for flag, value in slurm.items() if value is not None]
+    if given and args.launcher != "slurm":
+        parser.error(f"{', '.join(given)}: for --launcher slurm only")
+    if args.launcher == "local":
+        return None
+    if args.launcher == "slurm" and args.jobs != 1:
+        parser.error("--jobs: runs at a time on this machine; on SLURM give --slurm-array-parallelism")
+    for flag, value in slurm.items():
+        if flag == "--slurm-mem-gb" and value is not None and not value > 0:
+            parser.error(f"{flag} must be > 0, got {value}")
+        elif isinstance(value, int) and value < (low := 0 if flag == "--slurm-gpus-per-job" else 1):
+            parser.error(f"{flag} must be >= {low}, got {value}")
+    defaults = Resources()
+    resources = Resources(args.slurm_partition, args.slurm_time or defaults.time_min,
+                          defaults.gpus if args.slurm_gpus_per_job is None else args.slurm_gpus_per_job,
+                          args.slurm_cpus_per_job, args.slurm_mem_gb, args.slurm_array_parallelism)
+    try:
+        return Launcher(args.launcher, study / "submitit", resources)
+    except LaunchError as e:
+        parser.error(str(e))
 
 
 def run_commands(commands: list[tuple[str, list[str], Path]], devices: int, poll: float = 2.0,
-                 jobs: int = 1, progress: Progress | None = None) -> None:
-    """Run (label, argv, log) commands: one per GPU when there are several, else ``jobs`` at a time on the
-    CPU, each child then limited to its share of the cores (``OMP_NUM_THREADS``: two runs of one thread
-    each keep both cores busy without the stalls two threads suffer when anything else wants a core); a
-    slot takes the next command as soon as its own ends. ``progress`` (default: one made of the labels) says on
-    the terminal what starts, validates and ends, every ``poll`` seconds at most."""
+                 jobs: int = 1, progress: Progress | None = None, launcher: Launcher | None = None) -> None:
+    """Run (label, argv, log) commands in the slots of ``slot_envs``, a slot taking the next command as soon as
+    its own ends; with a ``launcher`` (``--launcher slurm`` or ``submitit-local``) each command is one of its jobs
+    instead (submitit-local: in the same slots; SLURM: all submitted, the cluster runs them). ``progress``
+    (default: one made of the labels) says on the terminal what starts, validates and ends, every ``poll``
+    seconds at most."""
     progress = progress or Progress([label for label, _, _ in commands])
     try:
-        _run_commands(commands, devices, poll, jobs, progress)
+        if launcher is None:
+            _run_commands(commands, devices, poll, jobs, progress)
+            return
+        try:
+            launcher.run(commands, ROOT, progress, None if launcher.kind == "slurm" else slot_envs(devices, jobs),
+                         poll)
+        except JobFailed as e:
+            raise SystemExit(f"study: {e}") from None
     finally:
         progress.close()
 
@@ -544,23 +573,19 @@ def _run_commands(commands: list[tuple[str, list[str], Path]], devices: int, pol
 
     pending = list(commands)
     active: list[tuple[str, subprocess.Popen, Path]] = []
-    free: list[int | None] = list(range(devices)) if devices > 1 else [None] * max(1, jobs)
-    threads = max(1, (os.cpu_count() or 1) // jobs) if devices <= 1 and jobs > 1 else None
+    slots = slot_envs(devices, jobs)
+    free = list(range(len(slots)))
     while pending or active:
         while pending and free:
             label, cmd, log = pending.pop(0)
-            device = free.pop(0)
-            env = dict(os.environ)
-            if device is not None:
-                env["CUDA_VISIBLE_DEVICES"] = str(device)
-            if threads is not None:
-                env["OMP_NUM_THREADS"] = str(threads)
+            slot = free.pop(0)
+            env = {**os.environ, **slots[slot]}
             log.parent.mkdir(parents=True, exist_ok=True)
             progress.say(f"  {label}: {' '.join(cmd[1:])}")
             progress.started(label, log, resumed="--resume" in cmd)
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT,
                                     preexec_fn=die_with_parent(os.getpid()))
-            proc.device = device  # type: ignore[attr-defined]
+            proc.slot = slot  # type: ignore[attr-defined]
             active.append((label, proc, log))
         while not (done := [a for a in active if a[1].poll() is not None]):
             progress.poll()
@@ -578,7 +603,7 @@ def _run_commands(commands: list[tuple[str, list[str], Path]], devices: int, pol
             for _, other, _ in active:
                 other.wait()
             raise SystemExit(f"study: {label} failed (exit {proc.returncode}); see {log}")
-        free.append(proc.device)  # type: ignore[attr-defined]
+        free.append(proc.slot)  # type: ignore[attr-defined]
 
 
 def merge_spec(old: dict[str, Any], spec: dict[str, Any], study: Path) -> dict[str, Any]:
@@ -668,6 +693,24 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--score-only", action="store_true",
                        help="score and report runs already trained to the budget (e.g. by another checkout "
                             "of the code); refuse, training nothing, if one is not")
+    launch = parser.add_argument_group("launcher")
+    launch.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                        help="where the train.py and test.py commands run (the study itself runs here): local, "
+                             "processes of this machine (default); slurm, each command one SLURM job, submitted "
+                             "through submitit (pip install '.[cluster]'), its files in <study>/submitit/; "
+                             "submitit-local, the same jobs as processes of this machine, in --jobs slots (a "
+                             "check before a cluster)")
+    launch.add_argument("--slurm-partition", metavar="NAME", help="partition of the jobs (default: the cluster's)")
+    launch.add_argument("--slurm-time", type=int, metavar="MINUTES",
+                        help=f"time limit of each job in minutes (default {Resources().time_min}); a job past it "
+                             "fails the study, whose rerun resumes the run")
+    launch.add_argument("--slurm-gpus-per-job", type=int, metavar="N",
+                        help=f"GPUs of each job (default {Resources().gpus}; 0 on a cluster without GPUs)")
+    launch.add_argument("--slurm-cpus-per-job", type=int, metavar="N",
+                        help="CPUs of each job, also its OMP_NUM_THREADS (default: the cluster's)")
+    launch.add_argument("--slurm-mem-gb", type=float, metavar="GB", help="memory of each job (default: the cluster's)")
+    launch.add_argument("--slurm-array-parallelism", type=int, metavar="N",
+                        help="jobs of the study running at a time (default: submitit's, 256)")
     return parser
 
 
@@ -699,6 +742,7 @@ def main() -> int:
     if not name:
         parser.error("--name is required without --preset")
     study = Path(args.runs) / f"study_{slug(name)}"
+    launcher = study_launcher(parser, args, study)  # checked before anything is read or written
     from bench.study_files import read_spec
     from bench.study_lock import check_free, lock_study
 
@@ -837,7 +881,7 @@ def main() -> int:
     atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
     print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
     run_commands(todo, devices, jobs=args.jobs, progress=Progress([label for label, _, _ in todo], args.steps,
-                                                                  accumulate))
+                                                                  accumulate), launcher=launcher)
     if args.train_only:
         print(f"study {name}: every run trained to the budget (--train-only: not scored)")
         return 0
@@ -874,7 +918,7 @@ def main() -> int:
                                   "--beam", *beams, *flags, overrides=extra)
             todo.append((f"test {job.key} beam {' '.join(beams)}{' ' + tag if tag else ''}", cmd,
                          job.root / "study.log"))
-    run_commands(todo, devices, jobs=args.jobs)
+    run_commands(todo, devices, jobs=args.jobs, launcher=launcher)
 
     # 3. Attention statistics, aggregation, report.
     for job in jobs:
