@@ -52,7 +52,7 @@ class TrainConfig(Section):
                                           "trained on, counted over every process; null: no limit.")
     max_minutes: float | None = Field(None, gt=0, le=10**8, description="Stop after this much wall time, in minutes; "
                                       "null: no limit.")
-    lr: float = Field(5e-4, ge=0, le=10, description="Peak learning rate of AdamW (the rate after warmup); with "
+    lr: float = Field(5e-4, ge=0, description="Peak learning rate of AdamW (the rate after warmup); with "
                       "`train.lr_batch_tokens` the peak for batches of that size. 0 freezes the weights (a control "
                       "run).")
     scheduler: Literal["inverse_sqrt", "constant"] = Field(
