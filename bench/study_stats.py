@@ -169,8 +169,10 @@ def seeds_for_power(effect: float, sd: float, systems: int, alpha: float, target
 
 
 #: sacreBLEU's preprocessed references (n-grams, lengths) by metric setting and reference list, newest last: a
-#: study scores every system, seed and decoder against the same references of a split.
-_REFERENCES: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+#: study scores every system, seed and decoder against the same references of a split; with them, the statistics
+#: of each (sentence index, hypothesis) already computed (a third of a study's hypotheses repeat one: the same
+#: output from another seed, system or decoder).
+_REFERENCES: OrderedDict[tuple[Any, ...], tuple[Any, dict[tuple[int, str], list[float]]]] = OrderedDict()
 
 
 def sentence_stats(metric: Any, hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
@@ -183,16 +185,21 @@ def sentence_stats(metric: Any, hyps: Sequence[str], refs: Sequence[str]) -> np.
                     if not k.startswith("_") and isinstance(v, (bool, int, float, str, type(None))))
     key = (type(metric).__name__, setting, tuple(refs))
     if key not in _REFERENCES:
-        _REFERENCES[key] = metric._cache_references([list(refs)])
+        _REFERENCES[key] = (metric._cache_references([list(refs)]), {})
         while len(_REFERENCES) > 32:
             _REFERENCES.popitem(last=False)
     _REFERENCES.move_to_end(key)
-    own = metric._ref_cache
-    metric._ref_cache = _REFERENCES[key]
-    try:
-        return np.array(metric._extract_corpus_statistics(list(hyps), None), dtype=np.float64)
-    finally:
-        metric._ref_cache = own
+    cache, seen = _REFERENCES[key]
+    todo = list(dict.fromkeys((i, h) for i, h in enumerate(hyps) if (i, h) not in seen))
+    if todo:
+        own = metric._ref_cache
+        metric._ref_cache = [cache[i] for i, _ in todo]
+        try:
+            rows = metric._extract_corpus_statistics([h for _, h in todo], None)
+        finally:
+            metric._ref_cache = own
+        seen.update(zip(todo, rows, strict=True))
+    return np.array([seen[i, h] for i, h in enumerate(hyps)], dtype=np.float64)
 
 
 def unit_stats(stats: np.ndarray, group: int, units: int) -> np.ndarray:
