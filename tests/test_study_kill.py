@@ -77,8 +77,11 @@ def test_ctrl_c_on_a_study_stops_its_run_once_and_saves_last_pt(tmp_path: Path) 
     signal of the study when it exits. That is one stop: the step is finished and last.pt saved (it used to abort
     without saving, losing everything since the last checkpoint). The child is held (SIGSTOP) until the study has
     died, so both signals are pending when it resumes, whatever the step's length; they may arrive in either order."""
+    # Its own group, as in a terminal, and Ctrl-C's default action: a suite started in the background (`cmd &`
+    # in a shell without job control) inherits SIGINT ignored, which would make the study deaf to it.
     study = subprocess.Popen(study_cmd(tmp_path / "b", tmp_path / "c"), cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)  # its own group, as in a terminal
+                             stderr=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log = tmp_path / "b" / "study_k" / "runs" / "attention_pe_rope" / "seed1" / "study.log"
     deadline = time.monotonic() + 600
     while not (log.is_file() and " step 3 " in log.read_text()) and time.monotonic() < deadline:
