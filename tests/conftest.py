@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,35 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(len(mine))
+
+
+#: Seconds each test took in CI (``pytest --durations=0`` on 2 idle cores, summed per test over its phases),
+#: refreshed with ``python tests/durations.py LOG``: what orders the work below.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def work_unit(item: pytest.Item) -> str:
+    """What one xdist worker runs as a whole: the test's file where the file's tests share a module- or
+    class-scoped fixture (built once), else the test alone (any free worker can take it)."""
+    shared = any(d.scope in ("module", "class", "package") for defs in item._fixtureinfo.name2fixturedefs.values()
+                 for d in defs)
+    return item.nodeid.split("::")[0] if shared else item.nodeid
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup``: each test joins its work unit's group, and the units are queued longest
+    first by their recorded time, so the long ones start at once and the short ones fill the end (the
+    longest-processing-time rule; unknown tests count 1 s)."""
+    if config.getoption("dist", "no") != "loadgroup" and not getattr(config.option, "loadgroup", False):
+        return
+    seconds = json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.is_file() else {}
+    units: dict[str, float] = {}
+    for item in items:
+        unit = work_unit(item)
+        units[unit] = units.get(unit, 0.0) + float(seconds.get(item.nodeid, 1.0))
+        item.add_marker(pytest.mark.xdist_group(unit))
+    items.sort(key=lambda item: -units[work_unit(item)])  # stable: a file keeps its own order
 
 
 @pytest.fixture(autouse=True)
