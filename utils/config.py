@@ -94,9 +94,10 @@ class TrainConfig(Section):
     clip_norm: float = Field(1.0, ge=0, le=1e9, description="Clip the gradient's global norm to this value; 0: no "
                              "clipping.")
     nonfinite: Literal["stop", "skip"] = Field(
-        "stop", description="A step whose loss or gradient norm is NaN or infinite: `stop` training with one line "
-        "naming it, or `skip` it without an update (training stops after 20 skipped in a row). fp16 overflow steps "
-        "are the gradient scaler's to skip.")
+        "stop", description="A step whose loss or gradient norm is NaN or infinite is never applied; at the next "
+        "read of the device (every `train.log_every` iterations, each validation and checkpoint): `stop` training "
+        "with one line naming the first such step, or `skip` it (logged; training stops after 20 skipped in a "
+        "row). fp16 overflow steps are the gradient scaler's to skip.")
     accumulate: int = Field(1, ge=1, le=65536, description="Batches whose gradients are summed per optimizer step "
                             "(gradient accumulation): the effective batch is this many times `data.max_tokens`.")
     eval_every: int = Field(0, ge=0, le=10**10, description="Validate (loss and BLEU) every N iterations (batches); "
@@ -107,7 +108,9 @@ class TrainConfig(Section):
                                              "validation pairs only (faster); null: all of them.")
     valid_beam: int = Field(1, ge=1, le=1024, description="Beam size for validation BLEU; 1: greedy decoding.")
     log_every: int = Field(50, ge=1, le=10**10, description="Log loss, learning rate and target tokens/s every N "
-                           "iterations (batches); without a terminal these lines are the progress report.")
+                           "iterations (batches); without a terminal these lines are the progress report. Losses and "
+                           "gradient norms are read back from the device only then (and at least every 1000 "
+                           "iterations, at validations and checkpoints): training never waits for a GPU in between.")
     keep_checkpoints: int = Field(0, ge=0, le=10**5, description="Keep the last K periodic checkpoints "
                                   "(`checkpoints/step_<iteration>.pt`), e.g. to average them with `--average`; 0: "
                                   "none.")
@@ -129,9 +132,19 @@ class TrainConfig(Section):
     num_threads: int | None = Field(None, ge=1, le=4096, description="CPU threads for training "
                                     "(`torch.set_num_threads`), "
                                     "shared by the processes of one machine under torchrun; null: every core.")
-    compile: bool = Field(False, description="`torch.compile` the training forward (inductor, dynamic shapes, the "
-                          "same random numbers as eager); off by default: slower than eager on the 2-core CPUs "
-                          "measured.")
+    compile: bool | Literal["reduce-overhead"] = Field(
+        False, description="`torch.compile` the training forward (inductor, the same random numbers as eager): "
+        "`true` compiles it for dynamic shapes, or, with `train.static_shapes`, once per static shape; "
+        "`reduce-overhead` also replays it as CUDA graphs (one kernel launch per step; needs "
+        "`train.static_shapes`; on a CPU it compiles as `true`). Off by default: slower than eager on the CPUs "
+        "measured, not yet measured on GPUs.")
+    static_shapes: bool = Field(False, description="Pad every training batch to one of a few (rows, length) "
+                                "shapes, so that a run sees a handful of shapes (what `train.compile` and CUDA "
+                                "graphs need): lengths 8, 10, 13, 16, 20, 25, 32, ... (three steps per doubling) up "
+                                "to the longest pair, for source and target alike; rows `data.max_tokens` // "
+                                "length; batches grouped at their padded size. The padding it adds is reported in "
+                                "the log and `summary.json`; the loss is that of the unpadded batch. false: each "
+                                "batch padded to its longest pair.")
     profile_steps: int = Field(0, ge=0, le=10**6, description="Run the PyTorch profiler over this many optimizer "
                                "steps and "
                                "write `<run>/profile/phases.json` (milliseconds per step by phase) and the trace; 0: "
@@ -153,6 +166,14 @@ class DecodeConfig(Section):
     max_len_a: float = Field(1.5, ge=0, le=1000, description="Output length cap: a hypothesis ends at a * source "
                              "length + b tokens (`b` = `decode.max_len_b`).")
     max_len_b: int = Field(10, ge=0, le=10**6, description="The `b` of the output length cap a * source length + b.")
+    min_len_a: float = Field(0.0, ge=0, le=1000, description="Output length floor (fairseq's minimum length, per "
+                             "sentence): end-of-sentence is blocked until a hypothesis has a * source length + b "
+                             "tokens (`b` = `decode.min_len_b`), at most the length cap; 0 with `decode.min_len_b` 0 "
+                             "(the default): no floor. A length control, e.g. for a model trained on short pairs "
+                             "that stops early on long inputs; `--min_len_a` of inference.py and test.py overrides "
+                             "it.")
+    min_len_b: int = Field(0, ge=0, le=10**6, description="The `b` of the output length floor a * source length + b "
+                           "(`--min_len_b`).")
     batch_size: int = Field(64, ge=1, le=10**6, description="Sentences decoded together in one batch.")
     beam_stop: Literal["bound", "k_finished"] = Field(
         "bound", description="When a sentence's beam search ends: `bound` once no live hypothesis can beat its "
@@ -266,6 +287,9 @@ def validate(cfg: Config) -> Config:
     if cfg.train.cooldown and cfg.train.max_steps is None and cfg.train.max_target_tokens is None:
         raise ConfigError("train.cooldown: needs a step budget to end at: set train.max_steps or "
                           "train.max_target_tokens")
+    if cfg.train.compile == "reduce-overhead" and not cfg.train.static_shapes:
+        raise ConfigError("train.compile: reduce-overhead (CUDA graphs) needs train.static_shapes=true: a graph is "
+                          "recorded per batch shape")
     if not all(0.0 <= b < 1.0 for b in cfg.train.betas):
         raise ConfigError(f"train.betas: each must be in [0, 1), got {cfg.train.betas}")
     if cfg.decode.nbest > cfg.decode.beam:

@@ -71,10 +71,9 @@ class SinusoidalPE(InputPE):
         return self.cached[:length]
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if positions.is_floating_point():  # real positions: the sinusoids at those points
-            return x + sinusoids(positions, self.cfg.d_model).to(x.dtype)
-        table = self.table(int(positions.max()) + 1)
-        return x + table[positions].to(x.dtype)
+        # Computed at the positions asked (integer or real), not looked up: the same floats as the table's rows,
+        # and no read of the largest position back to the host (a training step never waits for the device).
+        return x + sinusoids(positions, self.cfg.d_model).to(x.dtype)
 
     def decay(self) -> dict[str, Any]:
         return {"d_model": self.cfg.d_model}
@@ -115,7 +114,9 @@ class LearnablePE(InputPE):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         limit = self.weight.shape[0]
-        if int(positions.max()) >= limit:
+        # Training positions fit the table by validation (data.max_len, augmentation shifts: models/positional/
+        # augment.py), so only evaluation and decoding check, and a training step never waits for the device.
+        if not self.training and int(positions.max()) >= limit:
             raise PositionLimitError(
                 f"sequence of {int(positions.max()) + 1} tokens exceeds the learned position table "
                 f"(model.max_positions={limit})"

@@ -108,7 +108,11 @@ class SharedPositions:
         self.entries: list[tuple[torch.Tensor, Hashable, Any]] = []
 
     def get(self, positions: torch.Tensor, key: Hashable, compute: Callable[[], Any]) -> Any:
-        """``compute()`` for (``positions``, ``key``), computed on the first ask of a forward."""
+        """``compute()`` for (``positions``, ``key``), computed on the first ask of a forward; inside a compiled
+        graph always computed (the compiler shares the work itself, and a cache list there is guarded state that
+        would recompile the graph at every step)."""
+        if torch.compiler.is_compiling():
+            return compute()
         for pos, k, value in self.entries:
             if pos is positions and k == key:
                 return value

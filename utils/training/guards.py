@@ -1,4 +1,5 @@
-"""When training stops: a non-finite loss or gradient, a signal, a spent budget."""
+"""When training stops: a non-finite loss or gradient (checked on the device, read back in windows), a signal, a
+spent budget."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 from typing import Any
 
 import ignite.distributed as idist
+import torch
 
 from utils.config import TrainConfig
 
@@ -16,9 +18,12 @@ log = logging.getLogger("train")
 
 
 class NonFiniteGuard:
-    """Watches each optimizer step's loss and gradient norm (``train.nonfinite``): a NaN or inf either stops
-    training with one line naming the step (``stop``) or skips the update (``skip``; 20 skipped in a row stop
-    training). Every rank decides alike (the flag is all-reduced). Healthy steps are untouched."""
+    """Watches each optimizer step's loss and gradient norm (``train.nonfinite``) without waiting for the device:
+    ``flags`` marks a step non-finite on the device, where the step is then skipped (no update); ``judge`` sees the
+    steps in order once they are read back (every ``train.log_every`` iterations, before validation and checkpoints)
+    and either stops training with one line naming the first bad step (``stop``) or logs it as skipped (``skip``; 20
+    skipped in a row stop training). Every rank decides alike (the flags are all-reduced on the device). Healthy
+    steps are untouched."""
 
     MAX_SKIPPED = 20
 
@@ -27,31 +32,82 @@ class NonFiniteGuard:
         self.bad_loss: float | None = None  # the first non-finite loss of the current accumulation window
         self.skipped = 0
 
+    def flags(self, losses: list[torch.Tensor], grad_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step's (skip, bad), 0-d bool tensors on the device, from its batches' ``losses`` and its
+        gradient norm: ``skip``, no update (a non-finite loss or gradient, fp16 overflow included); ``bad``, what
+        ``judge`` reports (a non-finite loss, or gradient unless the grad scaler handles those)."""
+        loss_bad = (~torch.isfinite(torch.stack(losses).sum()) if losses
+                    else torch.zeros((), dtype=torch.bool, device=grad_norm.device))
+        grad_bad = ~torch.isfinite(grad_norm)
+        skip = loss_bad | grad_bad
+        bad = skip if self.check_grads else loss_bad
+        if idist.get_world_size() > 1:
+            both = idist.all_reduce(torch.stack([skip, bad]).float(), op="MAX") > 0
+            skip, bad = both[0], both[1]
+        return skip, bad
+
     def saw_loss(self, loss: float) -> None:
         if not math.isfinite(loss) and self.bad_loss is None:
             self.bad_loss = loss
 
-    def step_is_finite(self, grad_norm: float, step: int) -> bool:
-        """Whether the optimizer may step; raises StopError when training must stop."""
+    def judge(self, step: int, bad: bool, grad_norm: float) -> None:
+        """Optimizer step ``step`` read back (its losses given to ``saw_loss`` first): a bad step is logged as
+        skipped, or raises StopError when training must stop."""
         from utils.cli import StopError
 
         what = f"loss {self.bad_loss}" if self.bad_loss is not None else \
-            f"gradient norm {grad_norm}" if self.check_grads and not math.isfinite(grad_norm) else None
+            f"gradient norm {grad_norm}" if self.check_grads and not math.isfinite(grad_norm) else \
+            "loss or gradient on another rank"
         self.bad_loss = None
-        bad = what is not None
-        if idist.get_world_size() > 1:
-            bad = bool(idist.all_reduce(int(bad), op="MAX"))
-            what = what or "loss or gradient on another rank"
         if not bad:
             self.skipped = 0
-            return True
+            return
         if self.mode == "skip" and self.skipped < self.MAX_SKIPPED - 1:
             self.skipped += 1
             log.warning("step %d: non-finite %s, update skipped (train.nonfinite=skip)", step, what)
-            return False
+            return
         again = f" ({self.MAX_SKIPPED} steps in a row)" if self.mode == "skip" else ""
         raise StopError(f"training diverged at step {step}: non-finite {what}{again}; nothing of this step was "
                         "saved (lower train.lr, or set train.nonfinite=skip to skip such steps)")
+
+
+class StepWindow:
+    """Each iteration's loss and each optimizer step's gradient norm and guard flag, kept on the device from one read
+    to the next: ``read`` brings them to the host in one transfer, the only point where training waits for the
+    device."""
+
+    def __init__(self) -> None:
+        self.iterations: list[int] = []
+        self.losses: list[torch.Tensor] = []
+        self.steps: list[int] = []  # the iterations that stepped the optimizer
+        self.norms: list[torch.Tensor] = []
+        self.bad: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self.iterations)
+
+    def add_loss(self, iteration: int, loss: torch.Tensor) -> None:
+        self.iterations.append(iteration)
+        self.losses.append(loss.detach().float())
+
+    def add_step(self, iteration: int, grad_norm: torch.Tensor, bad: torch.Tensor) -> None:
+        self.steps.append(iteration)
+        self.norms.append(grad_norm.detach().float())
+        self.bad.append(bad.float())
+
+    def read(self) -> list[tuple[int, float, tuple[float, bool] | None]]:
+        """The window in order, emptied: (iteration, loss, (gradient norm, bad) where the optimizer stepped)."""
+        if not self.iterations:
+            return []
+        parts = [self.losses, self.norms, self.bad] if self.steps else [self.losses]
+        values = torch.cat([torch.stack(p) for p in parts]).tolist()
+        n, k = len(self.losses), len(self.steps)
+        stepped = dict(zip(self.steps, zip(values[n:n + k], (b > 0 for b in values[n + k:]), strict=True),
+                           strict=True))
+        out = [(it, loss, stepped.get(it)) for it, loss in zip(self.iterations, values[:n], strict=True)]
+        for records in (self.iterations, self.losses, self.steps, self.norms, self.bad):
+            records.clear()
+        return out
 
 
 class StopRequest:

@@ -13,6 +13,10 @@ SIGTERM finishes the current step (and, on an epoch's last step, that epoch's va
 would have happened without the interruption. Checkpoints are written atomically (temporary file,
 fsync, rename), so a process killed at any moment leaves loadable ones; the temporary files of a
 killed write are removed at the next start.
+
+A training step never waits for the device: its loss and gradient norm stay there, a non-finite step is skipped
+there (``train.nonfinite``), and they are read back (``Recipe.read``) every ``train.log_every`` iterations, before
+validation, checkpoints and stopping.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar, global_step_from_engine
 from ignite.handlers.tensorboard_logger import OptimizerParamsHandler, OutputHandler, TensorboardLogger
 
-from data.batching import Batch
+from data.batching import Batch, PaddingCount
 from models.loss import linear_cross_entropy
 from utils.config import Config
 from utils.host import keep_freed_memory, limit_kernel_caches
@@ -43,9 +47,9 @@ from utils.run.checkpoint import CheckpointError, load_checkpoint, model_fingerp
 from utils.run.layout import BEST, LAST, PERIODIC_PREFIX, SUMMARY_MARK, RunDir
 from utils.run.store import lock_run, make_view, point_latest, unlock_run
 from utils.training.evaluation import create_evaluator, token_loss
-from utils.training.guards import NonFiniteGuard, StopRequest, finished_reason
+from utils.training.guards import NonFiniteGuard, StepWindow, StopRequest, finished_reason
 from utils.training.profile import StepProfiler
-from utils.training.setup import build_setup
+from utils.training.setup import build_setup, step_unless
 from utils.training.state import (
     AtomicSaver,
     PendingGradients,
@@ -60,6 +64,9 @@ log = logging.getLogger("train")
 
 #: Why training stopped before its epochs ran out (``Recipe.stop_code``).
 MAX_STEPS, MAX_MINUTES, SIGNAL, MAX_TOKENS = 1, 2, 3, 4
+
+#: Iterations whose losses the device may hold before they are read, whatever ``train.log_every`` says.
+MAX_UNREAD = 1000
 
 
 def train(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None,
@@ -102,11 +109,15 @@ class Recipe:
         self.rd = RunDir(run_dir)
         self.rank, self.world = idist.get_rank(), idist.get_world_size()
         self.guard = NonFiniteGuard(self.t.nonfinite, check_grads=not self.s.scaler.is_enabled())
+        self.window = StepWindow()  # losses and gradient norms on the device since the last read
+        self.accumulated: list[torch.Tensor] = []  # the losses of the current accumulation window, on the device
+        self.unreduced_tokens = 0  # world > 1 without a token budget: this rank's tokens since the last read
         self.trainer = Engine(self.train_step)
         self.evaluator = create_evaluator(self.s.decoded, self.s.tokenizer.pad_id, self.s.device, self.s.autocast)
         self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1))
         self.totals = Totals(window_since=time.perf_counter())
         self.seen = TokenCount(self.world)
+        self.padding = PaddingCount()  # padding among the positions trained on (train.static_shapes adds some)
         self.resumed_at = 0  # the iteration a resumed run started this process from
         self.last_eval_iteration = -1
         self.stop_code = 0
@@ -121,38 +132,74 @@ class Recipe:
 
     # -- one step ------------------------------------------------------------------------------------------
 
-    def train_step(self, engine: Engine, batch: Batch) -> dict[str, float]:
-        """Forward, loss, backward; every ``train.accumulate`` iterations clip, check and step the optimizer."""
+    def train_step(self, engine: Engine, batch: Batch) -> dict[str, Any]:
+        """Forward, loss, backward; every ``train.accumulate`` iterations clip and step the optimizer. Nothing here
+        waits for the device: the real target positions are found on the host (``batch`` comes from the data on
+        the CPU), the loss and gradient norm stay on the device (``self.window``, read by ``read``), a non-finite
+        step is skipped there, and the output's ``loss`` and ``grad_norm`` (None without an optimizer step) are
+        device tensors."""
         s, t = self.s, self.t
-        pad_id = s.tokenizer.pad_id
         s.model.train()
         with self.phase("data"):
-            batch = batch.to(s.device)
-            real = batch.tgt_out != pad_id
+            rows, cols = (batch.tgt_out != s.tokenizer.pad_id).nonzero(as_tuple=True)
+            target = batch.tgt_out[rows, cols]
+            src, tgt_in, rows, cols, target = (x.to(s.device, non_blocking=True)
+                                               for x in (batch.src, batch.tgt_in, rows, cols, target))
         with self.phase("forward"), s.autocast():  # [N, D] or [N, V]: no output layer or loss over padding
-            out = s.model(batch.src, batch.tgt_in, real, output=not t.fused_loss)
+            out = s.model(src, tgt_in, (rows, cols), output=not t.fused_loss)
         with self.phase("loss"), s.autocast():
-            target = batch.tgt_out[real]
             loss = (linear_cross_entropy(out, s.core.output_weight, target, t.label_smoothing) if t.fused_loss
-                    else token_loss(out, target, pad_id, t.label_smoothing)) / batch.n_tgt_tokens
+                    else token_loss(out, target, s.tokenizer.pad_id, t.label_smoothing)) / batch.n_tgt_tokens
         with self.phase("backward"):
             s.scaler.scale(loss / t.accumulate).backward()
-            loss_value = float(loss.detach())
-        self.guard.saw_loss(loss_value)
-        grad_norm = float("nan")
+        loss = loss.detach()
+        self.window.add_loss(engine.state.iteration, loss)
+        self.accumulated.append(loss)
+        grad_norm = None
         if engine.state.iteration % t.accumulate == 0:
             with self.phase("optimizer"):
-                s.scaler.unscale_(s.optimizer)
-                max_norm = t.clip_norm if t.clip_norm > 0 else float("inf")
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
-                if self.guard.step_is_finite(grad_norm, engine.state.iteration // t.accumulate):
-                    s.scaler.step(s.optimizer)
-                    s.scaler.update()
-                    s.scheduler.step()
-                    if s.ema is not None:
-                        s.ema.update(s.core)
-                s.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_value, "tokens": int(batch.n_tgt_tokens), "grad_norm": grad_norm}
+                grad_norm = self.optimizer_step(engine.state.iteration)
+        return {"loss": loss, "tokens": batch.n_tgt_tokens, "grad_norm": grad_norm}
+
+    def optimizer_step(self, iteration: int) -> torch.Tensor:
+        """Unscale (fp16), clip, and step the optimizer, the schedule and the weight average, unless the step is
+        non-finite (decided on the device); the gradient norm, a device tensor."""
+        s, t = self.s, self.t
+        s.scaler.unscale_(s.optimizer)
+        if t.clip_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), t.clip_norm, foreach=True)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in s.model.parameters() if p.grad is not None], foreach=True)
+        skip, bad = self.guard.flags(self.accumulated, grad_norm)
+        self.accumulated = []
+        step_unless(s.optimizer, skip)
+        s.scaler.update()  # fp16: the scale falls after an overflow, as the scaler found it when unscaling
+        s.scheduler.step()  # on the host, so it counts skipped steps too
+        if s.ema is not None:
+            s.ema.update(s.core, keep=~skip)
+        s.optimizer.zero_grad(set_to_none=True)
+        self.window.add_step(iteration, grad_norm, bad)
+        return grad_norm
+
+    def read(self, engine: Engine) -> None:
+        """Bring the losses and gradient norms kept on the device since the last read to the host (training waits
+        for the device here, and only here): every ``train.log_every`` iterations, before validation, checkpoints
+        and stopping. Updates the running loss (exponential average) and gradient norm, and gives each optimizer
+        step to the non-finite guard, which may end training (StopError)."""
+        m, t = engine.state.metrics, self.t
+        for iteration, loss, step in self.window.read():
+            self.guard.saw_loss(loss)
+            if math.isfinite(loss):  # a skipped non-finite step does not poison the running average
+                m["loss"] = loss if "loss" not in m else 0.98 * m["loss"] + 0.02 * loss
+            if step is not None:
+                grad_norm, bad = step
+                if math.isfinite(grad_norm):
+                    m["grad_norm"] = grad_norm
+                self.guard.judge(iteration // t.accumulate, bad, grad_norm)
+        if self.world > 1 and t.max_target_tokens is None:
+            self.seen.tokens += int(idist.all_reduce(self.unreduced_tokens))
+            self.unreduced_tokens = 0
 
     # -- phases --------------------------------------------------------------------------------------------
 
@@ -174,28 +221,45 @@ class Recipe:
             length = len(self.s.train_data)
             self.s.train_data.set_epoch(engine.state.epoch, skip=engine.state.iteration % length)
 
+    def attach_padding(self) -> None:
+        """The share of padding among the source and target positions trained on, as the metric ``padding`` every
+        ``train.log_every`` iterations (the window since the last) and in the summary (the whole run)."""
+        padding = self.padding
+
+        @self.trainer.on(Events.ITERATION_COMPLETED)
+        def _count_padding(engine: Engine) -> None:
+            padding.add(engine.state.batch)
+            if engine.state.iteration % self.t.log_every == 0:
+                engine.state.metrics["padding"] = padding.take_window()
+
     def attach_statistics(self) -> None:
-        """Running loss (exponential average), grad norm and target tokens/s, logged every ``train.log_every``."""
+        """Target tokens (counted on the host, each batch's), and every ``train.log_every`` iterations a read of the
+        device (``read``): the running loss, grad norm and target tokens/s, logged."""
         t, totals = self.t, self.totals
 
         @self.trainer.on(Events.ITERATION_COMPLETED)
         def _running_stats(engine: Engine) -> None:
-            out, m = engine.state.output, engine.state.metrics
-            if math.isfinite(out["loss"]):  # a skipped non-finite step does not poison the running average
-                m["loss"] = out["loss"] if "loss" not in m else 0.98 * m["loss"] + 0.02 * out["loss"]
-            if math.isfinite(out["grad_norm"]):
-                m["grad_norm"] = out["grad_norm"]
-            totals.window_tokens += out["tokens"]
-            totals.tokens += out["tokens"]
-            self.seen.tokens += int(idist.all_reduce(out["tokens"])) if self.world > 1 else out["tokens"]
+            m, tokens = engine.state.metrics, engine.state.output["tokens"]
+            totals.window_tokens += tokens
+            totals.tokens += tokens
+            if self.world == 1:
+                self.seen.tokens += tokens
+            elif t.max_target_tokens is not None:  # the budget is checked every step, on every rank's tokens
+                self.seen.tokens += int(idist.all_reduce(tokens))
+            else:
+                self.unreduced_tokens += tokens
             totals.steps += 1
             if engine.state.iteration % t.log_every == 0:
+                self.read(engine)
                 now = time.perf_counter()
                 tokens = idist.all_reduce(totals.window_tokens) if self.world > 1 else totals.window_tokens
                 m["tokens_per_s"] = tokens / max(now - totals.window_since, 1e-9)
                 totals.window_tokens, totals.window_since = 0, now
-                log.info("epoch %d step %d | loss %.3f | lr %.3g | %.0f target tokens/s", engine.state.epoch,
-                         engine.state.iteration, m["loss"], self.s.optimizer.param_groups[0]["lr"], m["tokens_per_s"])
+                log.info("epoch %d step %d | loss %.3f | lr %.3g | %.0f target tokens/s | padding %.1f %%",
+                         engine.state.epoch, engine.state.iteration, m["loss"], self.s.optimizer.param_groups[0]["lr"],
+                         m["tokens_per_s"], 100 * m.get("padding", 0.0))
+            elif len(self.window) >= MAX_UNREAD:
+                self.read(engine)
 
     def attach_validation_scores(self) -> None:
         """BLEU and chrF of the validation sentences, decoded after each teacher-forced validation pass (every
@@ -244,14 +308,15 @@ class Recipe:
         if self.rank == 0:
             self.tb = tb = TensorboardLogger(log_dir=str(self.rd.tb))
             every = Events.ITERATION_COMPLETED(every=self.t.log_every)
-            tb.attach(self.trainer, OutputHandler("train", metric_names=["loss", "grad_norm", "tokens_per_s"]), every)
+            train_metrics = ["loss", "grad_norm", "tokens_per_s", "padding"]
+            tb.attach(self.trainer, OutputHandler("train", metric_names=train_metrics), every)
             tb.attach(self.trainer, OptimizerParamsHandler(self.s.optimizer, "lr", "train"), every)
             tb.attach(self.evaluator, OutputHandler(
                 "valid", metric_names=["loss", "ppl", "accuracy", "bleu", "chrf"],
                 global_step_transform=global_step_from_engine(self.trainer, Events.ITERATION_COMPLETED)),
                 Events.COMPLETED)
             if sys.stderr.isatty():  # without a terminal (nohup, a cluster job) the log_every lines are the progress
-                ProgressBar(persist=False).attach(self.trainer, metric_names=["loss"])
+                ProgressBar(persist=False).attach(self.trainer, metric_names=["loss"], event_name=every)
         self.evaluator.add_event_handler(Events.COMPLETED, self.best)
         self.evaluator.add_event_handler(Events.COMPLETED, self.stopper)
 
@@ -273,6 +338,7 @@ class Recipe:
     def validate(self, engine: Engine) -> None:
         """Validation (once per iteration at most), the periodic checkpoint when it follows validation, a log
         line, and ``last.pt``."""
+        self.read(engine)
         if self.last_eval_iteration == engine.state.iteration:
             return
         self.last_eval_iteration = engine.state.iteration
@@ -294,6 +360,7 @@ class Recipe:
             periodic = self.periodic
 
             def save_periodic(engine: Engine) -> None:
+                self.read(engine)
                 periodic(engine)
                 if not (t.eval_every > 0 and engine.state.iteration % t.eval_every == 0):  # validation writes it
                     self.last(engine)
@@ -308,6 +375,7 @@ class Recipe:
                    MAX_MINUTES: f"train.max_minutes={self.t.max_minutes} reached",
                    SIGNAL: "stop requested by a signal",
                    MAX_TOKENS: f"train.max_target_tokens={self.t.max_target_tokens} reached"}
+        self.read(engine)
         log.info("stopping at step %d: %s", engine.state.iteration, reasons[self.stop_code])
         if self.stop_code != SIGNAL:
             self.validate(engine)
@@ -375,6 +443,9 @@ class Recipe:
         totals = self.totals
         train_s = max(wall - totals.eval_s, 1e-9)
         tokens = int(idist.all_reduce(totals.tokens)) if self.world > 1 else totals.tokens
+        positions, padding = self.padding.positions, self.padding.padding
+        if self.world > 1:
+            positions, padding = int(idist.all_reduce(positions)), int(idist.all_reduce(padding))
         metrics = self.evaluator.state.metrics if self.evaluator.state else {}
         summary = {
             "steps": totals.steps // self.t.accumulate,
@@ -385,6 +456,7 @@ class Recipe:
             "train_seconds": round(train_s, 3),
             "eval_seconds": round(totals.eval_s, 3),
             "target_tokens_per_s": round(tokens / train_s, 1),
+            "padding": round(padding / positions, 4) if positions else 0.0,  # of the positions trained on
             "valid_ppl": metrics.get("ppl"),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this process
             "encodings": self.cfg.model.encodings(),  # where each positional encoding acts
@@ -392,9 +464,10 @@ class Recipe:
         }
         resumed = (f" (resumed at step {summary['resumed_from_step']}: {summary['run_steps']} in the run)"
                    if self.resumed_at else "")
-        log.info("trained %d optimizer steps%s, %d target tokens in %.0f s (%.0f target tokens/s; %.0f s validating; "
-                 "peak memory %.0f MB)" + SUMMARY_MARK + "%s", summary["steps"], resumed, summary["target_tokens"],
-                 train_s, summary["target_tokens_per_s"], totals.eval_s, summary["peak_rss_mb"], json.dumps(summary))
+        log.info("trained %d optimizer steps%s, %d target tokens in %.0f s (%.0f target tokens/s; %.1f %% padding; "
+                 "%.0f s validating; peak memory %.0f MB)" + SUMMARY_MARK + "%s", summary["steps"], resumed,
+                 summary["target_tokens"], train_s, summary["target_tokens_per_s"], 100 * summary["padding"],
+                 totals.eval_s, summary["peak_rss_mb"], json.dumps(summary))
         if self.rank == 0:  # the same summary for the benchmarks, without parsing the log
             self.rd.write_summary(summary)
             make_view(self.run_dir, create=False)  # <name>_latest shows summary.json (and profile/) too
@@ -404,6 +477,7 @@ class Recipe:
         """Attach, resume, train, summarise; returns the last validation metrics."""
         self.attach_profiler()
         self.attach_data_order()
+        self.attach_padding()
         self.attach_statistics()
         self.attach_validation_scores()
         self.attach_checkpoints()
@@ -422,6 +496,7 @@ class Recipe:
             finally:
                 if self.profiler is not None:
                     self.profiler.stop()
+            self.read(self.trainer)
             if self.trainer.state.iteration > self.last_eval_iteration and self.stop_code != SIGNAL:
                 self.validate(self.trainer)  # the epochs ran out between evaluations
         self.summary(time.perf_counter() - wall_start)

@@ -108,12 +108,29 @@ class WeightAverage:
     def __init__(self, model: torch.nn.Module, decay: float) -> None:
         from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+        self.decay = decay
         self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
         self.module: torch.nn.Module = self.averaged.module
         self.module.eval()
 
-    def update(self, model: torch.nn.Module) -> None:
-        self.averaged.update_parameters(model)
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module, keep: torch.Tensor | None = None) -> None:
+        """One optimizer step's update, without waiting for the device: ``keep`` (a 0-d bool tensor), when given,
+        decides on the device whether the step counts (False: a skipped step, the average unchanged)."""
+        n = self.averaged.n_averaged
+        weight = torch.where(n == 0, 1.0, 1.0 - self.decay)  # the first update copies
+        if keep is not None:
+            weight = weight * keep.to(weight.device)
+        averaged = [*self.module.parameters(), *self.module.buffers()]
+        current = [*model.parameters(), *model.buffers()]
+        floats = [(a, c.detach()) for a, c in zip(averaged, current, strict=True) if torch.is_floating_point(a)]
+        if floats:
+            avg, cur = (list(x) for x in zip(*floats, strict=True))
+            torch._foreach_lerp_(avg, cur, [weight.to(avg[0].dtype)] * len(avg))
+        for a, c in zip(averaged, current, strict=True):
+            if not torch.is_floating_point(a):
+                a.copy_(torch.where(weight > 0, c, a))
+        n += 1 if keep is None else keep.to(n.device, n.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"updates": int(self.averaged.n_averaged)}
@@ -199,8 +216,12 @@ def batches(cfg: Config, tokenizer: Tokenizer, get_corpus: Callable[[], Any]) ->
         raise DataError("no validation pairs left after length filtering (see data.min_len / data.max_len)")
     ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id)
     train_sampler = TokenBatchSampler(
-        train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed, rank, world
+        train.src_lengths, train.tgt_lengths, cfg.data.max_tokens, True, cfg.seed, rank, world,
+        static_shapes=cfg.train.static_shapes,
     )
+    if cfg.train.static_shapes:
+        shapes = train_sampler.shapes()
+        log.info("static shapes: %d (rows x length): %s", len(shapes), ", ".join(f"{r}x{n}" for r, n in shapes))
     valid_tokens = cfg.data.valid_max_tokens or cfg.data.max_tokens
     # Every rank evaluates the whole (small) validation set: sharding would drop the uneven tail, or leave a
     # rank with no batch at all; the metric's all-reduce scales loss and token sums alike, so ratios hold.
@@ -219,10 +240,12 @@ def attention_sentence(tokenizer: Tokenizer, texts: list[str], max_length: int |
 def optimization(t: TrainConfig, model: torch.nn.Module, device: torch.device, batch_tokens: float) -> tuple[
         torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, torch.amp.GradScaler,
         Callable[[], contextlib.AbstractContextManager]]:
-    """AdamW, the learning-rate schedule for batches of ``batch_tokens``, the grad scaler and the autocast."""
+    """AdamW (fused: one kernel for all parameters, on CPU too, where it is the fastest of torch's three; and it
+    skips a step on the device, ``step_unless``), the learning-rate schedule for batches of ``batch_tokens``, the
+    grad scaler and the autocast."""
     sched = schedule_for_batch(t, batch_tokens)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=sched.peak_lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay
+        model.parameters(), lr=sched.peak_lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay, fused=True
     )
     factor = inverse_sqrt(sched.warmup_steps) if t.scheduler == "inverse_sqrt" else (lambda step: 1.0)
     total = step_budget(t, batch_tokens)
@@ -249,14 +272,71 @@ def optimization(t: TrainConfig, model: torch.nn.Module, device: torch.device, b
     return optimizer, scheduler, scaler, autocast
 
 
-def compiled(model: torch.nn.Module) -> torch.nn.Module:
-    """``torch.compile`` for the training forward: dynamic shapes (token-bucketed batches change both sizes
-    every step) and the random numbers eager draws (dropout), so a seed trains the same model either way."""
+def step_unless(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """``optimizer.step()``, decided on the device: where ``skip`` (a 0-d bool tensor) is True the fused optimizer
+    leaves weights, moments and step count as they were (its ``found_inf`` input, which torch's GradScaler feeds
+    it the same way), so nothing waits for the device to know. Gradients must be unscaled already."""
+    optimizer.found_inf = skip.to(torch.float32)  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
+
+
+class WholeBatchForward(torch.nn.Module):
+    """The training forward with its shape-changing tail kept out of a compiled graph: ``forward`` (a compiled
+    ``model``) computes the final decoder states of every position of the padded batch, a shape fixed by the
+    batch's static shape; the ``keep`` rows (a number that changes every step) are then selected, and the output
+    layer applied, in eager mode. The same values as ``model(src, tgt, keep, output)``: the final layer norm acts
+    on each position alone."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor], model: torch.nn.Module,
+                 output_weight: Callable[[], torch.Tensor], graphs: bool = False) -> None:
+        super().__init__()
+        self.model = model  # the parameters (clipping, train/eval); ``forward`` runs it
+        self.states = forward
+        self.output_weight = output_weight
+        self.graphs = graphs  # CUDA graphs: each call starts a new step (the last one's buffers are free)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, keep: torch.Tensor | None = None,
+                output: bool = True) -> torch.Tensor:
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        x = self.states(src, tgt, None, output=False)
+        if keep is not None:
+            x = x[keep]
+        return torch.nn.functional.linear(x, self.output_weight()) if output else x
+
+
+def compile_mode(t: TrainConfig, device: torch.device) -> tuple[str | None, bool]:
+    """``torch.compile``'s (mode, dynamic) for ``train.compile`` and ``train.static_shapes`` on ``device``:
+    dynamic shapes without static shapes (token-bucketed batches change both sizes every step), else one graph
+    per static shape; ``reduce-overhead`` (CUDA graphs) on CUDA only: a CPU compiles as ``true``."""
+    mode = "reduce-overhead" if t.compile == "reduce-overhead" and device.type == "cuda" else None
+    return mode, not t.static_shapes
+
+
+def compiled(model: torch.nn.Module, t: TrainConfig, device: torch.device, core: Seq2SeqTransformer,
+             shapes: int = 0) -> torch.nn.Module:
+    """``torch.compile`` for the training forward (``compile_mode``), with the random numbers eager draws
+    (dropout), so a seed trains the same model either way. With static shapes, the compiled part is the whole
+    padded batch (``WholeBatchForward``) and each of the run's ``shapes`` static shapes compiles once."""
+    import torch._dynamo.config as dynamo
     import torch._inductor.config as inductor
 
     inductor.fallback_random = True
-    log.info("train.compile: the training forward compiles on its first steps (inductor, dynamic shapes)")
-    return torch.compile(model, dynamic=True)
+    mode, dynamic = compile_mode(t, device)
+    if t.compile == "reduce-overhead" and mode is None:
+        log.warning("train.compile=reduce-overhead: CUDA graphs need a CUDA device; on %s it compiles as "
+                    "train.compile=true", device.type)
+    if dynamic:
+        log.info("train.compile: the training forward compiles on its first steps (inductor, dynamic shapes)")
+        return torch.compile(model, dynamic=True, mode=mode)
+    dynamo.recompile_limit = max(dynamo.recompile_limit, 2 * shapes + 8)  # one graph per shape, never eager again
+    log.info("train.compile: the training forward compiles once per static shape (inductor%s, %d shapes)",
+             ", CUDA graphs" if mode else "", shapes)
+    return WholeBatchForward(torch.compile(model, dynamic=False, mode=mode), model, lambda: core.output_weight,
+                             graphs=mode is not None)
 
 
 def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = None) -> Setup:
@@ -293,6 +373,6 @@ def build_setup(cfg: Config, run_dir: Path, resume: bool = False, corpus: Any = 
     if ema is not None:
         log.info("weights: validation and checkpoints use their moving average (train.ema_decay=%g)", t.ema_decay)
     if t.compile:
-        model = compiled(model)
+        model = compiled(model, t, device, core, len(train_data.sampler.shapes()))
     return Setup(cfg, run_dir, device, tokenizer, model, core, optimizer, scheduler, scaler, train_data, valid_data,
                  src_texts, refs, attention_sentence(tokenizer, src_texts, core.max_length), autocast, ema)
