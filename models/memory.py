@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from models.positional import REGISTRY
 from models.positional.base import F32, Share, Use
 from models.transformer_config import TransformerConfig
@@ -221,7 +223,7 @@ def check(cfg: Sized) -> Estimate:
     """The config's estimate, or ConfigError (one line) naming the setting that weighs most, its value, and the
     limit, where the estimate exceeds ``memory_limit``."""
     est = estimate_config(cfg)
-    limit, where = memory_limit()
+    limit, where = memory_limit(training_device(cfg))
     if est.total > limit:
         key, size, whats = est.dominant()
         raise ConfigError(f"{key}: {_show(est.values[key])} would need ~{human(size)} for {', '.join(whats)} "
@@ -238,10 +240,17 @@ def _show(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def memory_limit() -> tuple[int, str]:
-    """(bytes, where they come from): the machine's memory (its total, or its cgroup's limit where lower), or
-    ``FR2EN_MEMORY_GIB`` GiB where that is lower. A bad ``FR2EN_MEMORY_GIB`` is a ConfigError (one line)."""
-    size, where = machine_memory()
+def training_device(cfg: Sized) -> str:
+    """Where ``cfg`` trains: ``cuda`` for ``train.device`` cuda, or auto with a GPU present; else ``cpu``."""
+    device = getattr(getattr(cfg, "train", None), "device", "cpu")
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def memory_limit(device: str = "cpu") -> tuple[int, str]:
+    """(bytes, where they come from): the memory of the device that holds the training, the first GPU's on
+    ``cuda``, else the machine's (its total, or its cgroup's limit where lower); or ``FR2EN_MEMORY_GIB`` GiB where
+    that is lower. A bad ``FR2EN_MEMORY_GIB`` is a ConfigError (one line)."""
+    size, where = gpu_memory() if device == "cuda" and torch.cuda.is_available() else machine_memory()
     raw = os.environ.get(LIMIT_ENV)
     if raw is None or not raw.strip():
         return size, where
@@ -253,6 +262,12 @@ def memory_limit() -> tuple[int, str]:
         raise ConfigError(f"{LIMIT_ENV}={raw!r}: expected a positive number of GiB")
     cap = int(min(gib * GIB, 2**62))
     return (cap, f"limit: {human(cap)} from {LIMIT_ENV}") if cap < size else (size, where)
+
+
+def gpu_memory() -> tuple[int, str]:
+    """(bytes, where they come from) of the first CUDA device."""
+    props = torch.cuda.get_device_properties(0)
+    return int(props.total_memory), f"this GPU ({props.name}): {human(props.total_memory)}"
 
 
 @functools.lru_cache(maxsize=1)

@@ -137,9 +137,35 @@ def test_the_limit_is_the_machine_or_the_lower_env_value(monkeypatch: pytest.Mon
         assert str(err.value) == f"FR2EN_MEMORY_GIB={bad!r}: expected a positive number of GiB"
 
 
-def test_every_shipped_config_trains_within_8_gib_by_its_estimate() -> None:
+def test_every_shipped_config_trains_within_8_gib_by_its_estimate_and_the_gpu_ones_within_an_h100() -> None:
     for path in sorted((ROOT / "configs").glob("*.yaml")):
-        assert estimate_config(load_config(path, warn=False)).total < 8 * 2**30, path.name
+        limit = 80 if path.name.startswith("gpu_") else 8
+        assert estimate_config(load_config(path, warn=False)).total < limit * 2**30, path.name
+
+
+def test_a_gpu_training_is_checked_against_the_gpus_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """train.device cuda (or auto with a GPU): the limit is the GPU's memory, not the host's; on the CPU the same
+    GPU-sized batch is refused in one line naming the key."""
+    import types
+
+    import torch
+
+    import models.memory
+
+    gpu = load_config(ROOT / "configs" / "gpu_base.yaml", warn=False)
+    need = estimate_config(gpu).total
+    host = (16 * 2**30, "this machine: 16.0 GiB total")
+    monkeypatch.setattr(models.memory, "machine_memory", lambda: host)
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    assert 16 * 2**30 < need < 80 * 2**30
+    with pytest.raises(ConfigError, match=r"^data.max_tokens: 45056 would need"):
+        check(load_config(ROOT / "configs" / "gpu_base.yaml", ["train.device=cpu"], warn=False))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(total_memory=80 * 2**30, name="NVIDIA H100"))
+    assert memory_limit("cuda") == (80 * 2**30, "this GPU (NVIDIA H100): 80.0 GiB")
+    assert memory_limit("cpu") == host
+    assert check(gpu).total == need  # auto: the GPU's 80 GiB
 
 
 def test_visualize_refuses_a_length_beyond_the_machine_in_one_line_before_loading_anything(tmp_path: Path) -> None:
