@@ -6,6 +6,7 @@
 Without --split every split listed in data.test is scored; --split NAME (repeatable) names splits of the
 corpus (e.g. validation, test.tatoeba, tst2010; "test" where the corpus has no split of that name means
 data.test). Beam 5 by default; --beam 1 is greedy; --beam 5 1 scores both with the model loaded once.
+--min_len_a A --min_len_b B: a length floor (EOS blocked until a hypothesis has A * source length + B tokens).
 Hypotheses and a JSON of the scores go to
 RUN_DIR/eval/<split>.<checkpoint>.beam<N>[.<tag>].{hyp,json}; without --tag, <tag> names the settings that
 differ from the run's own (e.g. model.rope.scaling-ntk, n100 for --max_sentences 100), so scores under
@@ -117,9 +118,13 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
             "threads": args.threads, "max_sentences": args.max_sentences, "overrides": list(args.overrides),
             "by_source_length": by_length,
         }
+        if decode.min_len_a or decode.min_len_b:  # a length floor (no keys without one: files as they were)
+            entry |= {"min_len_a": decode.min_len_a, "min_len_b": decode.min_len_b}
         entry = write_scores(rd.eval_file(name, ckpt, beam, tag), entry, hyps)
         report[name] = entry
         decoder = "greedy" if beam == 1 else f"beam {beam}, lenpen {decode.lenpen}"
+        if decode.min_len_a or decode.min_len_b:
+            decoder += f", length floor {decode.min_len_a:g} * source + {decode.min_len_b}"
         print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s"
               f"{threads_note(args.threads)}")
         print(f"  sacreBLEU {scores.bleu:.2f}   chrF {scores.chrf:.2f}   nltk BLEU-4 {scores.nltk_bleu4:.2f}")

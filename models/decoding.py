@@ -14,6 +14,8 @@ as they finish (their cache rows are dropped). Beam search (as in fairseq / Wu e
   an alive beam still scores better;
 - in both, a sentence also ends at its length cap ``max_len = a * src_len + b`` (every beam then ends
   with EOS);
+- a length floor ``min_len = a' * src_len + b'`` (fairseq's ``--min-len``, per sentence; at most the cap; off
+  when both are 0) blocks EOS until a hypothesis has that many tokens, in greedy and beam search alike;
 - finished hypotheses are ranked by ``logprob / lp`` with the GNMT length penalty
   ``lp = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, eq. 14), |Y| counting EOS;
 - cross-attention keys/values are computed once per sentence and shared by its beams (they attend as
@@ -58,13 +60,29 @@ def max_lengths(src_mask: torch.Tensor, a: float, b: int, model: Seq2SeqTransfor
     return cap
 
 
-def _logprobs(logits: torch.Tensor, eos: int, force_eos: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities ``[N, V]`` from a step's logits ``[N, V]``; rows in ``force_eos`` may only emit EOS."""
+def min_lengths(src_mask: torch.Tensor, a: float, b: int, cap: torch.Tensor) -> torch.Tensor | None:
+    """Per-sentence floor on output tokens (EOS excluded) before EOS may end a hypothesis: a * src_len + b, at
+    most the sentence's ``cap``; None when ``a`` and ``b`` are both 0 (no floor: nothing is blocked)."""
+    if a == 0 and b == 0:
+        return None
+    src_len = src_mask.sum(1) - 1  # source eos not counted, as in max_lengths
+    floor = (a * src_len.float() + b).clamp(max=2**31).floor().long()
+    return torch.minimum(floor, cap)
+
+
+def _logprobs(logits: torch.Tensor, eos: int, force_eos: torch.Tensor,
+              block_eos: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probabilities ``[N, V]`` from a step's logits ``[N, V]``; rows in ``force_eos`` may only emit EOS, rows
+    in ``block_eos`` may not emit it (fairseq's minimum length: EOS at -inf, the rest not renormalised)."""
     logp = F.log_softmax(logits.float(), dim=-1)
     if force_eos.any():
         forced = torch.full_like(logp[0], float("-inf"))
         forced[eos] = 0.0
         logp = torch.where(force_eos[:, None], logp + forced, logp)
+    if block_eos is not None and block_eos.any():
+        blocked = torch.zeros_like(logp, dtype=torch.bool)
+        blocked[:, eos] = block_eos
+        logp = logp.masked_fill(blocked, float("-inf"))
     return logp
 
 
@@ -73,14 +91,16 @@ class Search:
     the model's input for the next step, ``advance(logits)`` takes that step's logits ``[N, V]``. ``run()`` decodes
     it alone; ``decode_together`` steps several at once (``Seq2SeqTransformer.decode_step``), so a batch can start
     while others are halfway (a server's iteration-level batching). Sentences leave the batch when they finish,
-    reported to ``on_done(i, nbest)`` at once."""
+    reported to ``on_done(i, nbest)`` at once. ``min_len_a``/``min_len_b``: the length floor (module docstring)."""
 
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float,
-                 max_len_b: int, use_cache: bool, on_done: OnDone | None) -> None:
+                 max_len_b: int, use_cache: bool, on_done: OnDone | None, min_len_a: float = 0.0,
+                 min_len_b: int = 0) -> None:
         self.model, self.eos, self.on_done = model, eos, on_done
         self.memory, self.src_mask = model.encode(src)
         self.n = src.shape[0]
         self.cap = max_lengths(self.src_mask, max_len_a, max_len_b, model)
+        self.floor = min_lengths(self.src_mask, min_len_a, min_len_b, self.cap)  # None: no floor
         self.alive = torch.arange(self.n, device=src.device)  # original sentence index of each alive sentence
         self.prefix = torch.full((self.n, 1), bos, dtype=torch.long, device=src.device)
         self.cache = model.new_cache() if use_cache else None
@@ -100,6 +120,12 @@ class Search:
         one the whole prefix is, for comparison)."""
         step_input = self.prefix[:, -1:] if self.cache is not None else self.prefix
         return self.model.decode(step_input, self.memory, self.src_mask, cache=self.cache)[:, -1]
+
+    def blocked(self, width: int = 1) -> torch.Tensor | None:
+        """Which rows (``width`` per alive sentence) may not end at this step (under their floor); None: none."""
+        if self.floor is None:
+            return None
+        return (self.floor[self.alive] > self.step).repeat_interleave(width)
 
     def advance(self, logits: torch.Tensor) -> None:
         raise NotImplementedError
@@ -122,9 +148,10 @@ class GreedySearch(Search):
     """Argmax at each step; ``hypotheses`` holds one hypothesis per sentence once it is done."""
 
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float = 1.5,
-                 max_len_b: int = 10, use_cache: bool = True, on_done: OnDone | None = None) -> None:
+                 max_len_b: int = 10, use_cache: bool = True, on_done: OnDone | None = None, min_len_a: float = 0.0,
+                 min_len_b: int = 0) -> None:
         super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                         on_done=on_done)
+                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b)
         self.logprob = torch.zeros(self.n, device=src.device)
         self.done: list[Hypothesis | None] = [None] * self.n
 
@@ -135,7 +162,7 @@ class GreedySearch(Search):
     def advance(self, logits: torch.Tensor) -> None:
         eos = self.eos
         at_cap = self.cap[self.alive] <= self.step
-        logp = _logprobs(logits, eos, at_cap)
+        logp = _logprobs(logits, eos, at_cap, self.blocked())
         best, token = logp.max(dim=-1)
         # At its cap a sentence ends whatever the scores say (NaN scores never pick EOS by argmax).
         token = torch.where(at_cap, torch.full_like(token, eos), token)
@@ -169,11 +196,14 @@ def greedy_search(
     max_len_b: int = 10,
     use_cache: bool = True,
     on_done: OnDone | None = None,
+    min_len_a: float = 0.0,
+    min_len_b: int = 0,
 ) -> list[Hypothesis]:
     """src ``[B, S]`` -> one hypothesis per sentence (argmax at each step). ``on_done(i, [hypothesis])`` is called
-    for sentence ``i`` as soon as it finishes, before the rest of the batch (a server answers it then)."""
+    for sentence ``i`` as soon as it finishes, before the rest of the batch (a server answers it then).
+    ``min_len_a``/``min_len_b``: EOS is blocked until a hypothesis has a * src_len + b tokens (at most the cap)."""
     search = GreedySearch(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                          on_done=on_done)
+                          on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b)
     search.run()
     return search.hypotheses
 
@@ -195,13 +225,14 @@ class BeamSearch(Search):
 
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, beam: int = 5,
                  nbest: int = 1, lenpen: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
-                 use_cache: bool = True, stop: str = "bound", on_done: OnDone | None = None) -> None:
+                 use_cache: bool = True, stop: str = "bound", on_done: OnDone | None = None, min_len_a: float = 0.0,
+                 min_len_b: int = 0) -> None:
         if stop not in STOP_RULES:
             raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, got {stop!r}")
         if not 1 <= nbest <= beam:
             raise ValueError(f"nbest must be in 1..beam ({beam}), got {nbest}")
         super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                         on_done=on_done)
+                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b)
         device = src.device
         self.beam, self.nbest, self.lenpen, self.stop = beam, nbest, lenpen, stop
         self.finished: list[list[Hypothesis]] = [[] for _ in range(self.n)]
@@ -222,7 +253,7 @@ class BeamSearch(Search):
         alive, finished, prefix = self.alive, self.finished, self.prefix
         n_alive = alive.numel()
         force = (self.cap[alive] <= step).repeat_interleave(width)
-        logp = _logprobs(logits, self.eos, force)
+        logp = _logprobs(logits, self.eos, force, self.blocked(width))
         vocab = logp.shape[-1]
         cand = (self.scores[:, :, None] + logp.view(n_alive, width, vocab)).view(n_alive, width * vocab)
         top_score, top_idx = cand.topk(min(2 * beam, width * vocab), dim=-1)  # [n_alive, 2K]
@@ -299,15 +330,19 @@ def beam_search(
     use_cache: bool = True,
     stop: str = "bound",
     on_done: OnDone | None = None,
+    min_len_a: float = 0.0,
+    min_len_b: int = 0,
 ) -> list[list[Hypothesis]]:
     """src ``[B, S]`` -> for each sentence its ``nbest`` best hypotheses, best first.
 
     ``stop``: ``"bound"`` (stop when no alive beam can beat the finished n-best) or ``"k_finished"``
     (fairseq: stop after K finished hypotheses). ``on_done(i, nbest)`` is called for sentence ``i`` with its final
-    list as soon as it leaves the batch, before the others finish.
+    list as soon as it leaves the batch, before the others finish. ``min_len_a``/``min_len_b``: EOS is blocked
+    until a hypothesis has a * src_len + b tokens (at most the cap).
     """
     search = BeamSearch(model, src, bos=bos, eos=eos, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a,
-                        max_len_b=max_len_b, use_cache=use_cache, stop=stop, on_done=on_done)
+                        max_len_b=max_len_b, use_cache=use_cache, stop=stop, on_done=on_done, min_len_a=min_len_a,
+                        min_len_b=min_len_b)
     search.run()
     return search.nbest_lists
 

@@ -425,3 +425,32 @@ def test_decode_flags_become_the_same_overrides_in_every_script() -> None:
     args = argparse.Namespace(overrides=["model.rope.factor=2"], beam=4, lenpen=None, batch_size=16, nbest=2)
     assert decode_overrides(args) == ["model.rope.factor=2", "decode.beam=4", "decode.batch_size=16", "decode.nbest=2"]
     assert decode_overrides(argparse.Namespace(overrides=[], beam=1)) == ["decode.beam=1"]  # flags a script lacks
+
+
+def test_the_length_floor_flags_of_test_py_and_inference_py(capsys: pytest.CaptureFixture[str]) -> None:
+    """--min_len_a/--min-len-a and --min_len_b (utils.cli.add_run_args) become decode.min_len_a/b overrides in both
+    scripts; test.py files a floored scoring apart (its settings tag); a negative or non-finite A: one line, exit 2."""
+    import importlib.util
+
+    from utils.cli import decode_overrides
+
+    scripts = {}
+    for name in ("test", "inference"):
+        spec = importlib.util.spec_from_file_location(f"fr2en_{name}_script", ROOT / f"{name}.py")
+        scripts[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(scripts[name])
+    for module in scripts.values():
+        parser = module.build_parser()
+        args = parser.parse_args(["--model_path", "run", "--min-len-a", "0.5", "--min_len_b", "2"])
+        assert [o for o in decode_overrides(args) if "min_len" in o] == ["decode.min_len_a=0.5", "decode.min_len_b=2"]
+        assert not [o for o in decode_overrides(parser.parse_args(["--model_path", "run"])) if "min_len" in o]
+        for bad in ("-1", "nan", "inf"):
+            with pytest.raises(SystemExit) as e:
+                parser.parse_args(["--model_path", "run", "--min_len_a", bad])
+            assert e.value.code == 2
+            err = capsys.readouterr().err.strip().splitlines()[-1]
+            assert err.endswith(f"argument --min_len_a/--min-len-a: must be a finite number in 0..1000, got {bad}")
+    cfg = make_tiny_config(Path("/nonexistent")).to_dict()
+    floored = json.loads(json.dumps(cfg))
+    floored["decode"]["min_len_a"] = 1.0
+    assert scripts["test"].settings_tag(cfg, floored, None) == "decode.min_len_a-1.0"

@@ -128,6 +128,35 @@ def test_length_cap_is_a_times_src_len_plus_b() -> None:
             assert len(nb[0].tokens) == cap
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_length_floor_blocks_eos_until_a_times_src_len_plus_b_within_the_cap(model: Seq2SeqTransformer,
+                                                                                beam: int) -> None:
+    """The copy model stops after about its source's length; a floor of 2 * src_len + 1 keeps every hypothesis
+    (greedy, and every one of the beam's n-best) going to at least that, or to the cap where the cap is lower; the
+    log-probabilities are the model's own (EOS blocked, nothing renormalised: teacher forcing gives the same)."""
+    src = sources(8)
+    src_len = ((src != PAD).sum(1) - 1).tolist()
+
+    def decode(**kw: float) -> list[list[Hypothesis]]:
+        if beam == 1:
+            return [[h] for h in greedy_search(model, src, bos=BOS, eos=EOS, **kw)]
+        return beam_search(model, src, bos=BOS, eos=EOS, beam=beam, nbest=beam, **kw)
+
+    free = decode()
+    assert all(len(nb[0].tokens) < 2 * n + 1 for nb, n in zip(free, src_len, strict=True))  # the floor binds
+    floored = decode(min_len_a=2.0, min_len_b=1)
+    capped = decode(min_len_a=2.0, min_len_b=1, max_len_a=1.0, max_len_b=3)  # a cap below the floor wins
+    for i, n in enumerate(src_len):
+        assert all(2 * n + 1 <= len(h.tokens) <= int(1.5 * n + 10) for h in floored[i])
+        assert [len(h.tokens) for h in capped[i]] == [n + 3] * len(capped[i])
+        for h in (floored[i][0], capped[i][0]):
+            assert h.logprob == pytest.approx(full_logprob(model, src[i][src[i] != PAD], h), abs=1e-3)
+    # A floor that never binds (one token) changes nothing: the same tokens and scores as without one.
+    same = decode(min_len_b=1)
+    assert [[(h.tokens, h.logprob, h.score) for h in nb] for nb in same] == \
+        [[(h.tokens, h.logprob, h.score) for h in nb] for nb in free]
+
+
 def test_length_penalty_prefers_longer_with_larger_alpha() -> None:
     assert length_penalty(1, 0.0) == 1.0
     assert length_penalty(7, 1.0) == pytest.approx(2.0)

@@ -215,6 +215,58 @@ def test_sentences_of_every_length_share_a_batch_and_decode_as_alone(trained: Pa
         assert all(len(h.tokens) <= cap for hyps, cap in zip(together, caps, strict=True) for h in hyps)
 
 
+def test_a_length_floor_holds_in_every_decoder_of_a_trained_model(trained: Path, tmp_path: Path) -> None:
+    """decode.min_len_a = 1: every output of the trained demo model, greedy and beam 5, has at least as many tokens
+    as its source (its cap is longer), whichever path decodes it: static batches (test.py, inference.py), the
+    server's continuous batching, and the CTranslate2 export (min_decoding_length, one call per floor). Without the
+    floor some stop earlier; with no floor the export decodes in the calls it always made."""
+    from utils.run.load import load_run
+    from utils.translation.continuous import ContinuousDecoder, Request
+    from utils.translation.engines import CT2Model
+    from utils.translation.export import export
+    from utils.translation.translate import encode_sources, translate_ids
+
+    run = load_run(str(trained))
+    export(run.run_dir, run.checkpoint, run.model, run.cfg, run.tokenizer, tmp_path / "ct2", None)
+    engine = CT2Model(tmp_path / "ct2", threads=1)
+    lines = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()
+    ids = encode_sources(run.tokenizer, lines, run.model.max_length)
+    src_len = [len(seq) - 1 for seq in ids]
+
+    def continuous(decode: object) -> list[list[object]]:
+        got: dict[int, list[object]] = {}
+        decoder = ContinuousDecoder(run.model, run.tokenizer, join=0)
+        decoder.add([Request(ids, decode, got.__setitem__, on_error=pytest.fail)])
+        while decoder.busy:
+            decoder.step()
+        return [got[i] for i in range(len(ids))]
+
+    calls: list[int] = []
+    inner = engine.translator
+
+    class Counting:
+        def translate_batch(self, batch: list[list[str]], **kwargs: object) -> list:
+            calls.append(int(kwargs["min_decoding_length"]))  # type: ignore[call-overload]
+            return inner.translate_batch(batch, **kwargs)
+
+    engine.translator = Counting()
+    for beam in (1, 5):
+        free = run.cfg.decode.model_copy(update=dict(beam=beam, nbest=1))
+        floored = free.model_copy(update=dict(min_len_a=1.0))
+        assert sum(len(h[0].tokens) < n for h, n in zip(translate_ids(run.model, run.tokenizer, ids, free), src_len,
+                                                          strict=True)) >= 2  # the floor binds
+        calls.clear()
+        engine.translate(lines, free)
+        assert set(calls) == {0}
+        calls.clear()
+        outputs = {"static": translate_ids(run.model, run.tokenizer, ids, floored), "continuous": continuous(floored),
+                   "ctranslate2": engine.translate(lines, floored)}
+        assert sorted(set(calls)) == sorted(set(src_len))  # one call per floor (beam: per cap and floor)
+        for name, out in outputs.items():
+            short = [i for i, (h, n) in enumerate(zip(out, src_len, strict=True)) if len(h[0].tokens) < n]
+            assert not short, (beam, name, short)
+
+
 def test_peers_decodes_an_export_of_our_run_next_to_the_others(trained: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/peers.py --ctranslate2: the run exported and decoded by inference.py on each test set; a column."""

@@ -64,7 +64,8 @@ def test_a_grid_study_recorded_with_older_labels_resumes_under_them(tmp_path: Pa
 
 def test_every_preset_variant_is_a_valid_config() -> None:
     presets = study.presets()
-    assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "tokenization"}
+    assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "train-natural-test-long",
+                            "tokenization"}
     assert [v.label for v in presets["seed-table"].variants] == ["sinusoidal", "learnable", "rope"]
     # none + 6 input-level + 9 attention-level + decoder-nope + decoder-<causal-only> + sinusoidal+shape: the
     # registry's, so encodings registered after the published study of eleven (bench/studies/all-encodings) are in it

@@ -63,10 +63,11 @@ def add_set_arg(parser: argparse.ArgumentParser,
 
 
 def decode_overrides(args: argparse.Namespace) -> list[str]:
-    """``--set`` values followed by the decoding flags given (--beam, --lenpen, --batch_size, --nbest), as
-    config overrides: a flag the script does not declare or the user did not give changes nothing."""
+    """``--set`` values followed by the decoding flags given (--beam, --lenpen, --batch_size, --nbest, --min_len_a,
+    --min_len_b), as config overrides: a flag the script does not declare or the user did not give changes
+    nothing."""
     overrides = list(args.overrides)
-    for key in ("beam", "lenpen", "batch_size", "nbest"):
+    for key in ("beam", "lenpen", "batch_size", "nbest", "min_len_a", "min_len_b"):
         value = getattr(args, key, None)
         if value is not None:
             overrides.append(f"decode.{key}={value}")
@@ -96,11 +97,16 @@ def apply_average_args(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
-    """What every script decoding a trained run takes: --config, --model_path, --lenpen, --batch_size, --average
-    and --save_average, --device, --threads, --set."""
+    """What every script decoding a trained run takes: --config, --model_path, --lenpen, --min_len_a and
+    --min_len_b, --batch_size, --average and --save_average, --device, --threads, --set."""
     parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
     add_alias_args(parser, "model_path", required=True, help="checkpoint .pt or run directory")
     parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
+    add_alias_args(parser, "min_len_a", type=finite_float(0.0, 1000.0), metavar="A",
+                   help="output length floor: end-of-sentence is blocked until a hypothesis has A * source length "
+                        "+ B tokens, at most the length cap (default: decode.min_len_a, 0: no floor)")
+    add_alias_args(parser, "min_len_b", type=int, metavar="B",
+                   help="the B of the output length floor (default: decode.min_len_b, 0)")
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
     add_average_args(parser)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],

@@ -326,7 +326,8 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
         "tokenizer": {"type": cfg.tokenizer.type, "vocab_size": vocab, "lowercase": cfg.tokenizer.lowercase},
         "training": training,
         "decode": {"beam": decode.beam, "nbest": decode.nbest, "lenpen": decode.lenpen,
-                   "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "beam_stop": decode.beam_stop},
+                   "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "min_len_a": decode.min_len_a,
+                   "min_len_b": decode.min_len_b, "beam_stop": decode.beam_stop},
         "limits": asdict(limits),
     }
 

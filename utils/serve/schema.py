@@ -227,6 +227,9 @@ class DecodeDefaults(Answer):
     lenpen: float = Field(description="GNMT length penalty alpha")
     max_len_a: float = Field(description="hypotheses are capped at a * source length + b tokens: a")
     max_len_b: int = Field(description="... and b")
+    min_len_a: float = Field(description="end-of-sentence is blocked until a hypothesis has a * source length + b "
+                                         "tokens (at most the cap; 0 and 0: no floor): a")
+    min_len_b: int = Field(description="... and b")
     beam_stop: str = Field(description="when a sentence's beam search ends: `bound` (no alive beam can beat the "
                                        "finished n-best) or `k_finished` (after K finished hypotheses)")
 

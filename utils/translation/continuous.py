@@ -41,7 +41,7 @@ class Request:
 def _key(decode: DecodeConfig) -> tuple:
     """What makes two requests decode alike (one batch)."""
     return (decode.beam, decode.nbest if decode.beam > 1 else 1, decode.lenpen, decode.max_len_a, decode.max_len_b,
-            decode.beam_stop)
+            decode.min_len_a, decode.min_len_b, decode.beam_stop)
 
 
 class ContinuousDecoder:

@@ -58,9 +58,10 @@ class TorchEngine:
 
 class CT2Model:
     """An exported model run by ``ctranslate2.Translator``, decoding as ``utils.translation.translate`` does: the same
-    tokenizer, the source EOS, a cap of ``a * src_len + b`` tokens per sentence (see ``translate``),
-    no minimum length, and the K hypotheses of a beam re-ranked with our GNMT length penalty (CTranslate2's
-    divides by |Y|^beta). Beam search stops as ``decode.beam_stop=k_finished`` does: after K finished
+    tokenizer, the source EOS, a cap of ``a * src_len + b`` tokens per sentence (see ``translate``), the
+    same floor ``decode.min_len_a * src_len + decode.min_len_b`` (CTranslate2's ``min_decoding_length``, which
+    counts tokens before EOS as ours does), and the K hypotheses of a beam re-ranked with our GNMT length penalty
+    (CTranslate2's divides by |Y|^beta). Beam search stops as ``decode.beam_stop=k_finished`` does: after K finished
     hypotheses. CTranslate2 applies that rule only with a non-zero length penalty beta (with 0 it also waits
     for the top beam to finish); the log-probability is recovered as score * |Y|^beta. Two differences stay:
     in the step where the K-th hypothesis ends, CTranslate2 keeps every ending candidate and returns the K
@@ -99,7 +100,9 @@ class CT2Model:
         stopping each sentence at its own (one call per distinct cap made greedy decoding 1.6x slower). Beam
         (no callback there): one call per distinct cap; one call for all with the longest cap wastes steps
         on every beam still open past its own cap and then has to decode those again (1.7x slower on TED
-        for a model whose beams often run to the cap)."""
+        for a model whose beams often run to the cap). A length floor (``decode.min_len_a``, ``min_len_b``) is
+        CTranslate2's ``min_decoding_length``, one per call: the sentences are grouped by their floor too, so each
+        gets exactly its own (with no floor, the default, one group as without)."""
         ids = encode_sources(self.tokenizer, texts, self.max_length, strict=False)
         results: list[list[Any]] = [[Translation("", 0.0, 0.0, [])] for _ in ids]
         if on_done is not None:
@@ -107,12 +110,13 @@ class CT2Model:
                 on_done(i, results[i])
         caps = {i: min(max(1, int(decode.max_len_a * (len(seq) - 1) + decode.max_len_b)), self.max_length - 1)
                 for i, seq in enumerate(ids) if seq}
-        groups: dict[int, list[int]] = {}
+        floors = {i: min(int(decode.min_len_a * (len(ids[i]) - 1) + decode.min_len_b), cap) for i, cap in caps.items()}
+        groups: dict[tuple[int, int], list[int]] = {}
         for i, cap in caps.items():
-            groups.setdefault(cap if decode.beam > 1 else 0, []).append(i)
-        for cap, rows in groups.items():
+            groups.setdefault((cap if decode.beam > 1 else 0, floors[i]), []).append(i)
+        for (cap, floor), rows in groups.items():
             top = cap or max(caps[i] for i in rows)
-            for i, res in zip(rows, self._decode(ids, rows, top, decode, caps), strict=True):
+            for i, res in zip(rows, self._decode(ids, rows, top, decode, caps, floor), strict=True):
                 results[i] = self._hypotheses(res, decode)
                 if on_done is not None:
                     on_done(i, results[i])
@@ -145,15 +149,17 @@ class CT2Model:
                                f"steps over {len(src)} source tokens")
         return src, tgt, target, weights
 
-    def _decode(self, ids: list[list[int]], rows: list[int], cap: int, decode: Any, caps: dict[int, int]) -> list[Any]:
-        """``translate_batch`` on the sources ``ids[rows]`` up to ``cap`` tokens (greedy: each to its own cap)."""
+    def _decode(self, ids: list[list[int]], rows: list[int], cap: int, decode: Any, caps: dict[int, int],
+                floor: int = 0) -> list[Any]:
+        """``translate_batch`` on the sources ``ids[rows]`` up to ``cap`` tokens (greedy: each to its own cap), EOS
+        blocked before ``floor`` tokens."""
 
         def stop_at_cap(step: Any) -> bool:  # greedy only: CTranslate2 calls it for each token of beam size 1
             return step.step + 1 >= caps[rows[step.batch_id]]
 
         return self.translator.translate_batch(
             [self.tokenizer.id_to_token(ids[i]) for i in rows], beam_size=decode.beam, num_hypotheses=decode.beam,
-            length_penalty=ctranslate2_penalty(decode.lenpen), max_decoding_length=cap, min_decoding_length=0,
+            length_penalty=ctranslate2_penalty(decode.lenpen), max_decoding_length=cap, min_decoding_length=floor,
             return_scores=True, return_end_token=True,
             max_input_length=0,  # sources are already cut to the position table, as ours are to max_length
             max_batch_size=decode.batch_size, callback=stop_at_cap if decode.beam == 1 else None)

@@ -106,7 +106,7 @@ def make_search(model: Seq2SeqTransformer, tokenizer: Tokenizer, sources: Sequen
         src[r, : len(seq)] = torch.tensor(seq)
     src = src.to(model.device)
     common = dict(bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b,
-                  on_done=on_done)
+                  min_len_a=decode.min_len_a, min_len_b=decode.min_len_b, on_done=on_done)
     if decode.beam == 1:
         return GreedySearch(model, src, **common)
     return BeamSearch(model, src, beam=decode.beam, nbest=decode.nbest, lenpen=decode.lenpen, stop=decode.beam_stop,

@@ -1,0 +1,226 @@
+"""A study's decoders: the table said once; the length-controlled secondary decoder (beam5-minlen), its floor chosen
+per system on the long validation split by the declared rule before any test set is decoded with it, its tests a
+family of their own (Holm within it), its report section, its recomputation from the published files; and the
+natural-length arm of the extrapolation preset. Cheap: fake runs and a stand-in for test.py, no training."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, make_tiny_config
+
+from bench import study, study_analysis, study_report
+from bench.study_decoders import DECODERS, LENGTH_DECODER
+from bench.study_files import StudyFileError, hypotheses_checksums
+from bench.study_length_control import (
+    LengthRule,
+    add_length_results,
+    length_control_lines,
+    reanalyse_length,
+    score_length,
+)
+from bench.study_runs import eval_file
+from bench.study_stats import holm
+from utils.config import ConfigError, load_config, save_config
+
+
+def _test_py() -> Any:
+    """test.py as a module (its name would be the standard library's ``test`` package)."""
+    spec = importlib.util.spec_from_file_location("fr2en_test_script", ROOT / "test.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+test_py = _test_py()
+
+
+def test_the_decoder_table_is_said_once() -> None:
+    assert study.DECODERS is study_report.DECODERS is study_analysis.DECODERS is DECODERS
+    assert DECODERS == {"beam5": 5, "greedy": 1}  # what every published study was scored with
+    assert LENGTH_DECODER not in DECODERS  # scored only when --decoders names it
+
+
+def test_the_rule_takes_the_smallest_floor_of_its_grid_reaching_the_target() -> None:
+    rule = LengthRule("validation.x4", ("test",), ("a", "b"))
+    assert rule.grid == (0.0, 0.25, 0.5, 0.75, 1.0) and rule.target == 0.95
+    assert rule.choice({}) is None
+    assert rule.choice({0.0: [0.96, 0.95]}) == 0.0
+    assert rule.choice({0.0: [0.9, 0.96]}) is None  # mean 0.93: 0.25 is to be measured next
+    assert rule.choice({0.0: [0.9, 0.96], 0.25: [0.94, 0.97]}) == 0.25
+    assert rule.choice({a: [0.5] for a in rule.grid}) == 1.0  # none reaches it: the grid's largest
+
+
+def test_the_rule_is_declared_on_the_long_validation_split_for_the_familys_systems() -> None:
+    systems = ["sinusoidal", "learnable", "rope", "rope+ntk", "rope+linear", "alibi"]
+    rule = LengthRule.declare(study.EXTRAPOLATION_FAMILY, study.LENGTH_SHIFTED, systems, "sinusoidal")
+    assert rule.validation == "validation.x4"
+    assert rule.splits == ("test.tatoeba", "test.tatoeba.x4", "test.multi30k-2016", "test.multi30k-2016.x4")
+    assert rule.systems == ("sinusoidal", "learnable", "rope", "rope+ntk", "alibi")  # those of the family present
+    assert LengthRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule  # as study.json records it
+    assert rule.to_dict()["rule"] == ("the smallest decode.min_len_a of 0, 0.25, 0.5, 0.75, 1 whose length ratio on "
+                                      "validation.x4 (beam 5, the mean over seeds) is at least 0.95; 1 where none is")
+    plain = LengthRule.declare({}, ["test"], ["none", "rope"], "none")  # no length-shifted split: the validation split
+    assert (plain.validation, plain.splits, plain.systems) == ("validation", ("test",), ("none", "rope"))
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+
+KEEP = {"base": {0.0: 1.0}, "long": {0.0: 0.5, 0.25: 0.7, 0.5: 1.0}}  # share of each reference's words written
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two systems x two seeds of fake runs, ``score_length`` run with a stand-in for test.py that writes what test.py
+    would: ``base`` writes whole references, ``long`` the first half of each, more with a floor, and a wrong first
+    word in its first 5 (seed 1) or 9 (seed 2) lines."""
+    from data.sources import load_corpus
+
+    tmp = tmp_path_factory.mktemp("length")
+    cfg = make_tiny_config(tmp)
+    data = cfg.data.model_copy(update={"test": ["test", "test.x4", "validation.x4"]})
+    corpus = load_corpus(data)
+    references = {s: list(corpus[s]["tgt"]) for s in ("test", "test.x4", "validation.x4")}
+    jobs, runs = [], {}
+    for label in KEEP:
+        for seed in (1, 2):
+            job = study.Job(study.Variant(label, []), seed, tmp / label / f"seed{seed}")
+            runs[job.key] = job.root / "run"
+            (runs[job.key] / "checkpoints").mkdir(parents=True)
+            (runs[job.key] / "checkpoints" / "best.pt").write_bytes(b"")
+            save_config(cfg, runs[job.key] / "config.yaml")  # what the report reads: case-sensitive scoring
+            jobs.append(job)
+    rounds: list[list[list[str]]] = []
+
+    def write(run: Path, split: str, tag: str | None, sets: list[str], a: float) -> None:
+        keep = KEEP[run.parents[1].name].get(a, 1.0)
+        hyps = [" ".join(r.split()[: max(1, round(len(r.split()) * keep))]) for r in references[split]]
+        if run.parents[1].name == "long":
+            hyps = [" ".join(["zzz", *h.split()[1:]]) if i < 1 + 4 * int(run.parent.name[-1]) else h
+                    for i, h in enumerate(hyps)]
+        entry = {"n_sentences": len(hyps), "overrides": sets, "step": 8, "bleu_signature": "nrefs:1",
+                 "chrf_signature": "nc:6"}
+        test_py.write_scores(eval_file(run, split, 5, "best", tag), entry, hyps)
+
+    def fake_test_py(commands: list[tuple[str, list[str], Path]]) -> None:
+        rounds.append([argv for _, argv, _ in commands])
+        for _, argv, _ in commands:
+            sets = [argv[i + 1] for i, x in enumerate(argv) if x == "--set"]
+            a = float(next((x.split("=")[1] for x in sets if x.startswith("decode.min_len_a=")), 0))
+            for split in (argv[i + 1] for i, x in enumerate(argv) if x == "--split"):
+                write(Path(argv[argv.index("--model_path") + 1]).parents[1], split,
+                      argv[argv.index("--tag") + 1] if "--tag" in argv else None, sets, a)
+
+    for run in runs.values():  # beam 5 on the test sets, as the study scores it before
+        for split in ("test", "test.x4"):
+            write(run, split, None, [], 0.0)
+
+    rule = LengthRule("validation.x4", ("test", "test.x4"), ("base", "long"))
+    sizes = {s: len(references[s]) for s in rule.splits}
+    steps = {job.key: 8 for job in jobs}
+
+    def score() -> dict[str, Any]:
+        return score_length(rule, jobs, runs, steps, "best", None, sizes, data, fake_test_py)
+
+    return {"rule": rule, "jobs": jobs, "runs": runs, "references": references, "rounds": rounds, "score": score,
+            "choice": score()}
+
+
+def test_the_floor_is_chosen_on_validation_one_grid_value_at_a_time_then_the_test_sets_decoded(
+        scored: dict[str, Any]) -> None:
+    rounds, choice = scored["rounds"], scored["choice"]
+    assert [len(r) for r in rounds] == [4, 2, 2, 2]  # 0 for all; 0.25, 0.5 for long alone; then its test sets
+    assert choice["base"]["min_len_a"] == 0.0 and list(choice["base"]["validation_ratio"]) == ["0"]
+    assert choice["long"]["min_len_a"] == 0.5
+    assert list(choice["long"]["validation_ratio"]) == ["0", "0.25", "0.5"]
+    assert [statistics.fmean(r) < 0.95 for r in choice["long"]["validation_ratio"].values()] == [True, True, False]
+    first, floored, test = rounds[0][0], rounds[1][0], rounds[3][0]
+    assert first[first.index("--split"):] == ["--split", "validation.x4", "--set", "data.test=[validation.x4]"]
+    assert floored[floored.index("--split"):] == ["--split", "validation.x4", "--tag", "minlen0.25", "--set",
+                                                  "data.test=[validation.x4]", "--set", "decode.min_len_a=0.25"]
+    assert test[test.index("--beam"):] == ["--beam", "5", "--split", "test", "--split", "test.x4", "--tag",
+                                           "minlen0.5", "--set", "decode.min_len_a=0.5"]
+    assert all("/long/" in argv[argv.index("--model_path") + 1] for r in rounds[1:] for argv in r)
+
+
+def test_scoring_again_decodes_nothing_and_a_gone_checkpoint_is_one_line(scored: dict[str, Any]) -> None:
+    before = len(scored["rounds"])
+    assert scored["score"]() == scored["choice"]
+    assert len(scored["rounds"]) == before  # every file current: nothing decoded again
+    run = scored["runs"]["long seed 2"]
+    eval_file(run, "test.x4", 5, "best", "minlen0.5").unlink()
+    (run / "checkpoints" / "best.pt").unlink()
+    with pytest.raises(ConfigError) as e:
+        scored["score"]()
+    assert str(e.value) == (f"{run}: its best checkpoint is gone and {LENGTH_DECODER} (min_len_a 0.5) is not scored "
+                            "on test, test.x4: nothing was scored")
+    (run / "checkpoints" / "best.pt").write_bytes(b"")
+    assert scored["score"]() == scored["choice"]
+    assert [len(r) for r in scored["rounds"][before:]] == [1]  # the missing file alone is decoded again
+
+
+def test_the_secondary_family_is_its_own_reported_apart_and_recomputed_from_the_published_files(
+        scored: dict[str, Any], tmp_path: Path) -> None:
+    rule, choice, references = scored["rule"], scored["choice"], scored["references"]
+    results: dict[str, Any] = {"baseline": "base", "seeds": [1, 2],
+                               "_hypotheses": {s: {split: {} for split in rule.splits} for s in rule.systems}}
+    add_length_results(results, rule, choice, scored["jobs"], scored["runs"], "best", None, references, 200, {})
+    lc = results["length_control"]
+    fam = lc["family"]
+    assert fam["family"]["decoder"] == LENGTH_DECODER and fam["family"]["declared"].startswith("declared secondary")
+    assert [t["label"] for t in fam["tests"]] == ["chrF test (beam5-minlen)", "chrF test.x4 (beam5-minlen)"]
+    assert fam["size"] == 2  # Holm over these alone
+    assert [t["seed_test"]["p_holm"] for t in fam["tests"]] == holm([t["seed_test"]["p_value"] for t in fam["tests"]])
+    assert lc["systems"]["long"]["test"]["length_ratio"] == [pytest.approx(1.0)] * 2  # its floor's output
+    assert results["_hypotheses"]["base"]["test"][LENGTH_DECODER][0] == references["test"]  # published with the rest
+    lines = length_control_lines(results)
+    assert lines[0] == "## Length-controlled decoding, beam5-minlen (declared secondary)"
+    ratios = {a: statistics.fmean(r) for a, r in choice["long"]["validation_ratio"].items()}
+    assert f"| long | 0.5 | 0: {ratios['0']:.2f}, 0.25: {ratios['0.25']:.2f}, 0.5: 1.00 | " in "\n".join(lines)
+    assert "| base | 0 | 0: 1.00 | 100.00 · len 1.00 | 100.00 · len 1.00 |" in lines
+    assert fam["tests"][0]["delta"] < 0  # long's wrong words
+    assert lines[-2] == f"**{fam['resolved']} of 2 resolved** (secondary; against base)."
+    assert length_control_lines({"baseline": "base"}) == []  # a study without it: no section
+    # Recomputed from results.json and the published hypotheses alone, as bench/study_report.py does.
+    study_report.publish_hypotheses(tmp_path / "hypotheses", results.pop("_hypotheses"), [1, 2])
+    old = json.loads(json.dumps({**results, "checksums": hypotheses_checksums(tmp_path), "spec": {"family": {}}}))
+    again = reanalyse_length(old, tmp_path, references, 200, False, study_report.read_hypotheses)
+    assert json.dumps(again, sort_keys=True) == json.dumps(old["length_control"], sort_keys=True)
+    old["length_control"]["choice"]["long"]["min_len_a"] = 0.25
+    with pytest.raises(StudyFileError) as e:
+        reanalyse_length(old, tmp_path, references, 200, False, study_report.read_hypotheses)
+    assert str(e.value) == (f"{tmp_path / 'results.json'}: long's recorded min_len_a 0.25 is not the rule's on its "
+                            "recorded validation ratios: changed since the study wrote it")
+
+
+# ---------------------------------------------------------------------------------------------- the natural arm
+
+
+def test_the_natural_length_arm_trains_the_same_systems_on_every_length_and_tests_the_same_sets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    short, natural = study.presets()["train-short-test-long"], study.presets()["train-natural-test-long"]
+    own = {v.label: v.overrides for v in short.variants}
+    assert [v.label for v in natural.variants] == list(own)  # today: every system of the short arm, in its order
+    assert all(v.overrides == own[v.label] and not v.tests for v in natural.variants)  # no RoPE stretch of 16 tokens
+    assert natural.overrides == [*short.overrides, "data.max_train_len=null"]
+    assert (natural.config, natural.baseline) == (short.config, short.baseline)
+    cfg_short = load_config(short.config, short.overrides)
+    cfg = load_config(natural.config, natural.overrides)
+    assert (cfg_short.data.max_train_len, cfg.data.max_train_len) == (16, None)
+    assert cfg.data.test == study.LENGTH_SHIFTED  # x1, x2, x4, x8 and TED
+    fam = natural.family
+    assert {k: fam[k] for k in ("metric", "decoder", "splits", "drops", "smallest_effect", "alpha")} == \
+        {k: study.EXTRAPOLATION_FAMILY[k] for k in ("metric", "decoder", "splits", "drops", "smallest_effect", "alpha")}
+    assert fam["systems"] == ["learnable", "rope", "alibi", "t5"]
+    # An encoding registered later joins the short arm's preset, never this arm's declared systems.
+    from models.positional import REGISTRY
+
+    monkeypatch.setitem(REGISTRY["attention"], "later", type("Later", (), {"causal_only": False}))
+    assert "later" in [v.label for v in study.presets()["train-short-test-long"].variants]
+    assert [v.label for v in study.presets()["train-natural-test-long"].variants] == list(own)
