@@ -56,6 +56,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/study.py: the repository root first
 
 from bench.common import ROOT, project_command  # noqa: E402
+from bench.gpu_presets import study_defaults  # noqa: E402
+from bench.study_arms import NATURAL_FAMILY, NATURAL_LENGTH, NATURAL_SYSTEMS  # noqa: E402
+from bench.study_decoders import DECODERS, LENGTH_DECODER  # noqa: E402
+from bench.study_length_control import LengthRule, add_length_results, score_length  # noqa: E402
 from bench.study_runs import (  # noqa: E402
     Progress,
     compute_attention,
@@ -69,8 +73,8 @@ from utils.cli import add_set_arg  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 from utils.run.layout import RunDir  # noqa: E402
 from utils.study.launch import LAUNCHERS, JobFailed, Launcher, LaunchError, Resources, die_with_parent  # noqa: E402
-
-DECODERS = {"beam5": 5, "greedy": 1}
+from utils.study.looks import Design, look_fractions  # noqa: E402
+from utils.study.provenance import Target, merge, record_runs  # noqa: E402
 
 
 @dataclass
@@ -144,6 +148,8 @@ def presets() -> dict[str, Preset]:
     # pre-registered: exploratory there.
     shape = Variant("sinusoidal+shape", ["model.input_pe=sinusoidal", "model.attention_pe=none",
                                          "model.augment.method=shape", "model.augment.shape.max_shift=100"])
+    long_tests = [f"data.test=[{','.join(LENGTH_SHIFTED)}]", "train.amp=none", "train.amp_cpu=false",
+                  "train.keep_checkpoints=0", "train.num_threads=1"]
     return {
         "seed-table": Preset("configs/bench_small.yaml", [_pe("sinusoidal", "sinusoidal", "none"),
                                                           _pe("learnable", "learnable", "none"),
@@ -154,10 +160,11 @@ def presets() -> dict[str, Preset]:
         # Precision and CPU threads are part of the design (fp32 and one thread per run on every machine: a
         # thread count can change floating-point results); periodic checkpoints are resume points only.
         "train-short-test-long": Preset("configs/bench_short.yaml", [*short, rope, *newer, decoder_nope, *decoder_own,
-                                                                     shape], "sinusoidal",
-                                        [f"data.test=[{','.join(LENGTH_SHIFTED)}]", "train.amp=none",
-                                         "train.amp_cpu=false", "train.keep_checkpoints=0", "train.num_threads=1"],
+                                                                     shape], "sinusoidal", long_tests,
                                         family=EXTRAPOLATION_FAMILY),
+        # Its natural-length arm (bench/study_arms.py): the same systems trained on pairs of every length.
+        "train-natural-test-long": Preset("configs/bench_short.yaml", [Variant(*v) for v in NATURAL_SYSTEMS],
+                                          "sinusoidal", [*long_tests, NATURAL_LENGTH], family=NATURAL_FAMILY),
         "tokenization": Preset("configs/bench_small_rope.yaml", [
             Variant("bpe", ["tokenizer.type=bpe"]),
             Variant("unigram", ["tokenizer.type=unigram", *_same_sentences(1.125)]),
@@ -675,15 +682,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attention-sentences", type=int, default=200, help="validation pairs for attention stats")
     parser.add_argument("--max-sentences", type=int, help="score only the first N sentences of each split (quick)")
     parser.add_argument("--decoders", default=",".join(DECODERS), metavar="NAME,...",
-                        help=f"decoders scored and reported, of {', '.join(DECODERS)} (default all); the primary "
-                             "family's must be among them")
+                        help=f"decoders scored and reported, of {', '.join(DECODERS)} (default all) and "
+                             f"{LENGTH_DECODER} (a declared secondary: beam 5 with a length floor chosen per system "
+                             "on validation data, reported in a section of its own); the primary family's must be "
+                             "among them")
     parser.add_argument("--splits", metavar="SPLIT,...",
                         help="test splits scored and reported (default: every one of the config's data.test); the "
                              "primary family's, and the x1 split of each of its drops, must be among them")
     parser.add_argument("--runs", default="runs", help="folder for the study (default runs)")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="without GPUs: runs (and scorings) at a time on the CPU, each with its share of the "
-                             "cores (default 1)")
+    parser.add_argument("--jobs", type=int,
+                        help="runs (and scorings) at a time on this machine, each with its share of the CPU cores "
+                             "(default 1; with a CUDA GPU, 16 runs sharing it, each with the train keys of "
+                             "configs/gpu_study.yaml: static shapes, CUDA graphs; a --jobs given keeps the runs' "
+                             "config as it is)")
+    parser.add_argument("--merge", action="append", default=[], metavar="STUDY_DIR",
+                        help="first copy in the runs another folder of this study holds (e.g. more seeds trained on "
+                             "another machine) whose config is this study's for their variant and seed; a different "
+                             "config is refused, naming the key")
     parser.add_argument("--no-link", action="store_true",
                         help="train every run of this study, even one another study in --runs finished with the "
                              "same config (its code may differ: e.g. a baseline trained by an older commit)")
@@ -717,6 +732,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
+    gpu_sets: list[str] = []  # no --jobs with a CUDA GPU here: its preset (bench/gpu_presets.py)
+    if args.jobs is None:
+        args.jobs, gpu_sets = study_defaults(args.launcher)
+        if gpu_sets:
+            print(f"study: a CUDA GPU: {args.jobs} runs at a time, each with {' '.join(gpu_sets)} "
+                  "(configs/gpu_study.yaml; --jobs N to choose)", flush=True)
 
     family: dict[str, Any] = {}
     user_sets = list(args.overrides)
@@ -776,8 +797,8 @@ def main() -> int:
                 if key in STUDY_KEYS:
                     parser.error(f"--test-variant {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
     asked = [d.strip() for d in args.decoders.split(",") if d.strip()]
-    if not asked or any(d not in DECODERS for d in asked):
-        parser.error(f"--decoders {args.decoders}: give some of {', '.join(DECODERS)}")
+    if not asked or any(d not in [*DECODERS, LENGTH_DECODER] for d in asked):
+        parser.error(f"--decoders {args.decoders}: give some of {', '.join([*DECODERS, LENGTH_DECODER])}")
     decoders = {d: beam for d, beam in DECODERS.items() if d in asked}  # in the report's order, whatever was asked
     if "beam5" not in decoders or (family or {}).get("decoder", "beam5") not in decoders:
         parser.error(f"--decoders {args.decoders}: beam5 is needed (the primary family and the report's tables)")
@@ -791,7 +812,7 @@ def main() -> int:
 
     eval_every = args.eval_every or max(1, (args.steps or 1000) // 5)
     budget_sets = budget_overrides(args.steps, args.tokens, eval_every)  # in every load: keys may need the budget
-    base_cfg = load_config(config, [*args.overrides, *budget_sets])
+    base_cfg = load_config(config, [*gpu_sets, *args.overrides, *budget_sets])
     splits = list(base_cfg.data.test)
     if args.splits:
         splits = [x.strip() for x in args.splits.split(",") if x.strip()]
@@ -833,8 +854,20 @@ def main() -> int:
             "attention_sentences": args.attention_sentences, "family": family}
     if args.splits or list(decoders) != list(DECODERS):  # a study scored on part of its sets or decoders says so
         spec |= {"splits": splits, "decoders": list(decoders)}
+    length = LengthRule.declare(family, splits, [*configs, *(f"{v.label}+{t}" for v in variants for t in v.tests)],
+                                baseline) if LENGTH_DECODER in asked else None
+    if length is not None:  # the rule is recorded before anything is scored with it
+        spec["length_control"] = length.to_dict()
     if recorded is not None:
         spec = merge_spec(recorded, spec, study)
+    if family.get("sequential"):  # seeds past the declared design's last look: refused before anything runs
+        look_fractions(Design.from_dict(family["sequential"]), args.seeds)
+    trains = {v.label: load_config(config, [*args.overrides, *gpu_sets, *v.overrides, *budget_sets]).to_dict()
+              for v in variants} if args.merge else {}  # what this study's runs train, to merge the same only
+    for other in args.merge:  # runs trained elsewhere (more seeds, another machine) join this study first
+        print("\n".join(merge(Path(other), study, [Target(j.key, j.seed, j.root, trains[j.variant.label])
+                                                    for j in jobs])) or f"  --merge {other}: nothing to merge",
+              flush=True)
     # 1. Train what is not trained yet (resuming killed runs).
     todo = []
     steps: dict[str, int] = {}  # job -> training step of the checkpoint it is scored at
@@ -857,7 +890,7 @@ def main() -> int:
         if run is not None and not RunDir(run).last.is_file():
             raise ConfigError(f"{run}: its checkpoints are gone and it is short of the budget: it cannot be trained "
                               "on; nothing was trained or scored")
-        todo.append((f"train {job.key}", train_command(job, config, args.overrides, budget_sets),
+        todo.append((f"train {job.key}", train_command(job, config, [*gpu_sets, *args.overrides], budget_sets),
                      job.root / "study.log"))
     elsewhere = linked_elsewhere(jobs, baseline, family, {"checkpoint": args.checkpoint,
                                                           "max_sentences": args.max_sentences})
@@ -880,8 +913,11 @@ def main() -> int:
 
     atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
     print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
+    training = [job.root for job in jobs if f"train {job.key}" in {label for label, _, _ in todo}]
+    record_runs(training, ROOT)  # a run resumed now: this commit trains it on (utils.study.provenance)
     run_commands(todo, devices, jobs=args.jobs, progress=Progress([label for label, _, _ in todo], args.steps,
                                                                   accumulate), launcher=launcher)
+    record_runs(training, ROOT)
     if args.train_only:
         print(f"study {name}: every run trained to the budget (--train-only: not scored)")
         return 0
@@ -919,6 +955,8 @@ def main() -> int:
             todo.append((f"test {job.key} beam {' '.join(beams)}{' ' + tag if tag else ''}", cmd,
                          job.root / "study.log"))
     run_commands(todo, devices, jobs=args.jobs, launcher=launcher)
+    choice = score_length(length, jobs, runs, steps, args.checkpoint, args.max_sentences, sizes, base_cfg.data,
+                          lambda todo: run_commands(todo, devices, jobs=args.jobs, launcher=launcher)) if length else {}
 
     # 3. Attention statistics, aggregation, report.
     for job in jobs:
@@ -935,6 +973,9 @@ def main() -> int:
     ledger = Ledger(study)
     results = aggregate(jobs, runs, corpus, splits, baseline, args.checkpoint, args.bootstrap,
                         args.attention_sentences, args.max_sentences, family, list(decoders), steps, ledger)
+    if length is not None:
+        add_length_results(results, length, choice, jobs, runs, args.checkpoint, args.max_sentences,
+                           {s: list(corpus[s]["tgt"]) for s in length.splits}, args.bootstrap, family, ledger)
     if recorded_now := ledger.save():
         print(f"study {name}: {recorded_now} files record no checksum (written by an older test.py or study): "
               f"recorded in {ledger.path} at this first read; a later change to them is refused", flush=True)

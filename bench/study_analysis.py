@@ -14,14 +14,17 @@ source-length bucket of a split (``bucket``, exploratory only).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from bench.study_decoders import DECODERS
 from bench.study_stats import (
     blocked_anova,
     bootstrap_quantity,
+    brevity_penalty,
+    chrf_precision_recall,
     corpus_score,
     holm,
     paired_t,
@@ -33,7 +36,6 @@ from bench.study_stats import (
 )
 
 METRICS = ("chrF", "BLEU")
-DECODERS = ("beam5", "greedy")
 
 
 @dataclass
@@ -55,6 +57,9 @@ class Family:
     # system -> the study whose family already tests its contrast with this baseline on these runs (linked): one
     # family per contrast, so it is neither in this family nor tested again as exploratory on this endpoint.
     elsewhere: dict[str, str] = field(default_factory=dict)
+    # A group-sequential design declared with the family (utils.study.looks.Design: looks, spending, futility);
+    # None: a fixed design, one look.
+    sequential: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +134,22 @@ class Analysis:
         units = min(own.shape[0], x1.shape[0] // factor)
         return [unit_stats(x1, factor, units), own[:units]], [1.0, -1.0]
 
+    def length(self, system: str, q: Quantity) -> dict[str, list[float]] | None:
+        """Each seed's chrF precision and recall and BLEU brevity penalty of ``q`` (a score's, or a drop's x1 value
+        minus its xK value), from the sentence statistics of both metrics; None without them."""
+        if self.stats is None:
+            return None
+        chrf, bleu = metric_for("chrF", self.lowercase), replace(q, metric="BLEU")
+        out: dict[str, list[float]] = {"chrf_precision": [], "chrf_recall": [], "bleu_bp": []}
+        for k in range(self._n_seeds(system)):
+            parts, coefs = self._parts(system, replace(q, metric="chrF"), k)
+            pr = [chrf_precision_recall(chrf, part.sum(0)) for part in parts]
+            out["chrf_precision"].append(sum(c * p for c, (p, _) in zip(coefs, pr, strict=True)))
+            out["chrf_recall"].append(sum(c * r for c, (_, r) in zip(coefs, pr, strict=True)))
+            parts, coefs = self._parts(system, bleu, k)
+            out["bleu_bp"].append(sum(c * brevity_penalty(part.sum(0)) for c, part in zip(coefs, parts, strict=True)))
+        return out
+
     def bootstrap(self, system: str, q: Quantity, base: str | None = None) -> dict[str, Any] | None:
         if self.stats is None:
             return None
@@ -188,8 +209,31 @@ def primary(analysis: Analysis, family: Family, systems: list[str], splits: list
                           "power_at_smallest_effect": power(family.smallest_effect, t["residual_sd"], b, t["df"],
                                                             level)} for t in tables],
     }
+    design = _design(tests, family, b)
+    length = [{"label": q.label, "quantity": asdict(q),
+               "systems": {s: analysis.length(s, q) for s in anova_systems}}
+              for q in quantities] if analysis.stats is not None else []
     return {"family": family.to_dict(), "size": m, "tests": tests, "anova": tables, "power": power_info,
+            "design": design, "length": length,
             "resolved": sum(t["resolved"] for t in tests), "bootstrap_available": analysis.stats is not None}
+
+
+def _design(tests: list[dict[str, Any]], family: Family, seeds: int) -> dict[str, Any]:
+    """The look these seeds make under the family's design (fixed: one look). Under a group-sequential design each
+    test records its boundary at this look (``sequential``), and the seed test rejects where it crossed it: a
+    test is resolved when it crossed, its bootstrap rejects after Holm, and both agree in sign."""
+    from utils.study.looks import Design, apply, fixed
+
+    if family.sequential is None:
+        return fixed(seeds, family.alpha)
+    look, rows = apply(Design.from_dict(family.sequential), [t["seed_test"]["p_value"] for t in tests], seeds,
+                       family.alpha, family.smallest_effect)
+    for t, row in zip(tests, rows, strict=True):
+        t["sequential"] = row
+        b = t["bootstrap"]
+        t["resolved"] = bool(row["crossed"] and b is not None and b["p_holm"] < family.alpha
+                             and t["delta"] * b["delta"] > 0)
+    return look
 
 
 def _holm(tests: list[dict[str, Any]], alpha: float) -> None:

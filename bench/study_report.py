@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/study_report.py: the repository root first
 
 from bench.common import ROOT, fmt_mean_std  # noqa: E402
+from bench.study_decoders import DECODERS  # noqa: E402
+from bench.study_length_control import length_control_lines, reanalyse_length  # noqa: E402
 
-DECODERS = {"beam5": 5, "greedy": 1}
 ALPHA = 0.05
 
 
@@ -82,8 +83,25 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
                       family, decoders)
     results["length_unit"] = f"{first_cfg.tokenizer.type} tokens of {baseline}'s tokenizer"
     results["source_lengths"] = lengths
+    results["provenance"] = run_provenance(jobs, runs)
     results["_hypotheses"] = hypotheses
     return results
+
+
+def run_provenance(jobs: list, runs: dict[str, Path]) -> dict[str, Any]:
+    """Each run's system, seed, the commits that trained it (its ``provenance.json``; none recorded: an empty list)
+    and the hash of its config (utils.study.provenance), for the report to say where the runs came from."""
+    from utils.config import load_config
+    from utils.run.layout import RunDir
+    from utils.study.provenance import config_sha256, read
+
+    out = {}
+    for job in jobs:
+        run = runs[job.key]
+        out[job.key] = {"system": job.variant.label, "seed": job.seed,
+                        "trained_by": (read(run) or {}).get("trained_by", []),
+                        "config_sha256": config_sha256(load_config(RunDir(run).config).to_dict())}
+    return {"runs": out}
 
 
 def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | None, references: dict[str, list[str]],
@@ -93,7 +111,7 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
     """Scores, buckets, primary and exploratory tests from the hypotheses (or, without them, from the per-seed
     scores already in ``systems``: the seed-level tests only), for ``decoders`` (default all)."""
     from bench.study_analysis import Analysis, Family, attention_tests, exploratory, metric_for, primary
-    from bench.study_stats import corpus_score, sentence_stats
+    from bench.study_stats import brevity_penalty, chrf_precision_recall, corpus_score, sentence_stats
 
     scores: dict[str, Any] = {}
     stats: dict[str, Any] | None = {} if hypotheses is not None else None
@@ -114,6 +132,9 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
                     row["chrf"] = [corpus_score(metrics["chrF"], x.sum(0)) for x in per["chrF"]]
                     row["bleu"] = [corpus_score(metrics["BLEU"], x.sum(0)) for x in per["BLEU"]]
                     row["length_ratio"] = [float(x[:, 0].sum() / max(x[:, 1].sum(), 1)) for x in per["BLEU"]]
+                    pr = [chrf_precision_recall(metrics["chrF"], x.sum(0)) for x in per["chrF"]]
+                    row["chrf_precision"], row["chrf_recall"] = [p for p, _ in pr], [r for _, r in pr]
+                    row["bleu_bp"] = [brevity_penalty(x.sum(0)) for x in per["BLEU"]]
                     row["n_sentences"] = len(refs)
                     if lengths is not None:
                         buckets[split] = _bucket_index(lengths[split][: len(refs)], edges)
@@ -222,6 +243,113 @@ def _len(results: dict[str, Any], test: dict[str, Any]) -> str:
     return f"{ratio(test['system'])} / {ratio(test.get('against') or results['baseline'])}"
 
 
+def design_lines(results: dict[str, Any]) -> list[str]:
+    """The design the family is tested under and the look these seeds make: fixed (one look), or the declared
+    group-sequential design with the alpha spent so far."""
+    from utils.study.looks import SPENDING_NAMES
+
+    pr = results["primary"]
+    if not pr["tests"]:  # nothing tested here: no look
+        return []
+    d = pr.get("design") or {"kind": "fixed", "seeds": len(results["seeds"]), "alpha": pr["family"]["alpha"]}
+    if d["kind"] == "fixed":
+        return [f"Design: fixed (one look): the family is tested once, at {d['seeds']} seeds per system, the whole "
+                f"α = {d['alpha']} spent at this look.", ""]
+    futility = (f"; futility declared (non-binding; β = {d['beta']}, planning residual SD {d['residual_sd']:.2f})"
+                if d["futility"] else "; no futility boundary")
+    unplanned = "" if d["planned"] else " (not a planned look: the planned looks below it are counted as taken)"
+    first = (f" (Holm's first step: {d['alpha_spent_first_step']:.3g} of {d['alpha'] / pr['size']:.3g})"
+             if pr["size"] > 1 else "")
+    return [f"Design: group-sequential, declared with the family: looks at {', '.join(map(str, d['looks']))} seeds per "
+            f"system, Lan-DeMets {SPENDING_NAMES[d['spending']]} spending of α = {d['alpha']}{futility}. **This is "
+            f"look {d['look']} of {d['of']}**, at {d['seeds']} seeds per system{unplanned} (information "
+            f"{d['information']:.2f}): α spent so far {d['alpha_spent']:.4g} of {d['alpha']}{first}. The seed test "
+            "rejects where its p-value is at most its boundary at this look: Holm's step-down, the j-th smallest p "
+            "tested against the boundary of the spending function at α / (tests - j + 1). A test is resolved where "
+            "its seed test crossed, its bootstrap rejects after Holm, and both agree in sign.", ""]
+
+
+def boundary_lines(results: dict[str, Any]) -> list[str]:
+    """Under a group-sequential design: each test's boundary at this look, whether it crossed, and futility."""
+    tests = [t for t in results["primary"]["tests"] if "sequential" in t]
+    if not tests:
+        return []
+    out = ["| system | quantity | seed test p | Holm step (level) | boundary z (nominal p) | crossed | futility |",
+           "|---|---|---|---|---|---|---|"]
+    for t in tests:
+        s = t["sequential"]
+        futility = (f"{'**yes**' if s['futility'] else 'no'} (z < {s['futility_z']:.3f})" if "futility" in s
+                    else "-")
+        out.append(f"| {t['system']} | {t['label']} | {_p(t['seed_test']['p_value'])} | {s['step']} "
+                   f"({s['level']:.3g}) | {s['boundary_z']:.3f} ({_p(s['boundary_p'])}) | "
+                   f"{'**yes**' if s['crossed'] else 'no'} | {futility} |")
+    return [*out, ""]
+
+
+def length_lines(results: dict[str, Any]) -> list[str]:
+    """chrF precision and recall and BLEU's brevity penalty beside each primary quantity, every system of the family
+    (descriptive: no test)."""
+    import statistics
+
+    pr = results["primary"]
+    if not pr["tests"]:
+        return []
+    if not pr.get("length"):
+        return ["chrF precision and recall, BLEU's brevity penalty: not computable (these runs' hypotheses were not "
+                "published).", ""]
+    base = results["baseline"]
+    out = ["Length beside each primary quantity (descriptive, not tested): chrF's n-gram precision (P) and recall (R), "
+           "the averages over its character and word orders that chrF combines with β = 2 (recall weighs four times "
+           "as much as precision: longer output can raise chrF), and BLEU's brevity penalty (BP: 1 for output at "
+           "least as long as the reference, less for shorter), each the mean over seeds; for a drop, each is its x1 "
+           f"value minus its xK value. ΔP, ΔR: the mean over seeds of each seed's difference with {base}.", "",
+           "| quantity | system | P | R | BP | ΔP | ΔR |", "|---|---|---|---|---|---|---|"]
+    for entry in pr["length"]:
+        b = entry["systems"][base]
+        for name, v in entry["systems"].items():
+            deltas = ["-" if name == base else
+                      f"{statistics.fmean(x - y for x, y in zip(v[k], b[k], strict=True)):+.2f}"
+                      for k in ("chrf_precision", "chrf_recall")]
+            out.append(f"| {entry['label']} | {name} | {statistics.fmean(v['chrf_precision']):.2f} | "
+                       f"{statistics.fmean(v['chrf_recall']):.2f} | {statistics.fmean(v['bleu_bp']):.3f} | "
+                       f"{deltas[0]} | {deltas[1]} |")
+    return [*out, ""]
+
+
+def provenance_lines(results: dict[str, Any]) -> list[str]:
+    """Which commits trained the runs (more than one: said plainly), and whether each system's seeds share one
+    config hash."""
+    from utils.study.provenance import commit_label
+
+    runs = (results.get("provenance") or {}).get("runs")
+    if not runs:
+        return ["Provenance: not recorded (these runs were trained before a study recorded each run's commit and "
+                "config hash).", ""]
+    by_commit: dict[str, dict[str, list[int]]] = {}
+    hashes: dict[str, set[str]] = {}
+    for run in runs.values():
+        for label in dict.fromkeys(commit_label(e) for e in run["trained_by"]) or ["not recorded"]:
+            by_commit.setdefault(label, {}).setdefault(run["system"], []).append(run["seed"])
+        hashes.setdefault(run["system"], set()).add(run["config_sha256"])
+
+    def which(systems: dict[str, list[int]]) -> str:
+        return "; ".join(f"{name} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+                         for name, seeds in systems.items())
+
+    commits = [c for c in by_commit if c != "not recorded"]
+    if len(by_commit) == 1 and commits:
+        line = f"Provenance: every run was trained by commit {commits[0]}"
+    else:
+        line = (f"Provenance: **the runs come from {len(commits)} commits, not one**: " if len(commits) > 1
+                else "Provenance: ") + ", ".join(f"{c} ({which(by_commit[c])})" for c in by_commit)
+        line += ("; runs of different commits are paired like runs of one only where the code between them does "
+                 "not change what they compute" if len(commits) > 1 else "")
+    mixed = [name for name, h in hashes.items() if len(h) > 1]
+    line += (f"; **the seeds of {', '.join(mixed)} differ in config hash**" if mixed
+             else "; each system's runs share one config hash") + " (each run's provenance.json)."
+    return [line, ""]
+
+
 def _primary_lines(results: dict[str, Any]) -> list[str]:
     from bench.study_analysis import Family
 
@@ -243,7 +371,7 @@ def _primary_lines(results: dict[str, Any]) -> list[str]:
             "in every report" for where, names in by_study.items()) + ".", ""]
     if not pr["tests"]:
         return [*out, "No contrast is left in this family: every system's is tested in the family above.", ""]
-    out += [
+    out += [*design_lines(results),
         f"Contrasts: each of {', '.join(dict.fromkeys(t['system'] for t in pr['tests']))} minus **{base}**, on "
         f"{len(quantities)} quantities ({'; '.join(quantities)}): a family of **{pr['size']} tests**, Holm's "
         f"correction at α = {fam['alpha']}. Each quantity is the mean over seeds of the per-seed difference "
@@ -272,7 +400,7 @@ def _primary_lines(results: dict[str, Any]) -> list[str]:
                    f"{_p(t.get('paired_t', {}).get('p_value'))} | {ci} | {_p(b['p_value']) if b else '-'} | "
                    f"{_p(b.get('p_holm')) if b else '-'} | {_len(results, t)} | "
                    f"{'**yes**' if t['resolved'] else 'no'} |")
-    out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**", ""]
+    out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**", "", *boundary_lines(results), *length_lines(results)]
     if pw["power_at_smallest_effect"] is not None:
         out += [f"Power (noncentral t, from the pooled residual standard deviation {pw['pooled_residual_sd']:.2f} "
                 f"{fam['metric']} over {pw['seeds']} seeds and {pw['systems']} systems, df {pw['df']}, at "
@@ -366,7 +494,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
            "", f"Command: `{spec['command']}`", "",
            f"Baseline: **{base}**. Checkpoint scored: {spec['checkpoint']}.pt. Scores are sacreBLEU's chrF "
            "(primary) and BLEU (signatures below); tables give the mean ± standard deviation over the seeds, each "
-           "seed's value, and the hypothesis/reference length ratio (len).", ""]
+           "seed's value, and the hypothesis/reference length ratio (len).", "", *provenance_lines(results)]
     if "decoders" in results or spec.get("splits"):
         out += [f"Scored on part of the study's sets or decoders: {', '.join(results['splits'])}; "
                 f"{', '.join(results.get('decoders', DECODERS))}.", ""]
@@ -389,6 +517,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
             *(["## chrF, greedy (exploratory)", "", *_score_table(results, "chrF", "greedy"), ""]
               if "greedy" in results.get("decoders", DECODERS) else [])]
     out += _bucket_lines(results) + _bucket_lines(results, "bleu")
+    out += length_control_lines(results)  # the declared secondary decoder, where scored
     out += _exploratory_lines(results)
     att = results.get("attention_tests", {})
     if att:
@@ -692,9 +821,12 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
                       samples or old.get("bootstrap_samples", 10000), cfg.tokenizer.lowercase if cfg else False,
                       cfg.eval.length_buckets if cfg else [], cfg.data.max_train_len if cfg else None,
                       spec.get("family"), decoders)
-    for key in ("length_unit", "source_lengths"):
+    for key in ("length_unit", "source_lengths", "provenance"):
         if key in old:
             results[key] = old[key]
+    if "length_control" in old:  # the declared secondary decoder (bench/study_decoders.py)
+        results["length_control"] = reanalyse_length(old, folder, references, samples or old.get(
+            "bootstrap_samples", 10000), cfg.tokenizer.lowercase if cfg else False, read_hypotheses)
     write_report(folder, spec, results)
     return results
 

@@ -212,6 +212,32 @@ def corpus_score(metric: Any, stats: np.ndarray) -> float:
     return float(metric._compute_score_from_stats(stats.tolist()).score)
 
 
+def chrf_precision_recall(metric: Any, stats: np.ndarray) -> tuple[float, float]:
+    """chrF's n-gram precision and recall (in percent) of summed CHRF statistics ``[3 * order]`` (hypothesis,
+    reference and matching n-grams of each character and word order): the averages over the orders that sacreBLEU's
+    ``CHRF`` combines into its F-beta (an order without hypothesis or reference n-grams left out, as it does), so
+    chrF = (1 + beta^2) P R / (beta^2 P + R). With beta = 2, recall weighs four times as much as precision."""
+    values = stats.tolist()
+    precision = recall = 0.0
+    effective = 0
+    for i in range(metric.order):
+        n_hyp, n_ref, n_match = values[3 * i: 3 * i + 3]
+        if n_hyp > 0 and n_ref > 0:
+            precision += n_match / n_hyp
+            recall += n_match / n_ref
+            effective += 1
+    return (100 * precision / effective, 100 * recall / effective) if effective else (0.0, 0.0)
+
+
+def brevity_penalty(stats: np.ndarray) -> float:
+    """BLEU's brevity penalty of summed BLEU statistics (output length, reference length, ...), as sacreBLEU's
+    ``BLEU.compute_bleu``: 1 for output at least as long as the reference, exp(1 - ref / out) below, 0 for none."""
+    sys_len, ref_len = float(stats[0]), float(stats[1])
+    if sys_len >= ref_len:
+        return 1.0
+    return math.exp(1 - ref_len / sys_len) if sys_len > 0 else 0.0
+
+
 def _chrf_scores(metric: Any, summed: np.ndarray) -> np.ndarray:
     """sacreBLEU's ``CHRF._compute_f_score`` on every row of ``[samples, 3 * order]`` summed statistics at once:
     the same float operations in the same order (Popović 2015, eq. 1: the F-beta of character n-gram precision

@@ -101,6 +101,8 @@ def chrf_table(results: dict[str, Any], decoder: str = "beam5") -> list[str]:
 
 
 def _primary_section(name: str, results: dict[str, Any], about: dict[str, Any]) -> list[str]:
+    from bench.study_report import boundary_lines, design_lines, length_lines
+
     pr = results["primary"]
     fam, pw = pr["family"], pr["power"]
     base = results["baseline"]
@@ -111,6 +113,7 @@ def _primary_section(name: str, results: dict[str, Any], about: dict[str, Any]) 
         out += ["Not tested here: " + ", ".join(sorted(fam["elsewhere"])) + f" against {base}, whose runs and the "
                 "baseline's are those of " + ", ".join(f"[{s}]({s}.md)" for s in sorted(set(fam["elsewhere"].values())))
                 + ": that study's family tests them, so the same runs get one verdict per contrast.", ""]
+    out += design_lines(results)
     quantities = list(dict.fromkeys(t["label"] for t in pr["tests"]))
     systems = list(dict.fromkeys(t["system"] for t in pr["tests"]))
     out += [f"Each of {', '.join(systems)} minus **{base}**, on {len(quantities)} quantities: **{pr['size']} tests**, "
@@ -132,6 +135,7 @@ def _primary_section(name: str, results: dict[str, Any], about: dict[str, Any]) 
     out += [f"**{pr['resolved']} of {pr['size']} tests resolved{':' if resolved else '.'}**", ""]
     if resolved:
         out += [*(f"- {t['system']}: {t['label']}, Δ {t['delta']:+.2f}" for t in resolved), ""]
+    out += [*boundary_lines(results), *length_lines(results)]
     if (STUDIES / name / "figures" / "primary_contrasts.png").is_file():
         out += [f"![{_caption('primary_contrasts')}]({name}/figures/primary_contrasts.png)", ""]
     if pw.get("power_at_smallest_effect") is not None:

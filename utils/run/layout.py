@@ -12,6 +12,7 @@ Layout of ``runs/<name>_<YYYYmmdd_HHMMSS>[_n]/``::
     train.log          the training log; its closing line holds the summary
     summary.json       the same summary, written at the end of training (runs before it have only the log line)
     train.lock         locked (flock) while a process trains in the run
+    provenance.json    a study's run: the commit(s) that trained it and its config hash (utils.study.provenance)
 
 ``runs/<name>_latest`` links to the newest run of that name that has a checkpoint, through its view
 ``runs/.latest/<run>/``: a folder of links to the run's files and folders except ``tb/`` (``checkpoints ->
@@ -143,6 +144,11 @@ class RunDir:
     @property
     def eval_dir(self) -> Path:
         return self.root / "eval"
+
+    @property
+    def provenance(self) -> Path:
+        """Where a study's run came from: the commits that trained it and its config hash."""
+        return self.root / "provenance.json"
 
     @property
     def profile(self) -> Path:
