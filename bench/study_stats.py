@@ -388,11 +388,16 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
         if slot in memo:
             return memo[slot]
         full, resampled = 0.0, np.zeros(samples)
+        # Every seed's and part's resampled sums from one product (the draws are read once, not once per seed
+        # and part): the same integers as one product each, so the same floats.
+        blocks = [side[k][p] for k in range(seeds) for p in range(parts)]
+        sums = resampled_sums(units, samples, seed, np.concatenate(blocks, axis=1))
+        edges = np.cumsum([0, *(b.shape[1] for b in blocks)])
         for k in range(seeds):
             for p, c in enumerate(coefficients):
-                stats = side[k][p]
+                stats, j = side[k][p], k * parts + p
                 full += c * corpus_score(metric, stats.sum(0)) / seeds
-                resampled += c * _scores(metric, resampled_sums(units, samples, seed, stats)) / seeds
+                resampled += c * _scores(metric, np.ascontiguousarray(sums[:, edges[j]:edges[j + 1]])) / seeds
         if slot is not None:
             memo[slot] = full, resampled
         return full, resampled
