@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,8 @@ def test_a_study_on_a_cuda_machine_without_jobs_trains_16_at_once_with_the_gpu_k
     jobs, cmds = run("cpu")
     assert jobs == 1 and all(not set(GPU_KEYS) & set(cmd) for cmd in cmds)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",  # the memory check's GPU
+                        lambda i: types.SimpleNamespace(total_memory=80 * 2**30, name="NVIDIA H100"))
     jobs, cmds = run("gpu")
     assert jobs == STUDY_RUNS_PER_GPU and len(cmds) == 2
     for cmd in cmds:

@@ -115,8 +115,8 @@ class LearnablePE(InputPE):
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         limit = self.weight.shape[0]
         # Training positions fit the table by validation (data.max_len, augmentation shifts: models/positional/
-        # augment.py), so only evaluation and decoding check, and a training step never waits for the device.
-        if not self.training and int(positions.max()) >= limit:
+        # augment.py), so on a GPU only evaluation and decoding check: a training step never waits for the device.
+        if (positions.device.type == "cpu" or not self.training) and int(positions.max()) >= limit:
             raise PositionLimitError(
                 f"sequence of {int(positions.max()) + 1} tokens exceeds the learned position table "
                 f"(model.max_positions={limit})"

@@ -114,7 +114,7 @@ class Recipe:
         self.unreduced_tokens = 0  # world > 1 without a token budget: this rank's tokens since the last read
         self.trainer = Engine(self.train_step)
         self.evaluator = create_evaluator(self.s.decoded, self.s.tokenizer.pad_id, self.s.device, self.s.autocast)
-        self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1))
+        self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1, sample=False, mbr=0))
         self.totals = Totals(window_since=time.perf_counter())
         self.seen = TokenCount(self.world)
         self.padding = PaddingCount()  # padding among the positions trained on (train.static_shapes adds some)
@@ -418,6 +418,9 @@ class Recipe:
     def resume_from_last(self) -> None:
         """Load ``last.pt`` into every stateful object; StopError, one line, if the run's budget is spent."""
         state = load_checkpoint(self.rd.last)
+        # A checkpoint's optimizer groups carry the implementation that saved them (a run of an older version: the
+        # for-loop AdamW); this run steps with the one it built (fused, which takes the skip flag on the device).
+        built = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in self.s.optimizer.param_groups]
         try:
             optional = ("grads", "tokens_seen", "periodic_checkpoints")  # absent from checkpoints of older runs
             Checkpoint.load_objects(to_load={k: v for k, v in self.to_save.items() if k in state or k not in optional},
@@ -425,6 +428,8 @@ class Recipe:
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise CheckpointError(f"{self.rd.last} cannot resume this run: "
                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        for group, flags in zip(self.s.optimizer.param_groups, built, strict=True):
+            group.update(flags)
         trainer, t = self.trainer, self.t
         self.resumed_at = trainer.state.iteration
         log.info("resumed from %s at epoch %d, step %d", self.rd.last, trainer.state.epoch, trainer.state.iteration)
