@@ -13,6 +13,24 @@ are read as the training data is: UTF-8, split at line feeds (\\n) only, whitesp
 line that cannot be read gives an empty translation and a warning without stopping the others.
 --model_path takes a checkpoint file or a run directory (its best.pt); --config defaults to the run's.
 
+    python inference.py --model_path RUN_A RUN_B RUN_C --input fr.txt > en.txt
+    python inference.py --model_path runs/demo_latest --input fr.txt --sample --epsilon 0.02 --seed 1
+    python inference.py --model_path runs/demo_latest --input fr.txt --sample --mbr 16 --seed 1
+    python inference.py --model_path runs/demo_latest --input fr.txt --format jsonl > en.jsonl
+
+Several --model_path values decode as one ensemble (the mean of the models' next-token probabilities; they must
+share one tokenizer). --sample draws translations at random (--temperature, --top_k, --top_p, --epsilon,
+--num_samples, --seed); --mbr N picks, of N samples or of the beam's N-best, the one that agrees most with the
+others (chrF or BLEU, --mbr_utility); --format jsonl writes scores, tokens, per-token log-probabilities and
+alignments as JSON lines.
+
+    python inference.py --model_path runs/demo_latest --src_text "Le chat dort." --prefix "The cat"
+    python inference.py --model_path runs/demo_latest --input fr.txt --constraints terms.jsonl > en.txt
+
+--prefix TEXT (or --prefix_file FILE, one per input line) starts each translation with TEXT, and the search goes
+on after it; --constraints FILE (one line per input line: a JSON list of phrases, or the phrases separated by tabs)
+makes each translation contain its line's phrases (beam search with dynamic beam allocation).
+
     python inference.py --model_path runs/demo_latest --export-ctranslate2 runs/demo_ct2 [--quantization int8]
     python inference.py --model_path runs/demo_ct2 --input fr.txt [--compute_type int8]
 
@@ -45,6 +63,8 @@ from utils.cli import (
     setup_logging,
     threads_note,
 )
+from utils.translation.flags import add_mode_args, check_mode_flags, mode_overrides, model_paths
+from utils.translation.guides import add_guide_args, check_guide_args
 
 OUTPUT_FORMATS = """\
 Output formats (standard output; progress, warnings and the speed line go to standard error):
@@ -77,7 +97,28 @@ The scores above are made up. The best translation of each input line, from such
 
     awk -F'\\t' '!seen[$1]++ {print $3}' en.nbest
 
-A CTranslate2 export (--model_path EXPORT_DIR) writes the same formats. --export-ctranslate2 prints one line:
+--sample with --num_samples N above 1: N lines per input line as above, the samples ranked by SCORE. --mbr: one
+line per input line (the candidate of highest expected utility); with --nbest K, K lines as above, ranked by
+expected utility (SCORE stays the model's score).
+
+--format jsonl: one JSON object per input line (with --src_text too), e.g. (wrapped here; one line each):
+
+    {"index": 0, "text": "Hello.", "score": -0.61, "logprob": -0.61, "tokens": ["Hello", ".", "</s>"],
+     "token_logprobs": [-0.4, -0.2, -0.01], "alignment": [0, 1, 2], "source_tokens": ["Bonjour", ".", "</s>"]}
+
+score as above; logprob the summed log-probability (the float32 running sum of token_logprobs, one per token,
+end-of-sentence included); alignment: for each token, the index in source_tokens of the highest cross-attention
+weight of the last decoder layer, averaged over its heads (and the models of an ensemble); with MBR, utility (the
+expected utility, 0-100); with several outputs per line (--nbest, --num_samples), nbest: the list of every
+translation's fields, best first.
+
+--prefix, --prefix_file, --constraints: the same formats, the prefix part of each translation and of its score.
+With --constraints, --src_text prints no greedy line (greedy search takes no constraints), and a hypothesis that
+reached the length cap without all its phrases says "constraints unmet" (it ranks below those that meet them);
+--input warns on standard error of the lines whose best translation lacks a phrase.
+
+A CTranslate2 export (--model_path EXPORT_DIR) writes the same text formats (not sampling, MBR or jsonl, nor
+ensembles). --export-ctranslate2 prints one line:
 wrote a CTranslate2 model of CHECKPOINT to OUT_DIR.
 """
 
@@ -93,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nbest", type=int, metavar="N",
                         help="hypotheses per sentence (default: decode.nbest; with --src_text the whole beam); above "
                              "1, --input writes N lines INDEX<TAB>SCORE<TAB>TRANSLATION per line (see Output formats)")
+    parser.add_argument("--format", choices=["text", "jsonl"], default="text",
+                        help="text: the translations (default); jsonl: one JSON object per input line with the "
+                             "score, the tokens, each token's log-probability and its alignment (see Output formats)")
+    add_mode_args(parser)
+    add_guide_args(parser)
     parser.add_argument("--export-ctranslate2", "--export_ctranslate2", dest="export_ct2", metavar="OUT_DIR",
                         help="write the model as a CTranslate2 model directory and exit (pip install '.[export]')")
     parser.add_argument("--quantization", choices=["int8", "int8_float32", "float16"],
@@ -138,45 +184,85 @@ def main() -> int:
     args = parser.parse_args()
     setup_logging()
     threads = apply_threads(parser, args)
+    paths = model_paths(parser, args)
+    check_guide_args(parser, args)
 
     from utils.config import ConfigError
 
-    overrides = decode_overrides(args)
-    from utils.translation.translate import open_source, translate_stream
+    overrides = decode_overrides(args) + mode_overrides(args)
+    from utils.translation.translate import open_source, text_lines, translate_stream
 
+    if len(paths) > 1 and (args.export_ct2 or args.serve):
+        parser.error(f"{'--export-ctranslate2' if args.export_ct2 else '--serve'} takes one --model_path "
+                     "(an ensemble decodes with inference.py --input or --src_text, and test.py)")
+    guided = args.prefix is not None or args.prefix_file is not None or args.constraints is not None
+    if guided and (args.export_ct2 or args.serve):
+        parser.error("--prefix, --prefix_file and --constraints go with --src_text or --input, not with "
+                     f"{'--export-ctranslate2' if args.export_ct2 else '--serve'}")
     if args.export_ct2:
         return export_ctranslate2(parser, args, overrides)
     if args.serve:
         return serve(parser, args, overrides)
     from utils.cli import require_stdout
+    from utils.translation.guides import check_guides, line_up, load_guides
 
     require_stdout("the translations" if args.src_text is None else "the translation")
+    name = "standard input" if args.input in (None, "-") else args.input
     stream = open_source(args.input) if args.src_text is None and not args.export_ct2 else None
-    engine = load_engine(parser, args, overrides)  # a bad --input has failed before this (slow) step
+    guides = load_guides(args)  # bad files, and a line count other than the input's, fail before the model loads
+    if stream is not None:
+        stream = line_up(guides, stream, name)
+    elif guides.lines is not None:
+        guides.check_count(1, "--src_text")
+    guide = {"guides": guides.take(1)} if guides.given else {}  # for --src_text
+    engine = load_engine(parser, args, overrides, paths)  # a bad --input has failed before this (slow) step
     cfg = engine.cfg
+    check_mode_flags(args, cfg.decode)
+    run = getattr(engine, "run", None)
+    modes = [name for name, on in (("--sample", cfg.decode.sample), ("--mbr", cfg.decode.mbr),
+                                   ("--format jsonl", args.format == "jsonl")) if on]
+    if run is None and modes:
+        raise ConfigError(f"{modes[0]} needs a PyTorch run: a CTranslate2 export does not do it here")
+    check_guides(guides, cfg.decode, run)
+    write = text_lines
+    if args.format == "jsonl":
+        from utils.translation.jsonl import jsonl_writer
+
+        write = jsonl_writer(run.model, run.tokenizer, cfg.decode.batch_size)
 
     if args.src_text is not None:
         if not args.src_text.strip():
             raise ConfigError("--src_text is empty: give a sentence to translate")
+        if modes:  # sampling, MBR, JSON: what --input writes for a one-line input
+            sys.stdout.writelines(write(0, [args.src_text], engine.translate([args.src_text], cfg.decode, **guide),
+                                        cfg.decode))
+            return 0
         beam_nbest = cfg.decode.beam if args.nbest is None else cfg.decode.nbest
         beam_cfg = cfg.decode.model_copy(update=dict(nbest=beam_nbest))
         greedy_cfg = cfg.decode.model_copy(update=dict(beam=1, nbest=1))
-        greedy = engine.translate([args.src_text], greedy_cfg)[0][0]
         print(f"source: {args.src_text}")
-        print(f"greedy: {greedy.text}\t(logprob {greedy.logprob:.3f})")
+        if not guides.has_constraints:  # greedy search takes no constraints
+            greedy = engine.translate([args.src_text], greedy_cfg, **guide)[0][0]
+            print(f"greedy: {greedy.text}\t(logprob {greedy.logprob:.3f})")
         if beam_cfg.beam > 1:
-            nbest = engine.translate([args.src_text], beam_cfg)[0]
+            nbest = engine.translate([args.src_text], beam_cfg, **guide)[0]
             print(f"beam {beam_cfg.beam} (lenpen {beam_cfg.lenpen}), {len(nbest)}-best:")
             for i, hyp in enumerate(nbest, 1):
-                print(f"  {i}. {hyp.text}\t(score {hyp.score:.3f}, logprob {hyp.logprob:.3f})")
+                unmet = "" if hyp.constraints_met else ", constraints unmet"
+                print(f"  {i}. {hyp.text}\t(score {hyp.score:.3f}, logprob {hyp.logprob:.3f}{unmet})")
         return 0
 
-    name = "standard input" if args.input in (None, "-") else args.input
-    interactive = args.input in (None, "-") and sys.stdin.isatty()
+    interactive = args.input in (None, "-") and sys.stdin.isatty() and guides.lines is None
     assert stream is not None
     with stream:
         report = translate_stream(engine.translate, stream, sys.stdout, cfg.decode, name,
-                                  chunk_lines=1 if interactive else 2000, progress=sys.stderr)
+                                  chunk_lines=1 if interactive else 2000, progress=sys.stderr, write=write,
+                                  guides=guides if guides.given else None)
+    if report.unmet:
+        lines = ", ".join(map(str, report.unmet[:10])) + (", ..." if len(report.unmet) > 10 else "")
+        print(f"warning: {len(report.unmet)} line(s) reached the length cap without all their constraints (lines "
+              f"{lines}): each one's best translation is written; a larger beam or --set decode.max_len_b may help",
+              file=sys.stderr)
     if report.empty:
         print(f"warning: {report.empty} empty input line(s) give empty output lines", file=sys.stderr)
     for n, why in report.bad[:5]:
@@ -185,8 +271,7 @@ def main() -> int:
         print(f"warning: {len(report.bad) - 5} more line(s) could not be read; their output lines are empty",
               file=sys.stderr)
     speed = report.lines / max(report.seconds, 1e-9)
-    run = getattr(engine, "run", None)  # a PyTorch run (CTranslate2's threads are its own unless --threads)
-    if run is not None:
+    if run is not None:  # a PyTorch run (CTranslate2's threads are its own unless --threads)
         threads = threads if run.model.device.type == "cpu" else None
     else:
         threads = args.threads if args.device != "cuda" else None
@@ -197,13 +282,20 @@ def main() -> int:
 
 
 def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                overrides: list[str]) -> Engine:
-    """The PyTorch run, or an exported CTranslate2 model when --model_path is one."""
-    from utils.run.load import load_run
+                overrides: list[str], paths: list[str] | None = None) -> Engine:
+    """The PyTorch run (several ``paths``: an ensemble), or an exported CTranslate2 model when --model_path is one."""
+    from utils.run.ensemble import load_ensemble
     from utils.translation.engines import TorchEngine
     from utils.translation.export import is_export
 
-    if is_export(args.model_path):
+    paths = paths or [args.model_path]
+    if len(paths) > 1:
+        from utils.config import ConfigError
+
+        for path in paths:
+            if is_export(path):
+                raise ConfigError(f"--model_path {path} is a CTranslate2 export: an ensemble takes PyTorch runs")
+    elif is_export(args.model_path):
         if args.average or args.config:
             parser.error("--average and --config apply to runs, not to an exported CTranslate2 model")
         from utils.config import ConfigError, load_config
@@ -222,7 +314,7 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
         engine.cfg = load_config(RunDir(args.model_path).config, overrides)
         return engine
     average = apply_average_args(parser, args)
-    return TorchEngine(load_run(args.model_path, args.config, overrides, args.device, average=average))
+    return TorchEngine(load_ensemble(paths, args.config, overrides, args.device, average=average))
 
 
 def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:

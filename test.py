@@ -7,6 +7,12 @@ Without --split every split listed in data.test is scored; --split NAME (repeata
 corpus (e.g. validation, test.tatoeba, tst2010; "test" where the corpus has no split of that name means
 data.test). Beam 5 by default; --beam 1 is greedy; --beam 5 1 scores both with the model loaded once.
 --min_len_a A --min_len_b B: a length floor (EOS blocked until a hypothesis has A * source length + B tokens).
+--sample (with --temperature, --top_k, --top_p, --epsilon, --seed) scores sampled translations; --mbr N scores
+MBR decoding over N samples or the beam's N-best. Several --model_path values score their ensemble: the files go
+to the first run's eval folder, tagged ensemble<N>-<hash of the members>, and the score file lists the members.
+--prefix TEXT or --prefix_file FILE starts each translation with a target prefix; --constraints FILE makes each
+contain its line's phrases (a coverage line is printed). A file lines up with one split (--split NAME): one line
+per sentence of it (or of the first --max_sentences); the tag then names it (prefix-, prefixes-, constraints-HASH).
 Hypotheses and a JSON of the scores go to
 RUN_DIR/eval/<split>.<checkpoint>.beam<N>[.<tag>].{hyp,json}; without --tag, <tag> names the settings that
 differ from the run's own (e.g. model.rope.scaling-ntk, n100 for --max_sentences 100), so scores under
@@ -32,6 +38,8 @@ from utils.cli import (
     setup_logging,
     threads_note,
 )
+from utils.translation.flags import add_mode_args, check_mode_flags, mode_overrides, model_paths
+from utils.translation.guides import add_guide_args, check_guide_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_alias_args(parser, "max_sentences", type=int, help="score only the first N sentences of each split")
     parser.add_argument("--buckets", help="source-length bucket edges in tokens, e.g. 10,20,40 (eval.length_buckets)")
     parser.add_argument("--tag", help="added to the eval file names (e.g. yarn): keeps variants of a checkpoint apart")
+    add_mode_args(parser)
+    add_guide_args(parser)
     return parser
 
 
@@ -53,23 +63,36 @@ def main() -> int:
     args = parser.parse_args()
     setup_logging()
     threads = apply_threads(parser, args)
+    paths = model_paths(parser, args)
+    check_guide_args(parser, args)
 
-    from utils.run.load import load_run
+    from utils.run.ensemble import LoadedEnsemble, load_ensemble
+    from utils.translation.guides import check_guides, guide_tag, load_guides
 
     if args.max_sentences is not None and args.max_sentences < 1:
         parser.error(f"--max_sentences must be >= 1, got {args.max_sentences}")
     beams = list(dict.fromkeys(args.beam))
     if min(beams) < 1:
         parser.error(f"--beam must be >= 1, got {min(beams)}")
+    if args.sample and len(beams) > 1:
+        parser.error("--sample decodes once: give no --beam, or one")
     args.beam = None  # each beam is set below, on the loaded config
-    overrides = decode_overrides(args) + [f"decode.beam={beams[0]}", "decode.nbest=1"]
+    overrides = decode_overrides(args) + mode_overrides(args) + [f"decode.beam={beams[0]}", "decode.nbest=1"]
     if args.buckets:
         overrides.append(f"eval.length_buckets=[{args.buckets}]")
     average = apply_average_args(parser, args)
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.+-]+", args.tag):
         parser.error(f"--tag {args.tag!r}: use letters, digits and _ . + - only")
-    run = load_run(args.model_path, args.config, overrides, args.device, average=average)
+    guides = load_guides(args)  # bad files fail before the model loads
+    run = load_ensemble(paths, args.config, overrides, args.device, average=average)
     cfg = run.cfg
+    check_mode_flags(args, cfg.decode)
+    from utils.config import check_decode
+
+    for beam in beams[1:]:  # the first was checked with the config
+        check_decode(cfg.decode.model_copy(update={"beam": beam}))
+    for beam in beams:
+        check_guides(guides, cfg.decode.model_copy(update={"beam": beam}), run)
 
     from data.sources import DataError, load_corpus  # datasets and nltk: only once the run has loaded
     from utils.io import ensure_dir
@@ -79,6 +102,13 @@ def main() -> int:
     for name in names:  # every split asked for is scored, or none is
         if len(corpus[name]) == 0:
             raise DataError(f"split {name} has no sentence pairs: nothing to score")
+    if guides.lines is not None:  # files line up with the sentences of one split (or its first --max_sentences)
+        if len(names) > 1:
+            raise DataError(f"--prefix_file and --constraints line up with one split, not {len(names)}: name it "
+                            "with --split")
+        size = len(corpus[names[0]])
+        if guides.lines != min(size, args.max_sentences or size):
+            guides.check_count(size, f"split {names[0]}")
 
     from utils.config import load_config
     from utils.run.layout import RunDir
@@ -87,18 +117,27 @@ def main() -> int:
     out_dir = ensure_dir(rd.eval_dir, "the run's eval folder")
     tag = args.tag if args.tag is not None else settings_tag(load_config(rd.config).to_dict(),
                                                              cfg.to_dict(), args.max_sentences)
+    if isinstance(run, LoadedEnsemble) and args.tag is None:
+        members = hashlib.sha256(json.dumps(run.describe()).encode()).hexdigest()[:8]
+        tag = "+".join(t for t in (f"ensemble{len(run.members)}-{members}", tag) if t)
+    if args.tag is None:
+        tag = "+".join(t for t in (tag, *guide_tag(guides)) if t)
     args.threads = threads if run.model.device.type == "cpu" else None  # recorded with each score
     for beam in beams:
-        score_splits(run, corpus, names, cfg.decode.model_copy(update={"beam": beam}), tag, args)
+        score_splits(run, corpus, names, cfg.decode.model_copy(update={"beam": beam}), tag, args, guides)
     print(f"hypotheses and scores written to {out_dir}")
     return 0
 
 
-def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str, args: argparse.Namespace) -> None:
+def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str, args: argparse.Namespace,
+                 guides: Any = None) -> None:
     """Decode and score each split of ``names`` under ``decode``; write its hypotheses and scores (and, for
-    several splits, all of them in one file) to the run's eval folder; print a summary of each."""
+    several splits, all of them in one file) to the run's eval folder; print a summary of each. ``guides``: the
+    target prefixes and constraints of the command line (``utils.translation.guides.Guides``), if any."""
     from utils.io import atomic_write_text
     from utils.run.layout import RunDir
+    from utils.translation.flags import describe_decoding
+    from utils.translation.guides import guide_report
     from utils.translation.scoring import decode_and_score, scores_by_length
 
     cfg, rd = run.cfg, RunDir(run.run_dir)
@@ -108,7 +147,9 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
         split = corpus[name]
         n = min(len(split), args.max_sentences or len(split))
         sources, refs = list(split["src"][:n]), list(split["tgt"][:n])
-        scored = decode_and_score(run.model, run.tokenizer, sources, refs, decode, cfg.tokenizer.lowercase)
+        guided = guides is not None and guides.given
+        scored = decode_and_score(run.model, run.tokenizer, sources, refs, decode, cfg.tokenizer.lowercase,
+                                  guides=guides.take(n) if guided else None)
         hyps, scores, elapsed = scored.texts, scored.scores, scored.seconds
         by_length = scores_by_length(hyps, refs, scored.source_lengths, cfg.eval.length_buckets,
                                      cfg.tokenizer.lowercase)
@@ -120,9 +161,23 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
         }
         if decode.min_len_a or decode.min_len_b:  # a length floor (no keys without one: files as they were)
             entry |= {"min_len_a": decode.min_len_a, "min_len_b": decode.min_len_b}
+        if decode.sample:  # sampling and MBR settings, likewise only when used
+            entry |= {k: getattr(decode, k) for k in ("sample", "temperature", "top_k", "top_p", "epsilon",
+                                                      "num_samples", "seed")}
+        if decode.mbr:
+            entry |= {"mbr": decode.mbr, "mbr_utility": decode.mbr_utility}
+        if getattr(run, "members", None):  # an ensemble: its members
+            entry["ensemble"] = run.describe()
+        coverage = None
+        if guided:  # the prefixes and constraints, and how far the translations meet them
+            guide_entry, coverage = guide_report(guides, hyps, [h.constraints_met for h in scored.best],
+                                                 cfg.tokenizer.lowercase)
+            entry |= guide_entry
         entry = write_scores(rd.eval_file(name, ckpt, beam, tag), entry, hyps)
         report[name] = entry
-        decoder = "greedy" if beam == 1 else f"beam {beam}, lenpen {decode.lenpen}"
+        decoder = describe_decoding(decode)
+        if getattr(run, "members", None):
+            decoder = f"ensemble of {len(run.members)}, {decoder}"
         if decode.min_len_a or decode.min_len_b:
             decoder += f", length floor {decode.min_len_a:g} * source + {decode.min_len_b}"
         print(f"{name}: {n} sentences, {decoder}, {entry['sentences_per_s']:.1f} sentences/s"
@@ -134,6 +189,8 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
         print("  by source length (tokens):  " + "  ".join(
             f"{r['bucket']}: {r['bleu']:.1f} (n={r['n']})" if r["n"] else f"{r['bucket']}: - (n=0)" for r in by_length
         ))
+        if coverage:
+            print(coverage)
     if len(report) > 1:
         atomic_write_text(rd.eval_file("all", ckpt, beam, tag), json.dumps(report, indent=2, ensure_ascii=False) + "\n")
 

@@ -16,6 +16,10 @@ as they finish (their cache rows are dropped). Beam search (as in fairseq / Wu e
   with EOS);
 - a length floor ``min_len = a' * src_len + b'`` (fairseq's ``--min-len``, per sentence; at most the cap; off
   when both are 0) blocks EOS until a hypothesis has that many tokens, in greedy and beam search alike;
+- a target prefix (``forced``: token ids per sentence, each its own length) is forced at the first steps: a row
+  still in its prefix may take only the prefix's next token, at the model's log-probability for it, so the prefix
+  stays in the output and counts in its score as teacher forcing scores it; the search goes on after it (greedy
+  or beam, with the cache, alone or in ``decode_together``). The cap is at least the prefix's length;
 - finished hypotheses are ranked by ``logprob / lp`` with the GNMT length penalty
   ``lp = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, eq. 14), |Y| counting EOS;
 - cross-attention keys/values are computed once per sentence and shared by its beams (they attend as
@@ -25,8 +29,8 @@ as they finish (their cache rows are dropped). Beam search (as in fairseq / Wu e
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +43,14 @@ OnDone = Callable[[int, list["Hypothesis"]], None]  # (sentence index in src, it
 
 @dataclass
 class Hypothesis:
-    """One output: token ids (no bos/eos), summed log-probability, and length-penalised score."""
+    """One output: token ids (no bos/eos), summed log-probability, and length-penalised score; ``token_logprobs``: the
+    log-probability of each token, EOS last when it ended with one (their float32 running sum is ``logprob``)."""
 
     tokens: list[int]
     logprob: float
     score: float
+    token_logprobs: list[float] = field(default_factory=list)
+    constraints_met: bool = True  # False: it reached the cap without a phrase of its constraints (models.constrained)
 
 
 def length_penalty(length: torch.Tensor | int, alpha: float) -> torch.Tensor | float:
@@ -91,16 +98,19 @@ class Search:
     the model's input for the next step, ``advance(logits)`` takes that step's logits ``[N, V]``. ``run()`` decodes
     it alone; ``decode_together`` steps several at once (``Seq2SeqTransformer.decode_step``), so a batch can start
     while others are halfway (a server's iteration-level batching). Sentences leave the batch when they finish,
-    reported to ``on_done(i, nbest)`` at once. ``min_len_a``/``min_len_b``: the length floor (module docstring)."""
+    reported to ``on_done(i, nbest)`` at once. ``min_len_a``/``min_len_b``: the length floor; ``forced``: each
+    sentence's target prefix (module docstring)."""
 
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float,
                  max_len_b: int, use_cache: bool, on_done: OnDone | None, min_len_a: float = 0.0,
-                 min_len_b: int = 0) -> None:
+                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None) -> None:
         self.model, self.eos, self.on_done = model, eos, on_done
         self.memory, self.src_mask = model.encode(src)
         self.n = src.shape[0]
         self.cap = max_lengths(self.src_mask, max_len_a, max_len_b, model)
         self.floor = min_lengths(self.src_mask, min_len_a, min_len_b, self.cap)  # None: no floor
+        self.forced, self.n_forced = _forced_tokens(forced, self.n, model, src.device)  # [n, P] (-1: free), [n]
+        self.cap = torch.maximum(self.cap, self.n_forced)
         self.alive = torch.arange(self.n, device=src.device)  # original sentence index of each alive sentence
         self.prefix = torch.full((self.n, 1), bos, dtype=torch.long, device=src.device)
         self.cache = model.new_cache() if use_cache else None
@@ -127,6 +137,18 @@ class Search:
             return None
         return (self.floor[self.alive] > self.step).repeat_interleave(width)
 
+    def mask(self, logp: torch.Tensor, width: int = 1) -> torch.Tensor:
+        """``logp`` ``[N, V]`` of this step's rows (``width`` per alive sentence) with the target prefix forced: a
+        row still in its prefix keeps only the prefix's next token, at its own log-probability."""
+        if self.forced is None or self.step >= self.forced.shape[1]:
+            return logp
+        tok = self.forced[self.alive, self.step].repeat_interleave(width)
+        rows = tok >= 0
+        if not rows.any():
+            return logp
+        only = torch.full_like(logp, float("-inf")).scatter_(1, tok.clamp(min=0)[:, None], 0.0)
+        return torch.where(rows[:, None], logp + only, logp)
+
     def advance(self, logits: torch.Tensor) -> None:
         raise NotImplementedError
 
@@ -149,10 +171,11 @@ class GreedySearch(Search):
 
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float = 1.5,
                  max_len_b: int = 10, use_cache: bool = True, on_done: OnDone | None = None, min_len_a: float = 0.0,
-                 min_len_b: int = 0) -> None:
+                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None) -> None:
         super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b)
+                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced)
         self.logprob = torch.zeros(self.n, device=src.device)
+        self.token_logp = torch.zeros(self.n, 0, device=src.device)  # [n_alive, step] each token's log-probability
         self.done: list[Hypothesis | None] = [None] * self.n
 
     @property
@@ -162,23 +185,25 @@ class GreedySearch(Search):
     def advance(self, logits: torch.Tensor) -> None:
         eos = self.eos
         at_cap = self.cap[self.alive] <= self.step
-        logp = _logprobs(logits, eos, at_cap, self.blocked())
+        logp = self.mask(_logprobs(logits, eos, at_cap, self.blocked()))
         best, token = logp.max(dim=-1)
         # At its cap a sentence ends whatever the scores say (NaN scores never pick EOS by argmax).
         token = torch.where(at_cap, torch.full_like(token, eos), token)
         best = torch.where(at_cap, logp[:, eos], best)
         self.logprob = self.logprob + best
+        self.token_logp = torch.cat((self.token_logp, best[:, None]), dim=1)
         finished = token == eos
         self.prefix = torch.cat((self.prefix, token[:, None]), dim=1)
         if finished.any():  # only the rows that end now leave Python-side
             rows = finished.nonzero().squeeze(1)
-            for sent, toks, lp in zip(self.alive[rows].tolist(), self.prefix[rows, 1:-1].tolist(),
-                                      self.logprob[rows].tolist(), strict=True):
-                self.done[sent] = Hypothesis(toks, lp, lp)
+            for sent, toks, lp, tlp in zip(self.alive[rows].tolist(), self.prefix[rows, 1:-1].tolist(),
+                                           self.logprob[rows].tolist(), self.token_logp[rows].tolist(), strict=True):
+                self.done[sent] = Hypothesis(toks, lp, lp, tlp)
                 if self.on_done is not None:
                     self.on_done(sent, [self.done[sent]])
             keep = (~finished).nonzero().squeeze(1)
             self.alive, self.prefix, self.logprob = self.alive[keep], self.prefix[keep], self.logprob[keep]
+            self.token_logp = self.token_logp[keep]
             self.memory, self.src_mask = self.memory[keep], self.src_mask[keep]
             if self.cache is not None:
                 self.cache.reorder(keep)
@@ -198,18 +223,21 @@ def greedy_search(
     on_done: OnDone | None = None,
     min_len_a: float = 0.0,
     min_len_b: int = 0,
+    forced: Sequence[Sequence[int]] | None = None,
 ) -> list[Hypothesis]:
     """src ``[B, S]`` -> one hypothesis per sentence (argmax at each step). ``on_done(i, [hypothesis])`` is called
     for sentence ``i`` as soon as it finishes, before the rest of the batch (a server answers it then).
-    ``min_len_a``/``min_len_b``: EOS is blocked until a hypothesis has a * src_len + b tokens (at most the cap)."""
+    ``min_len_a``/``min_len_b``: EOS is blocked until a hypothesis has a * src_len + b tokens (at most the cap).
+    ``forced``: each sentence's target prefix, token ids (module docstring)."""
     search = GreedySearch(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                          on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b)
+                          on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced)
     search.run()
     return search.hypotheses
 
 
 def _keep_best_alive(finished: list[list[Hypothesis]], alive: torch.Tensor, done: torch.Tensor,
-                     prefix: torch.Tensor, scores: torch.Tensor, width: int, step: int, lenpen: float) -> None:
+                     prefix: torch.Tensor, scores: torch.Tensor, width: int, step: int, lenpen: float,
+                     token_logp: torch.Tensor) -> None:
     """A sentence that ends with no finished hypothesis (scores all NaN or -inf: a diverged model) keeps its
     first alive beam as its output, so every sentence gets at least one hypothesis. A sane model never
     gets here: at the cap every beam is offered EOS with a finite score."""
@@ -217,7 +245,8 @@ def _keep_best_alive(finished: list[list[Hypothesis]], alive: torch.Tensor, done
         sent = int(alive[r])
         if not finished[sent]:
             lp = float(scores[r, 0])
-            finished[sent].append(Hypothesis(prefix[r * width, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen)))
+            finished[sent].append(Hypothesis(prefix[r * width, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen),
+                                             token_logp[r * width].tolist()))
 
 
 class BeamSearch(Search):
@@ -226,13 +255,13 @@ class BeamSearch(Search):
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, beam: int = 5,
                  nbest: int = 1, lenpen: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
                  use_cache: bool = True, stop: str = "bound", on_done: OnDone | None = None, min_len_a: float = 0.0,
-                 min_len_b: int = 0) -> None:
+                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None) -> None:
         if stop not in STOP_RULES:
             raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, got {stop!r}")
         if not 1 <= nbest <= beam:
             raise ValueError(f"nbest must be in 1..beam ({beam}), got {nbest}")
         super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b)
+                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced)
         device = src.device
         self.beam, self.nbest, self.lenpen, self.stop = beam, nbest, lenpen, stop
         self.finished: list[list[Hypothesis]] = [[] for _ in range(self.n)]
@@ -243,42 +272,58 @@ class BeamSearch(Search):
         self.bound_lp = length_penalty(self.cap.float() + 1, lenpen)
         self.width = 1  # beams per alive sentence: 1 at the first step (all beams would be identical)
         self.scores = torch.zeros(self.n, 1, device=device)  # [n_alive, width] summed log-probs
+        self.token_logp = torch.zeros(self.n, 0, device=device)  # [n_alive * width, step] each token's log-prob
 
     @property
     def nbest_lists(self) -> list[list[Hypothesis]]:
         return [_best(hyps, self.nbest) for hyps in self.finished]  # never empty (see _keep_best_alive)
+
+    def choose(self, logp: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                                                  tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """This step's choice from the rows' log-probabilities ``logp`` ``[n_alive * width, V]``: the candidates
+        that finish (alive sentence, beam, summed log-prob: the EOS candidates ranked among the top K of the top 2K)
+        and those that continue (score, beam, token ``[n_alive, K]``: the best K others, best first)."""
+        beam, width, n_alive, vocab = self.beam, self.width, self.alive.numel(), logp.shape[-1]
+        cand = (self.scores[:, :, None] + logp.view(n_alive, width, vocab)).view(n_alive, width * vocab)
+        top_score, top_idx = cand.topk(min(2 * beam, width * vocab), dim=-1)  # [n_alive, 2K]
+        top_beam, top_tok = top_idx // vocab, top_idx % vocab
+        is_eos = top_tok == self.eos
+        eos_rows, eos_cols = (is_eos[:, :beam] & torch.isfinite(top_score[:, :beam])).nonzero(as_tuple=True)
+        cont_score, cont_rank = top_score.masked_fill(is_eos, float("-inf")).topk(min(beam, top_score.shape[1]), dim=-1)
+        return ((eos_rows, top_beam[eos_rows, eos_cols], top_score[eos_rows, eos_cols]),
+                (cont_score, top_beam.gather(1, cont_rank), top_tok.gather(1, cont_rank)))
+
+    def ended(self, row: int, hyp: Hypothesis) -> Hypothesis:
+        """A hypothesis that finishes from row ``row`` of this step (a subclass may mark it)."""
+        return hyp
+
+    def carry(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The next step's rows are rows ``rows`` of this one extended with ``tokens`` (a subclass's state follows)."""
 
     def advance(self, logits: torch.Tensor) -> None:
         beam, nbest, lenpen, stop, step, width = self.beam, self.nbest, self.lenpen, self.stop, self.step, self.width
         alive, finished, prefix = self.alive, self.finished, self.prefix
         n_alive = alive.numel()
         force = (self.cap[alive] <= step).repeat_interleave(width)
-        logp = _logprobs(logits, self.eos, force, self.blocked(width))
-        vocab = logp.shape[-1]
-        cand = (self.scores[:, :, None] + logp.view(n_alive, width, vocab)).view(n_alive, width * vocab)
-        top_score, top_idx = cand.topk(min(2 * beam, width * vocab), dim=-1)  # [n_alive, 2K]
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab
-        is_eos = top_tok == self.eos
+        logp = self.mask(_logprobs(logits, self.eos, force, self.blocked(width)), width)
+        (eos_rows, eos_beam, eos_score), (cont_score, cont_beam, cont_tok) = self.choose(logp)
 
-        # Set aside EOS candidates ranked among the top K.
-        eos_rows, eos_cols = (is_eos[:, :beam] & torch.isfinite(top_score[:, :beam])).nonzero(as_tuple=True)
+        # Set aside the finished candidates (EOS), then carry on with the others.
         if eos_rows.numel():
-            rows = (eos_rows * width + top_beam[eos_rows, eos_cols]).tolist()
-            lps = top_score[eos_rows, eos_cols].tolist()
-            for r, row, lp in zip(eos_rows.tolist(), rows, lps, strict=True):
+            rows = (eos_rows * width + eos_beam).tolist()
+            lps = eos_score.tolist()
+            eos_lps = logp[rows, self.eos].tolist()
+            for r, row, lp, eos_lp in zip(eos_rows.tolist(), rows, lps, eos_lps, strict=True):
                 sent = int(alive[r])
                 if stop == "k_finished" and len(finished[sent]) >= beam:
                     continue
                 hyps = finished[sent]
-                hyps.append(Hypothesis(prefix[row, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen)))
+                hyp = Hypothesis(prefix[row, 1:].tolist(), lp, lp / length_penalty(step + 1, lenpen),
+                                 self.token_logp[row].tolist() + [eos_lp])
+                hyps.append(self.ended(row, hyp))
                 self.n_finished[sent] += 1
                 if len(hyps) >= nbest:
                     self.kth_best[sent] = sorted((h.score for h in hyps), reverse=True)[nbest - 1]
-
-        # The best K non-EOS candidates continue.
-        cont_score, cont_rank = top_score.masked_fill(is_eos, float("-inf")).topk(min(beam, top_score.shape[1]), dim=-1)
-        cont_beam = top_beam.gather(1, cont_rank)
-        cont_tok = top_tok.gather(1, cont_rank)
 
         if stop == "k_finished":
             done = self.n_finished[alive] >= beam
@@ -290,7 +335,7 @@ class BeamSearch(Search):
             done = best_possible <= self.kth_best[alive]
         done |= self.cap[alive] <= step
         done |= ~torch.isfinite(cont_score[:, 0])
-        _keep_best_alive(finished, alive, done, prefix, self.scores, width, step, lenpen)
+        _keep_best_alive(finished, alive, done, prefix, self.scores, width, step, lenpen, self.token_logp)
         if self.on_done is not None:
             for r in done.nonzero().squeeze(1).tolist():
                 sent = int(alive[r])
@@ -301,7 +346,9 @@ class BeamSearch(Search):
             self.alive = alive[keep]
             return
         rows = (keep[:, None] * width + cont_beam[keep]).view(-1)  # rows of the current batch to carry on
+        self.carry(rows, cont_tok[keep].view(-1))
         self.prefix = torch.cat((prefix[rows], cont_tok[keep].view(-1, 1)), dim=1)
+        self.token_logp = torch.cat((self.token_logp[rows], logp[rows, cont_tok[keep].view(-1)][:, None]), dim=1)
         self.scores = cont_score[keep]
         # Source state stays one row per sentence (its beams share it): it changes only when sentences leave.
         leaving = keep.numel() < n_alive
@@ -332,21 +379,47 @@ def beam_search(
     on_done: OnDone | None = None,
     min_len_a: float = 0.0,
     min_len_b: int = 0,
+    forced: Sequence[Sequence[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """src ``[B, S]`` -> for each sentence its ``nbest`` best hypotheses, best first.
 
     ``stop``: ``"bound"`` (stop when no alive beam can beat the finished n-best) or ``"k_finished"``
     (fairseq: stop after K finished hypotheses). ``on_done(i, nbest)`` is called for sentence ``i`` with its final
     list as soon as it leaves the batch, before the others finish. ``min_len_a``/``min_len_b``: EOS is blocked
-    until a hypothesis has a * src_len + b tokens (at most the cap).
+    until a hypothesis has a * src_len + b tokens (at most the cap). ``forced``: each sentence's target prefix, token
+    ids (module docstring).
     """
     search = BeamSearch(model, src, bos=bos, eos=eos, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a,
                         max_len_b=max_len_b, use_cache=use_cache, stop=stop, on_done=on_done, min_len_a=min_len_a,
-                        min_len_b=min_len_b)
+                        min_len_b=min_len_b, forced=forced)
     search.run()
     return search.nbest_lists
 
 
 def _best(hyps: list[Hypothesis], nbest: int) -> list[Hypothesis]:
-    """The ``nbest`` highest-scoring hypotheses, best first (a stable sort: ties keep the order they finished in)."""
-    return sorted(hyps, key=lambda h: h.score, reverse=True)[:nbest]
+    """The ``nbest`` highest-scoring hypotheses, best first, those meeting their constraints before those failing
+    them (a stable sort: ties keep the order they finished in)."""
+    return sorted(hyps, key=lambda h: (h.constraints_met, h.score), reverse=True)[:nbest]
+
+
+def _forced_tokens(forced: Sequence[Sequence[int]] | None, n: int, model: Seq2SeqTransformer,
+                   device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Target prefixes as ``[n, P]`` token ids (-1 past each one's end; None when none has any) and their lengths
+    ``[n]``; ValueError, one line, for a count other than ``n``, a negative id, or a prefix over the position limit."""
+    lengths = torch.zeros(n, dtype=torch.long, device=device)
+    if forced is not None and len(forced) != n:
+        raise ValueError(f"{len(forced)} target prefixes for {n} sentences")
+    if not forced or not any(len(p) for p in forced):
+        return None, lengths
+    limit = model.max_length - 1 if model.max_length is not None else None
+    table = torch.full((n, max(len(p) for p in forced)), -1, dtype=torch.long)
+    for s, prefix in enumerate(forced):
+        ids = [int(t) for t in prefix]
+        if ids and min(ids) < 0:
+            raise ValueError(f"sentence {s}: target prefix token ids must be >= 0, got {ids}")
+        if limit is not None and len(ids) > limit:
+            raise ValueError(f"sentence {s}: its target prefix has {len(ids)} tokens, over the model's limit of "
+                             f"{limit}")
+        table[s, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        lengths[s] = len(ids)
+    return table.to(device), lengths

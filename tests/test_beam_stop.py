@@ -76,3 +76,110 @@ def test_unknown_stop_rule_is_refused() -> None:
     model = trained_copy_model()
     with pytest.raises(ValueError, match="stop must be one of bound, k_finished"):
         beam_search(model, sources(2), bos=BOS, eos=EOS, stop="early")
+
+
+# ---- Target prefixes and terminology constraints on the trained demo model (models/constrained.py) ----------------
+
+def teacher_forced(run, text: str, tokens: list[int]) -> float:
+    """The summed log-probability of ``tokens`` and EOS after ``text``, the whole output fed to the model at once."""
+    from utils.translation.translate import encode_sources
+
+    tok = run.tokenizer
+    src = torch.tensor([encode_sources(tok, [text], run.model.max_length)[0]])
+    tgt = torch.tensor([[tok.bos_id, *tokens, tok.eos_id]])
+    with torch.no_grad():
+        logp = run.model(src, tgt[:, :-1]).float().log_softmax(-1)[0]
+    return float(logp.gather(1, tgt[0, 1:, None]).sum())
+
+
+def demo_pairs(n: int) -> list[tuple[str, str]]:
+    demo = ROOT / "data" / "demo"
+    fr = (demo / "test.fr").read_text(encoding="utf-8").splitlines()
+    en = (demo / "test.en").read_text(encoding="utf-8").splitlines()
+    return list(zip(fr, en, strict=True))[:n]
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_a_target_prefix_is_kept_and_scored_as_teacher_forcing_on_the_demo_model(demo_run, beam: int) -> None:
+    from utils.translation.translate import Guide
+
+    pairs = demo_pairs(10)
+    texts = [fr for fr, _ in pairs]
+    # The reference's first two words, or a start the model would not choose.
+    starts = [" ".join(en.split()[:2]) if i % 2 else "In fact," for i, (_, en) in enumerate(pairs)]
+    decode = DecodeConfig(beam=beam, nbest=min(beam, 3))
+    free = translate(demo_run.model, demo_run.tokenizer, texts, decode)
+    out = translate(demo_run.model, demo_run.tokenizer, texts, decode, guides=[Guide(prefix=s) for s in starts])
+    for text, start, nbest in zip(texts, starts, out, strict=True):
+        ids = demo_run.tokenizer.encode_tgt([start])[0]
+        for h in nbest:
+            assert h.tokens[: len(ids)] == ids and h.text.startswith(start)
+            assert len(h.tokens) > len(ids)  # the search went on after the prefix
+            assert h.logprob == pytest.approx(teacher_forced(demo_run, text, h.tokens), abs=2e-3)
+    assert sum(o[0].text != f[0].text for o, f in zip(out, free, strict=True)) >= 5
+
+
+def test_every_constraint_appears_in_the_demo_model_outputs(demo_run) -> None:
+    """Several sentences, one or two phrases each: words of the reference, lacking in the unconstrained output
+    where the reference has one, a phrase from its end, or a word no reference asks for; every phrase appears, as
+    whole words, in every n-best translation, which meets its constraints and scores as teacher forcing; the
+    sentences without constraints decode as plain beam search."""
+    import re
+
+    from utils.translation.translate import Guide
+
+    pairs = demo_pairs(12)
+    texts = [fr for fr, _ in pairs]
+    decode = DecodeConfig(beam=5, nbest=2)
+    free = translate(demo_run.model, demo_run.tokenizer, texts, decode)
+    terms: list[tuple[str, ...]] = []
+    for i, ((_, en), nbest) in enumerate(zip(pairs, free, strict=True)):
+        words = sorted((w for w in re.findall(r"[A-Za-z]+", en) if len(w) > 3), key=lambda w: w in nbest[0].text)
+        word, bigram = words[0], " ".join(en.rstrip(".?!").split()[-2:])  # a word the output lacks, if any
+        terms.append([(word,), (word, bigram) if word not in bigram else (word,), ("today",), ()][i % 4])
+    lacking = [t for i, phrases in enumerate(terms) for t in phrases if t not in free[i][0].text]
+    assert len(lacking) >= 4  # the constraints ask for what the model would not write
+    out = translate(demo_run.model, demo_run.tokenizer, texts, decode, guides=[Guide(constraints=t) for t in terms])
+    for text, phrases, nbest, plain in zip(texts, terms, out, free, strict=True):
+        if not phrases:
+            assert [h.tokens for h in nbest] == [h.tokens for h in plain]
+            assert [h.score for h in nbest] == pytest.approx([h.score for h in plain], abs=1e-5)
+            continue
+        for h in nbest:
+            assert h.constraints_met, (h.text, phrases)
+            # Each phrase whole (a subword path written before punctuation counts: "water." is not "water" + "."):
+            assert all(re.search(rf"(?<!\w){re.escape(p)}(?!\w)", h.text) for p in phrases), (h.text, phrases)
+            assert h.logprob == pytest.approx(teacher_forced(demo_run, text, h.tokens), abs=2e-3)
+
+
+def test_a_phrase_written_before_punctuation_counts_as_the_tokenizer_writes_it(demo_run) -> None:
+    """The demo tokenizer writes "bed" as two tokens but "bed." as one: a phrase counts written either way. With
+    each unconstrained translation as the prefix and its last two words as the phrase, the phrase is met inside the
+    prefix and the translation is the prefix (it was read as unmet, and repeated, before)."""
+    from utils.translation.translate import Guide
+
+    texts = [fr for fr, _ in demo_pairs(12)]
+    free = [n[0].text for n in translate(demo_run.model, demo_run.tokenizer, texts, DecodeConfig(beam=5))]
+    guides = [Guide(prefix=t, constraints=(" ".join(t.rstrip(".?!").split()[-2:]),)) for t in free]
+    out = translate(demo_run.model, demo_run.tokenizer, texts, DecodeConfig(beam=5), guides=guides)
+    assert [n[0].text for n in out] == free and all(n[0].constraints_met for n in out)
+
+
+def test_with_no_constraints_the_demo_model_decodes_as_plain_beam_search_byte_for_byte(demo_run) -> None:
+    import re
+
+    from models.constrained import constrained_beam_search
+    from utils.translation.translate import GREEDY_CONSTRAINTS, Guide, encode_sources
+
+    tok, model = demo_run.tokenizer, demo_run.model
+    ids = encode_sources(tok, [fr for fr, _ in demo_pairs(16)], model.max_length)
+    src = torch.full((len(ids), max(map(len, ids))), tok.pad_id, dtype=torch.long)
+    for r, seq in enumerate(ids):
+        src[r, : len(seq)] = torch.tensor(seq)
+    kw = dict(bos=tok.bos_id, eos=tok.eos_id, beam=5, nbest=3, lenpen=0.6)
+    plain = beam_search(model, src, **kw)
+    none = constrained_beam_search(model, src, constraints=[[] for _ in ids], **kw)
+    assert [[(h.tokens, h.logprob, h.score) for h in nb] for nb in none] == \
+        [[(h.tokens, h.logprob, h.score) for h in nb] for nb in plain]
+    with pytest.raises(ValueError, match=f"^{re.escape(GREEDY_CONSTRAINTS)}$"):
+        translate(model, tok, ["Le chien dort."], DecodeConfig(beam=1), guides=[Guide(constraints=("dog",))])

@@ -454,3 +454,18 @@ def test_the_length_floor_flags_of_test_py_and_inference_py(capsys: pytest.Captu
     floored = json.loads(json.dumps(cfg))
     floored["decode"]["min_len_a"] = 1.0
     assert scripts["test"].settings_tag(cfg, floored, None) == "decode.min_len_a-1.0"
+
+
+def test_inference_starts_each_line_with_the_prefix_and_writes_each_lines_constraints(run_dir: Path,
+                                                                                       tmp_path: Path) -> None:
+    """--prefix for every line and --constraints per line (tab-separated, an empty line for none), standard input
+    counted against the file before anything is translated."""
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("sofa\n\nred cat\tbed\n", encoding="utf-8")
+    res = cli("inference.py", "--model_path", str(run_dir), "--input", "-", "--threads", "1", "--beam", "3",
+              "--prefix", "The  dog", "--constraints", str(terms), stdin="Le chat dort.\nBonjour.\nLe chien mange.\n")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 3 and all(line.startswith("The dog") for line in lines), lines
+    assert "sofa" in lines[0] and "red cat" in lines[2] and "bed" in lines[2]
+    assert "constraints" not in res.stderr  # every line met its phrases: no warning

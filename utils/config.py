@@ -179,6 +179,28 @@ class DecodeConfig(Section):
         "bound", description="When a sentence's beam search ends: `bound` once no live hypothesis can beat its "
         "finished n-best (finds the output the model prefers); `k_finished` once `decode.beam` hypotheses have "
         "finished (fairseq's and CTranslate2's rule).")
+    sample: bool = Field(False, description="Draw outputs at random from the model's next-token distribution "
+                         "instead of searching (`--sample`); shaped by `decode.temperature`, `decode.top_k`, "
+                         "`decode.top_p` and `decode.epsilon`; `decode.num_samples` per sentence. `decode.beam` is "
+                         "then unused. Validation during training never samples.")
+    temperature: float = Field(1.0, gt=0, lt=100, description="Sampling: the log-probabilities are divided by it "
+                               "before renormalising; below 1 sharper (towards greedy), above 1 flatter.")
+    top_k: int = Field(0, ge=0, le=10**6, description="Sampling: draw only among the K most probable tokens; 0: off.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Sampling (nucleus, Holtzman et al. 2020): draw only among the "
+                         "fewest most probable tokens whose probabilities sum to at least P; 1: off.")
+    epsilon: float = Field(0.0, ge=0, lt=1, description="Sampling (epsilon sampling, Hewitt et al. 2022): draw only "
+                           "among tokens of probability at least E (the most probable token always stays); 0: off.")
+    num_samples: int = Field(1, ge=1, le=1024, description="Sampling: outputs drawn per sentence, each written as "
+                             "`decode.nbest` hypotheses are, best first by score.")
+    seed: int | None = Field(None, ge=0, lt=2**63, description="Sampling: a sentence's draws come from this seed and "
+                             "its source tokens alone, so the same seed repeats the samples exactly (on CPU); null: "
+                             "a fresh seed each time.")
+    mbr: int = Field(0, ge=0, le=1024, description="Minimum Bayes risk decoding (Eikema & Aziz 2020) over this many "
+                     "candidates: `decode.mbr` samples with `decode.sample`, else the beam's `decode.mbr`-best (at "
+                     "most `decode.beam`); the output is the candidate of highest mean `decode.mbr_utility` against "
+                     "every candidate (itself included) as a pseudo-reference. 0: off; else at least 2.")
+    mbr_utility: Literal["chrf", "bleu"] = Field("chrf", description="The utility of MBR decoding: sentence-level "
+                                                 "chrF or BLEU (sacreBLEU's, BLEU with effective order).")
 
 
 class EvalConfig(Section):
@@ -270,6 +292,27 @@ def registry_choices() -> dict[str, list[str]]:
     }
 
 
+def check_decode(d: DecodeConfig) -> None:
+    """ConfigError, one line, for decoding settings that do not go together (nbest, sampling, MBR)."""
+    if d.mbr == 1:
+        raise ConfigError("decode.mbr: MBR needs at least 2 candidates (0: off)")
+    if d.mbr:
+        if not d.sample and d.mbr > d.beam:
+            raise ConfigError(f"decode.mbr: {d.mbr} candidates from beam search need decode.beam >= {d.mbr} "
+                              f"(it is {d.beam}): raise the beam, or sample them (--sample)")
+        if d.sample and d.num_samples not in (1, d.mbr):
+            raise ConfigError(f"decode.num_samples: with decode.mbr the candidates are decode.mbr={d.mbr} samples; "
+                              f"leave num_samples at 1 (it is {d.num_samples})")
+        if d.nbest > d.mbr:
+            raise ConfigError(f"decode.nbest: {d.nbest} exceeds the decode.mbr={d.mbr} candidates")
+    elif d.sample:
+        if d.nbest > 1:
+            raise ConfigError(f"decode.nbest: with decode.sample the outputs per sentence are decode.num_samples; "
+                              f"leave nbest at 1 (it is {d.nbest})")
+    elif d.nbest > d.beam:
+        raise ConfigError(f"decode.nbest: {d.nbest} exceeds decode.beam={d.beam}")
+
+
 def validate(cfg: Config) -> Config:
     """Cross-field checks that types alone cannot express."""
     for key, allowed in registry_choices().items():
@@ -292,8 +335,7 @@ def validate(cfg: Config) -> Config:
                           "recorded per batch shape")
     if not all(0.0 <= b < 1.0 for b in cfg.train.betas):
         raise ConfigError(f"train.betas: each must be in [0, 1), got {cfg.train.betas}")
-    if cfg.decode.nbest > cfg.decode.beam:
-        raise ConfigError(f"decode.nbest: {cfg.decode.nbest} exceeds decode.beam={cfg.decode.beam}")
+    check_decode(cfg.decode)
     for key, tokens in (("max_tokens", d.max_tokens), ("valid_max_tokens", d.valid_max_tokens)):
         if tokens is not None and tokens < d.max_len + 2:
             raise ConfigError(f"data.{key}: {tokens} cannot hold one sentence of data.max_len={d.max_len}")

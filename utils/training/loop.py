@@ -114,7 +114,7 @@ class Recipe:
         self.unreduced_tokens = 0  # world > 1 without a token budget: this rank's tokens since the last read
         self.trainer = Engine(self.train_step)
         self.evaluator = create_evaluator(self.s.decoded, self.s.tokenizer.pad_id, self.s.device, self.s.autocast)
-        self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1))
+        self.valid_decode = cfg.decode.model_copy(update=dict(beam=self.t.valid_beam, nbest=1, sample=False, mbr=0))
         self.totals = Totals(window_since=time.perf_counter())
         self.seen = TokenCount(self.world)
         self.padding = PaddingCount()  # padding among the positions trained on (train.static_shapes adds some)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,7 +16,7 @@ from utils.config import Config, DecodeConfig, load_config
 from utils.run.layout import RunDir
 from utils.run.load import LoadedRun
 from utils.translation.export import MARKER, TABLE_LENGTH
-from utils.translation.translate import OnDone, Translation, encode_sources, encode_target, translate
+from utils.translation.translate import Guide, OnDone, Translation, encode_sources, encode_target, translate
 
 
 class Engine(Protocol):
@@ -39,11 +39,15 @@ class TorchEngine:
         #: Whether requests go to ``submit`` (iteration-level batching in the decoder) rather than ``translate``.
         self.continuous = False
 
-    def translate(self, texts: list[str], decode: DecodeConfig,
-                  on_done: OnDone | None = None) -> list[list[Translation]]:
+    def translate(self, texts: list[str], decode: DecodeConfig, on_done: OnDone | None = None,
+                  guides: Sequence[Guide | None] | None = None) -> list[list[Translation]]:
+        """``guides``: per text, its target prefix and constraints (``Guide``) or None."""
         if self.decoder is not None:
+            if guides is not None:
+                raise ValueError("the server's decoding process takes no target prefix or constraints")
             return self.decoder.translate(texts, decode, on_done)
-        return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False, on_done=on_done)
+        return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False, on_done=on_done,
+                         guides=guides)
 
     def submit(self, texts: list[str], decode: DecodeConfig, on_done: OnDone,
                on_error: Callable[[BaseException], None]) -> None:

@@ -109,11 +109,17 @@ class Scored:
 
 
 def decode_and_score(model: Any, tokenizer: Any, sources: list[str], refs: list[str], decode: DecodeConfig,
-                     lowercase: bool = False, shard: bool = False) -> Scored:
+                     lowercase: bool = False, shard: bool = False, guides: list[Any] | None = None) -> Scored:
     """Translate ``sources`` (each one's best under ``decode``; over-long ones truncated, empty ones empty) and
     score them against ``refs``. ``shard``: under data-parallel training (``ignite.distributed``) every rank
-    decodes every world-th sentence and the hypotheses are gathered, so every rank gets the same scores."""
-    from utils.translation.translate import Translation, encode_sources, translate_ids  # torch: only when decoding
+    decodes every world-th sentence and the hypotheses are gathered, so every rank gets the same scores.
+    ``guides``: each source's target prefix and constraints (``translate.Guide``), aligned with ``sources``."""
+    from utils.translation.translate import (  # torch: only when decoding
+        Translation,
+        encode_guides,
+        encode_sources,
+        translate_ids,
+    )
 
     rank, world = 0, 1
     if shard:  # ignite.distributed costs most of a second to import: only training's validation pays it
@@ -122,7 +128,8 @@ def decode_and_score(model: Any, tokenizer: Any, sources: list[str], refs: list[
         rank, world = idist.get_rank(), idist.get_world_size()
     start = time.perf_counter()
     ids = encode_sources(tokenizer, sources, model.max_length, strict=False)
-    best = [nbest[0] for nbest in translate_ids(model, tokenizer, ids[rank::world], decode)]
+    guide_ids = None if guides is None else encode_guides(tokenizer, guides, model.max_length)[rank::world]
+    best = [nbest[0] for nbest in translate_ids(model, tokenizer, ids[rank::world], decode, guides=guide_ids)]
     if world > 1:
         shards = [[Translation(**h) for h in json.loads(x)]
                   for x in idist.all_gather(json.dumps([asdict(h) for h in best]))]
