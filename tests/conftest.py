@@ -102,20 +102,87 @@ TINY_CLI = ["model.d_model=32", "model.n_heads=2", "model.encoder_layers=1", "mo
 
 
 def train_cli(tmp: Path, *sets: str) -> subprocess.CompletedProcess[str]:
-    """``train.py --config configs/demo.yaml`` with ``TINY_CLI`` then ``sets`` (``--set`` each), cache under
+    """``train.py --config configs/demo.yaml`` (in this process, ``run_script``) with ``TINY_CLI`` then ``sets``
+    (``--set`` each), cache under
     ``tmp/cache``, runs under ``tmp/runs`` (the run: ``tmp/runs/demo_latest``)."""
     args = [a for s in [*TINY_CLI, f"data.cache_dir={tmp / 'cache'}", *sets] for a in ("--set", s)]
-    return subprocess.run([sys.executable, "train.py", "--config", str(ROOT / "configs" / "demo.yaml"), "--runs",
-                           str(tmp / "runs"), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return run_script("train.py", "--config", str(ROOT / "configs" / "demo.yaml"), "--runs", str(tmp / "runs"), *args)
 
 
 def translate_cli(run: Path, sources: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``inference.py --model_path run --input - --threads 1`` on ``sources``, one per line, with ``args`` (one
+    """``inference.py --model_path run --input - --threads 1`` (in this process) on ``sources``, one per line, with
+    ``args`` (one
     thread: decoding beside other work is many times slower with two, README "Threads")."""
-    return subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--input", "-", "--threads", "1",
-                           *args],
-                          cwd=ROOT, input="".join(f"{s}\n" for s in sources), capture_output=True, text=True,
-                          timeout=300)
+    return run_script("inference.py", "--model_path", str(run), "--input", "-", "--threads", "1", *args,
+                      stdin="".join(f"{s}\n" for s in sources))
+
+
+def run_script(script: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` (from the project root) run in this process, as its ``__main__``: its exit status,
+    standard output and standard error, as ``subprocess.run(..., capture_output=True, text=True)`` gives them,
+    without starting an interpreter and importing torch again (about 2 s a call). What a script changes in the
+    process is put back: argv, standard streams, working directory, environment, torch's thread count, signal
+    handlers, logging handlers and levels, warning filters. Behaviour of the process itself (closed streams,
+    signals, exit at interpreter shutdown, child processes' environment) is tested with a real subprocess."""
+    import io
+    import logging
+    import runpy
+    import signal
+    import traceback
+    import warnings
+
+    import torch
+
+    saved_streams, saved_argv, saved_cwd = (sys.stdin, sys.stdout, sys.stderr), sys.argv, os.getcwd()
+    saved_path = list(sys.path)
+    saved_env, saved_threads = dict(os.environ), torch.get_num_threads()
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
+                                                      signal.SIGUSR2)}
+    loggers = [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(x, logging.Logger))]
+    saved_logs = {id(x): (x, list(x.handlers), x.level) for x in loggers}
+    out, err = io.BytesIO(), io.BytesIO()
+    stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
+    stderr = io.TextIOWrapper(err, encoding="utf-8", write_through=True)
+    code = 0
+    try:
+        with warnings.catch_warnings():
+            sys.argv = [script, *args]
+            sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode("utf-8")), encoding="utf-8")
+            sys.stdout, sys.stderr = stdout, stderr
+            os.chdir(ROOT)
+            sys.path.insert(0, str((ROOT / script).parent))  # as ``python SCRIPT`` has it
+            try:
+                runpy.run_path(str(ROOT / script), run_name="__main__")
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if e.code is not None and not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)
+            except BaseException:  # what the interpreter does with an uncaught exception
+                traceback.print_exc(file=stderr)
+                code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None and not stream.closed:
+                stream.flush()
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(saved_threads)
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)
+        for x in [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values()
+                                         if isinstance(x, logging.Logger))]:
+            own, handlers, level = saved_logs.get(id(x), (x, [], logging.NOTSET))
+            for h in x.handlers:
+                if h not in handlers:
+                    h.close()
+            x.handlers[:] = handlers
+            x.setLevel(level)
+    return subprocess.CompletedProcess([sys.executable, script, *args], code, out.getvalue().decode("utf-8"),
+                                       err.getvalue().decode("utf-8"))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT, make_tiny_config
+from conftest import ROOT, make_tiny_config, run_script
 
 from utils.run.checkpoint import load_checkpoint, save_checkpoint
 from utils.run.store import create_run_dir
@@ -29,8 +29,10 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=300)
+def cli(script: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python script args`` in this process (``conftest.run_script``): the process-level behaviours (closed
+    streams, pipes, signals, full disks) are tested below with real subprocesses."""
+    return run_script(script, *args, stdin=stdin)
 
 
 def error_line(res: subprocess.CompletedProcess[str]) -> str:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import io
 import subprocess
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_script
 
 from models.constrained import ConstrainedBeamSearch, constrained_beam_search
 from models.decoding import BeamSearch, GreedySearch, Hypothesis, beam_search, decode_together, greedy_search
@@ -243,7 +243,7 @@ def test_what_test_py_records_of_the_constraints_met() -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return run_script(*args)
 
 
 def test_bad_guide_files_stop_the_command_line_in_one_line_before_the_model_loads(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY = ROOT / "tests" / "data" / "legacy_run"
@@ -31,8 +32,7 @@ def run(tmp_path: Path) -> Path:
 
 
 def cli(script: str, *args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, script, *args, "--set", f"data.cache_dir={cache}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = run_script(script, *args, "--set", f"data.cache_dir={cache}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
 

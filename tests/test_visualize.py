@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, make_tiny_config
+from conftest import make_tiny_config, run_script
 from matplotlib.image import imread
 
 from models.config import StackPE
@@ -62,8 +62,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "visualize.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return run_script("visualize.py", *args)
 
 
 def image_tags(tb_dir: Path) -> dict[str, list[int]]:
