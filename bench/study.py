@@ -730,6 +730,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
+    """bench/study.py's command line (``command``); the study folder's lock is released when it returns, as at process
+    exit, so one Python process can run a study again."""
+    from bench.study_lock import unlock_all
+
+    try:
+        return command()
+    finally:
+        unlock_all()
+
+
+def command() -> int:
+    """Plan, train, score and report the study the command line describes."""
     parser = build_parser()
     args = parser.parse_args()
     gpu_sets: list[str] = []  # no --jobs with a CUDA GPU here: its preset (bench/gpu_presets.py)

@@ -92,3 +92,9 @@ def unlock_study(study: Path) -> None:
     fd = _held.pop(Path(study).resolve(), None)
     if fd is not None:
         os.close(fd)
+
+
+def unlock_all() -> None:
+    """Release every lock this process took with ``lock_study``."""
+    for study in list(_held):
+        unlock_study(study)

@@ -123,7 +123,12 @@ def run_script(script: str, *args: str, stdin: str | None = None) -> subprocess.
     without starting an interpreter and importing torch again (about 2 s a call). What a script changes in the
     process is put back: argv, standard streams, working directory, environment, torch's thread count, signal
     handlers, logging handlers and levels, warning filters. Behaviour of the process itself (closed streams,
-    signals, exit at interpreter shutdown, child processes' environment) is tested with a real subprocess."""
+    signals, exit at interpreter shutdown, child processes' environment) is tested with a real subprocess, and so is
+    a command given a CTranslate2 export (its thread pool and PyTorch's fight in one process)."""
+    if any(Path(a, "fr2en_ctranslate2.json").is_file() for a in args if "\n" not in a and len(a) < 4096):
+        # CTranslate2 decoding beside PyTorch in one process: their thread pools fight (a real process instead)
+        return subprocess.run([sys.executable, script, *args], cwd=ROOT, input=stdin, capture_output=True, text=True,
+                              timeout=600)
     import io
     import logging
     import runpy
@@ -239,12 +244,14 @@ def assert_same_weights(a: dict, b: dict, rtol: float = 1e-4, atol: float = 1e-5
 
 
 def run_study(tmp: Path, *extra: str, grid: str = "model.attention_pe=none,rope",
-              name: str = "t", cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+              name: str = "t", cache: Path | None = None, process: bool = False) -> subprocess.CompletedProcess[str]:
     """``bench/study.py`` on a tiny grid of the demo config (2 seeds of 8 steps, 12 sentences scored) under
-    ``tmp`` (the study: ``tmp/study_<name>``)."""
-    cmd = [sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid",
+    ``tmp`` (the study: ``tmp/study_<name>``), in this process unless ``process``."""
+    cmd = ["bench/study.py", "--config", "configs/demo.yaml", "--grid",
            grid, "--set", "model.input_pe=none", "--set", "data.cache_dir=" + str(cache or tmp / "c"),
            "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.encoder_layers=1",
            "--set", "model.decoder_layers=1", "--seeds", "2", "--steps", "8", "--eval-every", "4", "--name", name,
            "--runs", str(tmp), "--max-sentences", "12", "--attention-sentences", "6", "--bootstrap", "100", *extra]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if process:  # its own process (e.g. to see a run this one locks as another's)
+        return subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return run_script(*cmd)

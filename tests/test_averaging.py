@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import run_script
 
 from utils.run.checkpoint import (
     CheckpointError,
@@ -77,16 +75,14 @@ def test_training_keeps_the_last_k_checkpoints_and_the_cli_averages_them(tmp_pat
     other = create_run_dir(every, tmp_path / "runs2")
     train(every, other)
     assert [p.name for p in periodic_checkpoints(other / "checkpoints")] == ["step_3.pt", "step_6.pt"]
-    res = subprocess.run([sys.executable, "test.py", "--model_path", str(run), "--average", "3", "--save_average",
-                          "--beam", "1", "--split", "validation"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    res = run_script("test.py", "--model_path", str(run), "--average", "3", "--save_average", "--beam", "1", "--split",
+                     "validation")
     assert res.returncode == 0, res.stderr
     saved = run / "checkpoints" / "average3_step_6-step_10.pt"
     assert (run / "eval" / "validation.average3_step_6-step_10.beam1.json").is_file()
     for name, tensor in load_checkpoint(saved)["model"].items():
         assert torch.equal(tensor, expected[name]), name
-    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--average", "5",
-                          "--src_text", "Oui."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_script("inference.py", "--model_path", str(run), "--average", "5", "--src_text", "Oui.")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
         "holds 3 periodic checkpoint(s) (step_*.pt): the run kept train.keep_checkpoints=3; average at most 3, "
         "or train with train.keep_checkpoints >= 5")

@@ -10,13 +10,12 @@ import io
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, train_tiny_run
+from conftest import ROOT, run_script, train_tiny_run
 from sacrebleu.metrics import BLEU, CHRF
 from test_decoding import BOS, EOS, PAD, V, full_logprob, sources, trained_copy_model
 
@@ -237,10 +236,9 @@ def test_the_command_line_decodes_an_ensemble_by_sampling_into_jsonl(runs: dict[
                                                                      loaded: LoadedRun) -> None:
     """inference.py --model_path RUN COPY --sample --num_samples 2 --seed 4 --format jsonl: the samples the run alone
     draws in this process (the copies' mean probability is the run's), two per line."""
-    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(runs["run"]), str(runs["twin"]),
-                          "--input", "-", "--threads", "1", "--sample", "--num_samples", "2", "--seed", "4",
-                          "--format", "jsonl"], cwd=ROOT, input="".join(f"{t}\n" for t in TEXTS[:3]),
-                         capture_output=True, text=True, timeout=300)
+    res = run_script("inference.py", "--model_path", str(runs["run"]), str(runs["twin"]), "--input", "-", "--threads",
+                     "1", "--sample", "--num_samples", "2", "--seed", "4", "--format", "jsonl",
+                     stdin="".join(f"{t}\n" for t in TEXTS[:3]))
     assert res.returncode == 0, res.stderr
     records = [json.loads(line) for line in res.stdout.splitlines()]
     decode = loaded.cfg.decode.model_copy(update=dict(sample=True, num_samples=2, seed=4))

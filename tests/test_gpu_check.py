@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import run_script
 
 
 def test_the_check_trains_each_variant_and_compares_cached_with_full_decoding(tmp_path: Path) -> None:
     out = tmp_path / "check"
     only = "shaw + a,decoder cope,cross cope"
-    res = subprocess.run([sys.executable, "bench/gpu_check.py", "--device", "cpu", "--amp", "none", "--steps", "3",
-                          "--sentences", "4", "--config", "configs/demo.yaml", "--only", only,
-                          "--set", f"data.cache_dir={tmp_path / 'cache'}", "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = run_script("bench/gpu_check.py", "--device", "cpu", "--amp", "none", "--steps", "3", "--sentences", "4",
+                     "--config", "configs/demo.yaml", "--only", only, "--set", f"data.cache_dir={tmp_path / 'cache'}",
+                     "--out", str(out))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = {r["variant"]: r for r in json.loads((out / "gpu_check.json").read_text())["rows"]}
     assert list(rows) == ["decoder cope", "self shaw + a^V", "cross cope"]

@@ -5,14 +5,12 @@ other edit. And per-forward position data (RoPE's angles) is computed once per f
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import ROOT, make_tiny_config, train_cli, translate_cli
+from conftest import make_tiny_config, run_script, train_cli, translate_cli
 from torch import nn
 
 from models.positional import REGISTRY
@@ -121,12 +119,10 @@ def test_distance_biases_train_translate_through_the_cli_plot_and_export(name: s
                                      f"model.attention_pe={name}"])
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
-    res = subprocess.run([sys.executable, "train.py", "--config", str(config), "--runs", str(tmp_path / "runs")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = run_script("train.py", "--config", str(config), "--runs", str(tmp_path / "runs"))
     assert res.returncode == 0, res.stderr[-3000:]
     run_dir = (tmp_path / "runs" / "tiny_latest").resolve()
-    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run_dir), "--src_text", SENTENCE,
-                          "--beam", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_script("inference.py", "--model_path", str(run_dir), "--src_text", SENTENCE, "--beam", "2")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == f"source: {SENTENCE}" and lines[1].startswith("greedy: ") and "(logprob -" in lines[1]
@@ -228,8 +224,7 @@ def test_fire_trains_and_translates_through_the_cli(tmp_path: Path) -> None:
     assert "has no effect" not in res.stderr  # model.fire.* acts under attention_pe=fire
     run = (tmp_path / "runs" / "demo_latest").resolve()
     assert (run / "checkpoints" / "best.pt").is_file()
-    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run), "--src_text", "Le chat dort.",
-                          "--beam", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_script("inference.py", "--model_path", str(run), "--src_text", "Le chat dort.", "--beam", "2")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == "source: Le chat dort." and lines[1].startswith("greedy: ")
@@ -274,8 +269,7 @@ def test_dpb_with_its_settings_trains_translates_and_exports_through_the_cli(tmp
     assert res.stdout.splitlines() == ours
     if importlib.util.find_spec("ctranslate2") is None:
         return
-    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(run_dir), "--export-ctranslate2",
-                          str(tmp_path / "ct2")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_script("inference.py", "--model_path", str(run_dir), "--export-ctranslate2", str(tmp_path / "ct2"))
     assert res.returncode == 0, res.stderr[-3000:]
     res = translate_cli(tmp_path / "ct2", sources, "--beam", "1")  # a fresh process: no PyTorch decoding beside it
     assert res.returncode == 0, res.stderr[-3000:]

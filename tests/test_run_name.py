@@ -5,12 +5,11 @@ walking the runs folder, finds each run's event folder once."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, TINY_CLI
+from conftest import TINY_CLI, run_script
 
 from utils.config import ConfigError, from_dict, load_config, save_config
 from utils.run.layout import RunDir, check_run_name
@@ -20,8 +19,7 @@ from utils.run.store import create_run_dir, latest_link
 def _train(tmp_path: Path, *args: str, sets: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     """``train.py`` on the demo config shrunk to seconds (``TINY_CLI``), runs under ``tmp_path/runs``."""
     overrides = [a for s in [*TINY_CLI, f"data.cache_dir={tmp_path / 'cache'}", *sets] for a in ("--set", s)]
-    return subprocess.run([sys.executable, "train.py", "--runs", str(tmp_path / "runs"), *args, *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return run_script("train.py", "--runs", str(tmp_path / "runs"), *args, *overrides)
 
 
 def _tensorboard_runs(logdir: Path) -> list[str]:
@@ -95,8 +93,8 @@ def test_a_named_run_its_latest_link_and_tensorboard_seeing_it_once(tmp_path: Pa
     # TensorBoard's walker (the one `tensorboard --logdir runs` uses) finds the run's event folder once.
     assert _tensorboard_runs(runs) == [f"{run.name}/tb"]
 
-    res = subprocess.run([sys.executable, "inference.py", "--model_path", str(latest), "--src_text", "Bonjour.",
-                          "--beam", "1", "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_script("inference.py", "--model_path", str(latest), "--src_text", "Bonjour.", "--beam", "1", "--threads",
+                     "1")
     assert res.returncode == 0 and res.stdout.startswith("source: Bonjour."), res.stderr[-2000:]
 
     res = _train(tmp_path, "--resume", str(latest), "--name", "other")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import run_script
 from scipy import stats
 
 from utils.study.sequential import (
@@ -97,8 +96,7 @@ def test_bad_fractions_are_refused(fractions: list[float]) -> None:
 
 
 def _design(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "bench/sequential_design.py", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return run_script("bench/sequential_design.py", *args)
 
 
 def test_the_design_command_prints_the_published_boundaries_and_the_seeds_the_power_needs() -> None:

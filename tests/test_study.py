@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, run_study
+from conftest import ROOT, run_script, run_study
 
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -158,22 +157,19 @@ def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_pa
     sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
     assert sets == ["model.attention_pe=none", "model.d_model=32", "model.attention_pe=rope", "seed=2",
                     "train.max_steps=8"]  # later --set wins: the variant, then the study's seed and budget
-    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "8", "--set",
-                          "seed=7", "--runs", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = run_script("bench/study.py", "--preset", "seed-table", "--steps", "8", "--set", "seed=7", "--runs",
+                     str(tmp_path))
     assert res.returncode == 2 and "--set seed is decided by the study (--seeds)" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "study_seed-table").exists()
-    res = subprocess.run([sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid",
-                          "model.attention_pe=none,rope", "--grid", "seed=1,2", "--steps", "8", "--name", "x", "--runs",
-                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = run_script("bench/study.py", "--config", "configs/demo.yaml", "--grid", "model.attention_pe=none,rope",
+                     "--grid", "seed=1,2", "--steps", "8", "--name", "x", "--runs", str(tmp_path))
     assert res.returncode == 2 and "--grid seed is decided by the study (--seeds)" in res.stderr
-    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "tokenization", "--tokens", "1000000",
-                          "--runs", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = run_script("bench/study.py", "--preset", "tokenization", "--tokens", "1000000", "--runs", str(tmp_path))
     assert res.returncode == 2 and "--tokens counts each tokenizer's own tokens" in res.stderr
-    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "0"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = run_script("bench/study.py", "--preset", "seed-table", "--steps", "0")
     assert res.returncode == 2 and "--steps must be >= 1, got 0" in res.stderr and "Traceback" not in res.stderr
-    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "8", "--seeds", "1",
-                          "--runs", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = run_script("bench/study.py", "--preset", "seed-table", "--steps", "8", "--seeds", "1", "--runs",
+                     str(tmp_path))
     assert res.returncode == 2 and "Traceback" not in res.stderr and not (tmp_path / "study_seed-table").exists()
     assert res.stderr.strip().splitlines()[-1].endswith(
         "error: scoring and the report need --seeds 2 or more (seeds are the blocks of every test); train a pilot "
@@ -346,8 +342,7 @@ def test_variants_select_part_of_a_preset_and_its_family() -> None:
     assert family["declared"] == preset.family["declared"]  # the pre-registered selection keeps its declaration
     with pytest.raises(ConfigError, match=r"^--variants rpoe: not a variant; variants: sinusoidal, learnable, "):
         study.select_variants(preset, "rope,rpoe")
-    res = subprocess.run([sys.executable, "bench/study.py", "--preset", "seed-table", "--steps", "10", "--variants",
-                          "nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = run_script("bench/study.py", "--preset", "seed-table", "--steps", "10", "--variants", "nope")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
         "--variants nope: not a variant; variants: sinusoidal, learnable, rope (preset seed-table)")
 

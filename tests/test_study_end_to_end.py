@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, run_study
+from conftest import ROOT, run_script, run_study
 
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -27,13 +27,11 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     # A run stopped after its first checkpoint, 4 of the 8 steps done: what a study killed mid-run leaves
     # (train.py writes last.pt when a signal stops it; tests/test_training.py checks that).
     killed = root / "runs" / study.slug("attention_pe=rope") / "seed2"
-    pre = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml", "--runs", str(killed),
-                          "--set", "model.attention_pe=rope", "--set", "model.input_pe=none", "--set", "seed=2",
-                          "--set", f"data.cache_dir={tmp_path / 'c'}", "--set", "model.d_model=32",
-                          "--set", "model.d_ff=64", "--set", "model.encoder_layers=1",
-                          "--set", "model.decoder_layers=1", "--set", "train.max_steps=4",
-                          "--set", "train.eval_every=4"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    pre = run_script("train.py", "--config", "configs/demo.yaml", "--runs", str(killed), "--set",
+                     "model.attention_pe=rope", "--set", "model.input_pe=none", "--set", "seed=2", "--set",
+                     f"data.cache_dir={tmp_path / 'c'}", "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set",
+                     "model.encoder_layers=1", "--set", "model.decoder_layers=1", "--set", "train.max_steps=4", "--set",
+                     "train.eval_every=4")
     assert pre.returncode == 0, pre.stderr
     # --score-only scores what a pinned worktree trained: with runs short of the budget it trains nothing.
     refused = run_study(tmp_path, *LINEAR, "--score-only")
@@ -48,7 +46,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     training = next(killed.glob("demo_2*"))
     lock_run(training)
     try:
-        busy = run_study(tmp_path, *LINEAR, "--score-only")
+        busy = run_study(tmp_path, *LINEAR, "--score-only", process=True)
     finally:
         unlock_run(training)
     assert busy.returncode == 2 and f"attention_pe=rope seed 2 (pid {os.getpid()} trains it)" in busy.stderr
@@ -127,8 +125,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert rope["length_ratio"][0] == pytest.approx(bleu.sys_len / bleu.ref_len)  # output length: visible
     contrasts, _ = blocked_anova(chrf, "attention_pe=none")
     assert contrasts["attention_pe=rope"].p_value == pytest.approx(rope_test["seed_test"]["p_value"])
-    again_report = subprocess.run([sys.executable, "bench/study_report.py", str(root)], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=300)
+    again_report = run_script("bench/study_report.py", str(root))
     assert again_report.returncode == 0, again_report.stderr
     recomputed = {t["system"]: t for t in json.loads((root / "results.json").read_text())["primary"]["tests"]}
     assert recomputed["attention_pe=rope"]["bootstrap"]["p_value"] == rope_test["bootstrap"]["p_value"]
@@ -166,9 +163,8 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert hparams["test/test/chrf_beam5"] == pytest.approx(rope["chrf"][0])
 
     # A study run is a normal run directory: visualize.py draws its attention as for any other.
-    vis = subprocess.run([sys.executable, "visualize.py", "--model_path", str(runs[0]), "--src_text",
-                          "Le chat dort.", "--out", str(tmp_path / "vis")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    vis = run_script("visualize.py", "--model_path", str(runs[0]), "--src_text", "Le chat dort.", "--out",
+                     str(tmp_path / "vis"))
     assert vis.returncode == 0, vis.stderr
     assert (tmp_path / "vis" / "attention_cross_layer_0.png").stat().st_size > 1000
 
@@ -241,8 +237,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert not own.is_symlink() and len(list(own.glob("demo_2*/checkpoints/last.pt"))) == 1
 
     # A run trained past the budget is not the model the study declares: refused before anything is written.
-    past = subprocess.run([sys.executable, "train.py", "--resume", str(runs[0]), "--set", "train.max_steps=10"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    past = run_script("train.py", "--resume", str(runs[0]), "--set", "train.max_steps=10")
     assert past.returncode == 0, past.stderr
     spec = (root / "study.json").read_text()
     refused = run_study(tmp_path, *LINEAR, "--score-only", "--checkpoint", "last")
@@ -291,8 +286,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
 
 
 def replay(published: Path, *studies: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "bench/study_replay.py", str(published), *map(str, studies)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return run_script("bench/study_replay.py", str(published), *map(str, studies))
 
 
 LINEAR = ("--test-variant", "linear:model.rope.scaling=linear,model.rope.factor=2,model.rope.original_max_len=8")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import run_script
 
 from data.batching import TokenBatchSampler
 from data.cache import load_or_build
@@ -159,12 +160,10 @@ def test_resume_refuses_a_model_change_and_a_missing_checkpoint(tmp_path: Path, 
     cfg = tiny_config(tmp_path, max_steps=2, eval_every=2)
     run = create_run_dir(cfg, tmp_path / "runs")
     train(cfg, run)
-    res = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--set", "model.d_model=64"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = run_script("train.py", "--resume", str(run), "--set", "model.d_model=64")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith("error: --set has model.d_model=64")
-    res = subprocess.run([sys.executable, "train.py", "--resume", str(tmp_path)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    res = run_script("train.py", "--resume", str(tmp_path))
     assert res.returncode == 2 and "no checkpoints/last.pt" in res.stderr
 
 
@@ -352,8 +351,7 @@ def test_a_failed_start_leaves_no_run_directory_and_keeps_latest(tmp_path: Path,
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
     runs = tmp_path / "runs"
-    ok = subprocess.run([sys.executable, "train.py", "--config", str(config), "--runs", str(runs)], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300)
+    ok = run_script("train.py", "--config", str(config), "--runs", str(runs))
     assert ok.returncode == 0, ok.stderr
     good = RunDir(runs / "tiny_latest").root.resolve()
     assert (good / "checkpoints" / "last.pt").is_file()
