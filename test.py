@@ -67,7 +67,15 @@ def main() -> int:
     check_guide_args(parser, args)
 
     from utils.run.ensemble import LoadedEnsemble, load_ensemble
+    from utils.translation.export import is_export
     from utils.translation.guides import check_guides, guide_tag, load_guides
+
+    for path in paths:  # before any model loads
+        if is_export(path):
+            from utils.config import ConfigError
+
+            raise ConfigError(f"--model_path {path} is a CTranslate2 export: test.py scores PyTorch runs (translate a "
+                              "split with inference.py --model_path EXPORT --input FILE and score it with sacrebleu)")
 
     if args.max_sentences is not None and args.max_sentences < 1:
         parser.error(f"--max_sentences must be >= 1, got {args.max_sentences}")
