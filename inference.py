@@ -35,7 +35,8 @@ makes each translation contain its line's phrases (beam search with dynamic beam
     python inference.py --model_path runs/demo_ct2 --input fr.txt [--compute_type int8]
 
 --export-ctranslate2 writes a CTranslate2 model directory (weights, vocabulary, the run's tokenizer and
-config); --model_path on such a directory translates with ctranslate2.Translator, same flags and output.
+config); --model_path on such a directory translates with ctranslate2.Translator, same flags and output, but
+for what CTranslate2 lacks (ensembles, --constraints, --epsilon, --top_k with --top_p: refused in one line).
 
     python inference.py --serve --model_path runs/demo_latest [--host 127.0.0.1] [--port 8000]
 
@@ -117,8 +118,10 @@ With --constraints, --src_text prints no greedy line (greedy search takes no con
 reached the length cap without all its phrases says "constraints unmet" (it ranks below those that meet them);
 --input warns on standard error of the lines whose best translation lacks a phrase.
 
-A CTranslate2 export (--model_path EXPORT_DIR) writes the same text formats (not sampling, MBR or jsonl, nor
-ensembles). --export-ctranslate2 prints one line:
+A CTranslate2 export (--model_path EXPORT_DIR) writes the same formats, --prefix, --sample and --mbr included;
+with --format jsonl and --sample, logprob and token_logprobs are the model's own, scored again by teacher forcing,
+and alignment is from the attention CTranslate2 returns while decoding. Ensembles, --constraints, --epsilon and
+--top_k with --top_p are refused in one line. --export-ctranslate2 prints one line:
 wrote a CTranslate2 model of CHECKPOINT to OUT_DIR.
 """
 
@@ -192,9 +195,9 @@ def main() -> int:
     overrides = decode_overrides(args) + mode_overrides(args)
     from utils.translation.translate import open_source, text_lines, translate_stream
 
-    if len(paths) > 1 and (args.export_ct2 or args.serve):
-        parser.error(f"{'--export-ctranslate2' if args.export_ct2 else '--serve'} takes one --model_path "
-                     "(an ensemble decodes with inference.py --input or --src_text, and test.py)")
+    if len(paths) > 1 and args.export_ct2:
+        parser.error("--export-ctranslate2 takes one --model_path (an ensemble decodes with inference.py --input, "
+                     "--src_text or --serve, and test.py)")
     guided = args.prefix is not None or args.prefix_file is not None or args.constraints is not None
     if guided and (args.export_ct2 or args.serve):
         parser.error("--prefix, --prefix_file and --constraints go with --src_text or --input, not with "
@@ -202,7 +205,7 @@ def main() -> int:
     if args.export_ct2:
         return export_ctranslate2(parser, args, overrides)
     if args.serve:
-        return serve(parser, args, overrides)
+        return serve(parser, args, overrides, paths)
     from utils.cli import require_stdout
     from utils.translation.guides import check_guides, line_up, load_guides
 
@@ -221,20 +224,33 @@ def main() -> int:
     run = getattr(engine, "run", None)
     modes = [name for name, on in (("--sample", cfg.decode.sample), ("--mbr", cfg.decode.mbr),
                                    ("--format jsonl", args.format == "jsonl")) if on]
-    if run is None and modes:
-        raise ConfigError(f"{modes[0]} needs a PyTorch run: a CTranslate2 export does not do it here")
-    check_guides(guides, cfg.decode, run)
-    write = text_lines
-    if args.format == "jsonl":
-        from utils.translation.jsonl import jsonl_writer
+    write, translate_fn = text_lines, engine.translate
+    if run is None:  # a CTranslate2 export: what it lacks is refused in one line
+        from utils.translation.engines import CT2Model, ct2_jsonl_writer
+        from utils.translation.translate import encode_guides
 
-        write = jsonl_writer(run.model, run.tokenizer, cfg.decode.batch_size)
+        assert isinstance(engine, CT2Model)
+        why = engine.problem(cfg.decode, guides.has_prefix, guides.constraints is not None, args.format == "jsonl")
+        if why is not None:
+            raise ConfigError(why)
+        if guides.has_prefix:  # a prefix over the position table: InputError before anything is translated
+            encode_guides(engine.tokenizer, guides.take(guides.lines or 1), engine.max_length)
+        if args.format == "jsonl":  # token log-probabilities and alignments
+            from functools import partial
+
+            write, translate_fn = ct2_jsonl_writer(engine), partial(engine.translate, details=True)
+    else:
+        check_guides(guides, cfg.decode, run)
+        if args.format == "jsonl":
+            from utils.translation.jsonl import jsonl_writer
+
+            write = jsonl_writer(run.model, run.tokenizer, cfg.decode.batch_size)
 
     if args.src_text is not None:
         if not args.src_text.strip():
             raise ConfigError("--src_text is empty: give a sentence to translate")
         if modes:  # sampling, MBR, JSON: what --input writes for a one-line input
-            sys.stdout.writelines(write(0, [args.src_text], engine.translate([args.src_text], cfg.decode, **guide),
+            sys.stdout.writelines(write(0, [args.src_text], translate_fn([args.src_text], cfg.decode, **guide),
                                         cfg.decode))
             return 0
         beam_nbest = cfg.decode.beam if args.nbest is None else cfg.decode.nbest
@@ -255,7 +271,7 @@ def main() -> int:
     interactive = args.input in (None, "-") and sys.stdin.isatty() and guides.lines is None
     assert stream is not None
     with stream:
-        report = translate_stream(engine.translate, stream, sys.stdout, cfg.decode, name,
+        report = translate_stream(translate_fn, stream, sys.stdout, cfg.decode, name,
                                   chunk_lines=1 if interactive else 2000, progress=sys.stderr, write=write,
                                   guides=guides if guides.given else None)
     if report.unmet:
@@ -317,8 +333,8 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return TorchEngine(load_ensemble(paths, args.config, overrides, args.device, average=average))
 
 
-def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str]) -> int:
-    """--serve: the model behind an HTTP server until Ctrl-C."""
+def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str], paths: list[str]) -> int:
+    """--serve: the model (several ``paths``: an ensemble) behind an HTTP server until Ctrl-C."""
     from dataclasses import fields
 
     from utils.config import ConfigError
@@ -343,7 +359,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
     from utils.serve.app import serve as serve_http
 
     sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
-    engine = load_engine(parser, args, overrides)
+    engine = load_engine(parser, args, overrides, paths)
     run = getattr(engine, "run", None)
     if args.batching == "continuous" and (run is None or args.decode_in_server):
         raise ConfigError("--batching continuous needs a PyTorch run decoding in its own process "
@@ -352,12 +368,13 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
         from utils.serve.worker import DecoderError, ProcessDecoder
 
         try:
+            members = [(m.checkpoint, m.step, m.run_dir) for m in getattr(run, "members", None) or [run]]
             engine.decoder = ProcessDecoder(run.checkpoint, run.step, args.config, overrides, str(run.model.device),
-                                            args.average, run.run_dir, join=args.join)
+                                            args.average, run.run_dir, join=args.join, members=members)
         except DecoderError as err:
             raise ConfigError(str(err)) from None
         engine.continuous = args.batching != "static"
-    serve_http(engine, args.model_path, sock, limits, Access(tuple(args.allow_host), tuple(args.allow_origin)))
+    serve_http(engine, " ".join(paths), sock, limits, Access(tuple(args.allow_host), tuple(args.allow_origin)))
     return 0
 
 

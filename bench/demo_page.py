@@ -37,6 +37,7 @@ class PageResult:
     note: str
     kinds: list[str]  # the attention kinds offered (a CTranslate2 export: cross only)
     layers: list[str]  # the layers offered for the kind shown
+    tokens: list[list[tuple[str, float, str]]]  # per hypothesis, each token shown: (text, log-probability, tooltip)
 
 
 def browser_paths() -> tuple[str, str]:
@@ -65,9 +66,11 @@ def headless_chromium(window_size: str, *extra: str):
     return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
 
 
-def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout: float = 60.0) -> PageResult:
-    """Load the page at ``url``, type ``sentence``, press Translate and wait for the n-best list and the attention
-    map; read them back from the DOM and save a screenshot (PNG) of the window."""
+def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout: float = 60.0,
+               prefix: str | None = None) -> PageResult:
+    """Load the page at ``url``, type ``sentence`` (and ``prefix`` in the target prefix box), press Translate and wait
+    for the n-best list and the attention map; read them back from the DOM and save a screenshot (PNG) of the
+    window."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -79,6 +82,8 @@ def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout:
         box = driver.find_element(By.ID, "source")
         box.clear()
         box.send_keys(sentence)
+        if prefix is not None:
+            driver.find_element(By.ID, "prefix").send_keys(prefix)
         driver.find_element(By.ID, "translate").click()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#nbest li")
                    and d.find_element(By.ID, "translate").is_enabled()
@@ -100,6 +105,9 @@ def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout:
             note=text(driver.find_element(By.ID, "attention-note")),
             kinds=[o.get_attribute("value") for o in driver.find_elements(By.CSS_SELECTOR, "#kind option")],
             layers=[o.get_attribute("value") for o in driver.find_elements(By.CSS_SELECTOR, "#layer option")],
+            tokens=[[(t.get_attribute("textContent") or "", float(t.get_attribute("data-logprob")),
+                      t.get_attribute("title") or "") for t in li.find_elements(By.CSS_SELECTOR, ".tokens .token")]
+                    for li in driver.find_elements(By.CSS_SELECTOR, "#nbest li")],
         )
         if screenshot is not None:
             height = int(driver.execute_script("return document.documentElement.scrollHeight"))

@@ -74,7 +74,13 @@ def limits(node: dict[str, Any]) -> str:
         parts = []
         if "enum" in b:
             parts.append(", ".join(f"`{v}`" for v in b["enum"]))
-        if "minimum" in b or "maximum" in b:
+        if "exclusiveMinimum" in b or "exclusiveMaximum" in b:  # an open end: (0, 1], [0, 1), (0, 100)
+            low = f"({json.dumps(b['exclusiveMinimum'])}" if "exclusiveMinimum" in b else (
+                f"[{json.dumps(b.get('minimum', '-inf'))}")
+            high = f"{json.dumps(b['exclusiveMaximum'])})" if "exclusiveMaximum" in b else (
+                f"{json.dumps(b.get('maximum', 'inf'))}]")
+            parts.append(f"{low}, {high}")
+        elif "minimum" in b or "maximum" in b:
             parts.append(f"{json.dumps(b.get('minimum', '-inf'))}..{json.dumps(b.get('maximum', 'inf'))}")
         if "minLength" in b or "maxLength" in b:
             parts.append(f"{b.get('minLength', 0)}..{b.get('maxLength', 'any')} characters")
@@ -226,7 +232,7 @@ def page(schema: dict[str, Any], limits_: Any) -> str:
         "## Errors",
         "",
         "Every refusal is a JSON object with one field, `error`, one readable line (never a traceback), for example "
-        "`{\"error\": \"unknown field 'colour' (fields: text, beam, nbest, lenpen)\"}` or "
+        "`{\"error\": \"unknown field 'colour' (fields: text, target, kind, layer)\"}` or "
         "`{\"error\": \"9 lines in one request, over the limit of 8 (--max-lines)\"}`. The statuses:",
         "",
         *_table(("status", "when"), [(str(s), m) for s, m in sorted(ERRORS.items())]),

@@ -31,7 +31,10 @@ LIMITS = Limits(max_lines=3, max_chars=20, max_beam=4, max_wait_ms=0)
 
 class FakeEngine:
     """Translates instantly (each text upper-cased, ``nbest`` hypotheses); draws attention as a CTranslate2 export
-    would (every kind and layer of a one-layer model offered); with ``run``, described as a PyTorch run is."""
+    would (every kind and layer of a one-layer model offered); takes every decoding mode but details (which need a
+    model); with ``run``, described as a PyTorch run is."""
+
+    modes = ("prefix", "constraints", "sample", "mbr")
 
     def __init__(self, run: Any = None, decoder: Any = None) -> None:
         self.cfg = from_dict({"name": "fake", "model": {"encoder_layers": 1, "decoder_layers": 1},
@@ -43,7 +46,7 @@ class FakeEngine:
         if decoder is not None:
             self.decoder = decoder
 
-    def translate(self, texts: list[str], decode: Any, on_done: Any = None) -> list[list[Any]]:
+    def translate(self, texts: list[str], decode: Any, on_done: Any = None, guides: Any = None) -> list[list[Any]]:
         from utils.translation.translate import Translation
 
         return [[Translation(t.upper(), -1.0 - k, -2.0 - k, []) for k in range(decode.nbest)] for t in texts]
@@ -153,6 +156,23 @@ def test_the_page_shows_the_defaults_and_limits_of_the_default_flags() -> None:
 # ---------------------------------------------------------------------------------------------- the schema
 
 
+#: What a request field needs beside it to be taken (the server refuses a sampling setting without sampling, an MBR
+#: utility without MBR), and the fields whose lists go one item per line (the request's ``text`` then has as many).
+NEEDS = {**{name: {"sample": True} for name in ("temperature", "top_k", "top_p", "epsilon", "num_samples", "seed")},
+         "mbr_utility": {"mbr": 2}}
+PER_LINE = ("prefix", "constraints")
+
+
+def with_field(base: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """``base`` with ``name`` set to ``value``, the fields it needs (``NEEDS``), and for a per-line list as many
+    lines of text."""
+    body = {**base, **NEEDS.get(name, {}), name: value}
+    per_line = isinstance(value, list) and (name == "prefix" or any(isinstance(v, list) for v in value))
+    if name in PER_LINE and per_line:
+        body["text"] = ["Oui."] * len(value)
+    return body
+
+
 def probes(field: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     """(values the schema of a request field accepts, values it refuses), from its types and limits alone."""
     good: list[Any] = []
@@ -174,15 +194,23 @@ def probes(field: dict[str, Any]) -> tuple[list[Any], list[Any]]:
             bad += [low - 1] if "minimum" in b else []
             bad += [high + 1] if "maximum" in b else []
         elif kind == "number":
-            low, high = b["minimum"], b["maximum"]
-            good += [low, high, (low + high) / 2, int(high)]
+            low, high = b.get("minimum", b.get("exclusiveMinimum")), b.get("maximum", b.get("exclusiveMaximum"))
+            good += [(low + high) / 2] + [low] * ("minimum" in b) + [high] * ("maximum" in b)
+            good += [int(high)] * ("maximum" in b)
             bad += [low - 0.5, high + 0.5, True, "1"]
+            bad += [low] * ("exclusiveMinimum" in b) + [high] * ("exclusiveMaximum" in b)
         elif kind == "string" and "enum" in b:
             good += b["enum"]
             bad += ["sideways"]
         elif kind == "string":
             good += ["a" * b["minLength"], "a" * b["maxLength"]]
             bad += ["a" * (b["minLength"] - 1), "a" * (b["maxLength"] + 1)]
+        elif kind == "array" and b["items"].get("type") == "array":  # a list of lists of strings
+            inner = b["items"]
+            phrase = "a" * inner["items"]["maxLength"]
+            good += [[["a"]] * b["minItems"], [["a"]] * b["maxItems"], [["a"] * inner["maxItems"]], [[phrase]], [[]]]
+            bad += [[], [["a"]] * (b["maxItems"] + 1), [["a"] * (inner["maxItems"] + 1)], [[phrase + "a"]], [[5]],
+                    [["a", None]], [["a"], "a"]]
         elif kind == "array":
             item = b["items"]
             good += [["a"] * b["minItems"], ["a"] * b["maxItems"], ["a" * item["maxLength"]]]
@@ -214,12 +242,12 @@ def test_the_schema_s_request_fields_types_and_limits_are_what_the_server_accept
                 good, bad = probes(field)
                 assert good and bad
                 for value in good:
-                    status, answer = call(port, "POST", path, {**base, name: value})
+                    status, answer = call(port, "POST", path, with_field(base, name, value))
                     assert status == 200, (path, name, value, answer)
-                    if path == "/translate" and name != "text" and value is not None:
+                    if path == "/translate" and name not in ("text", *PER_LINE) and value is not None:
                         assert answer[name] == value
                 for value in bad:
-                    status, answer = call(port, "POST", path, {**base, name: value})
+                    status, answer = call(port, "POST", path, with_field(base, name, value))
                     assert status in (413, 422) and list(answer) == ["error"], (path, name, value, status, answer)
         # the defaults: the server's decoding defaults (the engine's config), kind cross and the last layer
         fields = reference_http.resolve(schema, {"$ref": "#/components/schemas/TranslateRequest"})["properties"]

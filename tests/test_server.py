@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import shutil
 import signal
@@ -351,7 +352,8 @@ BAD_REQUESTS = [  # (method, path, body, status, message part)
     ("POST", "/translate", b'{"text": "Oui.", "nbest": 3}', 422, "nbest (3) cannot exceed beam (2)"),
     ("POST", "/translate", b'{"text": "Oui.", "lenpen": "x"}', 422, "lenpen must be a number, not a string"),
     ("POST", "/translate", b'{"text": "Oui.", "colour": "red"}', 422,
-     "unknown field 'colour' (fields: text, beam, nbest, lenpen)"),
+     "unknown field 'colour' (fields: text, beam, nbest, lenpen, prefix, constraints, sample, temperature, top_k, "
+     "top_p, epsilon, num_samples, seed, mbr, mbr_utility, details)"),
     ("POST", "/translate", b'{"text": "  "}', 422, "text is empty"),
     ("POST", "/translate", b'{"text": ["Oui.", ""]}', 422, "text[1] is empty"),
     ("POST", "/translate", b'{"text": []}', 422, "text is an empty list"),
@@ -452,6 +454,7 @@ def test_attention_is_what_visualize_computes(server: Server, run_dir: Path) -> 
             assert answer["target"] == target
 
 
+@pytest.mark.slow
 def test_the_page_in_a_headless_browser(server: Server, tmp_path: Path) -> None:
     conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
     conn.request("GET", "/")
@@ -461,12 +464,19 @@ def test_the_page_in_a_headless_browser(server: Server, tmp_path: Path) -> None:
     assert res.status == 200 and res.getheader("content-type").startswith("text/html")
     assert "src=" not in html and "href=" not in html and "@import" not in html  # no external assets
     shot = tmp_path / "demo_page.png"
-    page = drive_page(server.url, SENTENCE, shot)
+    page = drive_page(server.url, SENTENCE, shot, prefix="The")
     assert page.encoding == "rope" and "d_model 32" in page.details
     assert (page.kinds, page.layers) == (["cross", "encoder", "decoder"], ["0"])
-    answer = translate(server, text=SENTENCE, beam=2, nbest=2, lenpen=0.6)["translations"][0]
-    assert page.nbest == [h["text"] for h in answer["nbest"]]
+    answer = translate(server, text=SENTENCE, beam=2, nbest=2, lenpen=0.6, prefix="The",
+                       details=True)["translations"][0]
+    assert page.nbest == [h["text"] for h in answer["nbest"]] and all(t.startswith("The") for t in page.nbest)
     assert page.scores == [f"score {h['score']:.3f}, log-prob {h['logprob']:.3f}" for h in answer["nbest"]]
+    # each token shown with its log-probability (its shade), in its tooltip too
+    assert [[lp for _, lp, _ in hyp] for hyp in page.tokens] == [h["token_logprobs"] for h in answer["nbest"]]
+    assert [[text for text, _, _ in hyp] for hyp in page.tokens] == [
+        [t.replace("\u2581", " ") for t in h["tokens"]] for h in answer["nbest"]]
+    first = page.tokens[0][0]
+    assert first[2] == f"{answer['nbest'][0]['tokens'][0]}: log-prob {first[1]:.3f} (p {math.exp(first[1]):.3f})"
     assert page.status.startswith("translated in") and "beam 2" in page.status
     status, _, att = request(server, "POST", "/attention", json.dumps(
         {"text": SENTENCE, "target": answer["translation"], "kind": "cross", "layer": 0}).encode())
@@ -481,6 +491,7 @@ def test_the_page_in_a_headless_browser(server: Server, tmp_path: Path) -> None:
         shutil.copy(shot, copy)
 
 
+@pytest.mark.slow
 def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path, tmp_path: Path) -> None:
     export = tmp_path / "ct2"
     res = cli("--model_path", str(run_dir), "--export-ctranslate2", str(export))
@@ -516,6 +527,7 @@ def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path,
                                                      "heads): serve the run directory for encoder layer 0")
         page = drive_page(srv.url, SENTENCE)  # the page offers what the export has and draws it
         assert (page.kinds, page.layers, page.nbest) == (["cross"], ["0"], [greedy])
+        assert page.tokens and len(page.tokens[0]) > 1  # each token with its log-probability: the export's details
         status, _, att = request(srv, "POST", "/attention", json.dumps({"text": SENTENCE, "target": greedy}).encode())
         assert page.rows == att["rows"] and page.cells == {(i, j): w for i, row in enumerate(att["weights"])
                                                            for j, w in enumerate(row)}
@@ -524,6 +536,12 @@ def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path,
         assert info["size"]["parameters"] is None
         assert info["training"]["run"] == str(run_dir) and info["encoding"]["name"] == "rope"
         assert info["decode"]["beam"] == 1
+        # the decoding modes CTranslate2 has; constraints refused in one line
+        assert info["modes"] == ["prefix", "sample", "mbr", "details"]
+        assert translate(srv, text=SENTENCE, prefix="The cat")["translations"][0]["translation"].startswith("The cat")
+        status, _, answer = request(srv, "POST", "/translate", json.dumps(
+            {"text": SENTENCE, "constraints": ["cat"], "beam": 2}).encode())
+        assert status == 422 and list(answer) == ["error"] and "CTranslate2" in answer["error"]
     finally:
         assert srv.stop() in (0, -15)
     assert "Traceback" not in (tmp_path / "ct2.log").read_text()

@@ -33,25 +33,26 @@ No ``from __future__ import annotations`` here: FastAPI reads the endpoints' ``R
 import asyncio
 import json
 import logging
-import math
 import socket
 import time
 from collections.abc import Awaitable
 from contextlib import asynccontextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from utils.serve import modes
 from utils.serve.access import Access
 from utils.serve.batcher import Batcher
-from utils.serve.limits import Limits, RequestError, check_attention, check_lines, source_tokens
+from utils.serve.fields import check_fields, check_text, float_field, int_field, json_type, parse_json
+from utils.serve.limits import Limits, RequestError, check_attention, check_lines, source_tokens, target_tokens
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
 
     from utils.config import Config, DecodeConfig
     from utils.translation.engines import Engine
-    from utils.translation.translate import Translation
+    from utils.translation.translate import Guide, Translation
 
 log = logging.getLogger("server")
 
@@ -62,109 +63,22 @@ KINDS = ("cross", "encoder", "decoder")
 # ---------------------------------------------------------------------------------------------- requests
 
 
-class HugeNumber(float):
-    """A JSON integer of more than ``HugeNumber.DIGITS`` digits, as ``parse_json`` gives it: never converted (a number
-    of 5,000 digits is past ``int()``'s limit, one of 400 too big for a float), it is a float of the right sign
-    (+-inf) that remembers how many digits it had, so that an answer names its size instead of echoing it."""
+@dataclass
+class TranslateJob:
+    """A ``/translate`` request, read: its lines, whether one string was sent, its decoding settings, each line's
+    target prefix and constraints (None: none), and whether it asks for details."""
 
-    DIGITS = 20  # no field takes a number this long
-
-    digits: int
-
-    def __new__(cls, digits: int, negative: bool) -> "HugeNumber":
-        number = super().__new__(cls, -math.inf if negative else math.inf)
-        number.digits = digits
-        return number
+    lines: list[str]
+    single: bool
+    decode: "DecodeConfig"
+    guides: "list[Guide] | None" = None
+    details: bool = False
+    used: tuple[str, ...] = ()  # the modes (``modes.MODES``) it uses
 
 
-def _parse_int(s: str) -> int | HugeNumber:
-    digits = len(s.lstrip("-"))
-    return int(s) if digits <= HugeNumber.DIGITS else HugeNumber(digits, s.startswith("-"))
-
-
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; RequestError (400/422) naming what is wrong."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(400, f"the request body is not valid UTF-8 (byte {e.start}); send UTF-8 JSON") from None
-    if not text.strip():
-        raise RequestError(400, 'the request body is empty; send JSON such as {"text": "Bonjour."}')
-    try:
-        body = json.loads(text, parse_int=_parse_int)
-    except json.JSONDecodeError as e:
-        raise RequestError(400, f"invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-    except RecursionError:
-        raise RequestError(400, "invalid JSON: nested too deeply") from None
-    except ValueError as e:  # anything else the decoder cannot take: one line, never echoed at length
-        raise RequestError(400, f"invalid JSON: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") \
-            from None
-    if not isinstance(body, dict):
-        raise RequestError(422, f'the body must be a JSON object such as {{"text": "Bonjour."}}, '
-                                f"not {_json_type(body)}")
-    return body
-
-
-def _json_type(value: Any) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-             dict: "an object", type(None): "null", HugeNumber: "a number"}
-    return names.get(type(value), type(value).__name__)
-
-
-def check_fields(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    unknown = [k for k in body if k not in allowed]
-    if unknown:
-        raise RequestError(422, f"unknown field {unknown[0]!r} (fields: {', '.join(allowed)})")
-
-
-def int_field(body: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, HugeNumber):
-        raise RequestError(422, f"{name} must be between {low} and {high}, got a number with {value.digits} digits")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(422, f"{name} must be an integer, not {_json_type(value)}")
-    if not low <= value <= high:
-        raise RequestError(422, f"{name} must be between {low} and {high}, got {value}")
-    return value
-
-
-def float_field(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, HugeNumber):
-        raise RequestError(422, f"{name} must be between {low} and {high}, got a number with {value.digits} digits")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(422, f"{name} must be a number, not {_json_type(value)}")
-    if not math.isfinite(value) or not low <= value <= high:  # NaN, Infinity or a float past 1.8e308 (1e400): inf
-        raise RequestError(422, f"{name} must be between {low} and {high}, got {value}")
-    return float(value)
-
-
-def check_text(text: Any, name: str, limits: Limits) -> str:
-    """One source line: a non-empty string of valid Unicode within ``max_chars``."""
-    if not isinstance(text, str):
-        raise RequestError(422, f"{name} must be a string, not {_json_type(text)}")
-    if not text.strip():
-        raise RequestError(422, f"{name} is empty: give a sentence to translate")
-    if len(text) > limits.max_chars:
-        raise RequestError(413, f"{name} has {len(text)} characters, over the limit of {limits.max_chars} "
-                                "(--max-chars)")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise RequestError(400, f"{name} is not valid Unicode (a lone surrogate at character {e.start})") from None
-    if "\x00" in text:
-        raise RequestError(400, f"{name} holds a NUL character")
-    return text
-
-
-def translate_request(body: dict[str, Any], decode: "DecodeConfig",
-                      limits: Limits) -> tuple[list[str], bool, "DecodeConfig"]:
-    """-> (lines, whether one string was sent, the decoding settings of this request)."""
-    check_fields(body, ("text", "beam", "nbest", "lenpen"))
+def translate_request(body: dict[str, Any], decode: "DecodeConfig", limits: Limits) -> TranslateJob:
+    """The request ``body`` over the server's decoding settings ``decode``; ``RequestError`` in one line if bad."""
+    check_fields(body, ("text", "beam", "nbest", "lenpen", *modes.FIELDS))
     if "text" not in body:
         raise RequestError(422, 'missing field "text": a sentence or a list of sentences')
     text = body["text"]
@@ -179,26 +93,55 @@ def translate_request(body: dict[str, Any], decode: "DecodeConfig",
                                     "(--max-lines)")
         lines = [check_text(t, f"text[{i}]", limits) for i, t in enumerate(text)]
     else:
-        raise RequestError(422, f"text must be a string or a list of strings, not {_json_type(text)}")
+        raise RequestError(422, f"text must be a string or a list of strings, not {json_type(text)}")
     beam = int_field(body, "beam", decode.beam, 1, limits.max_beam)
-    nbest = int_field(body, "nbest", min(decode.nbest, beam), 1, limits.max_beam)
-    if nbest > beam:
-        raise RequestError(422, f"nbest ({nbest}) cannot exceed beam ({beam})")
+    asked = modes.read_modes(body, decode, len(lines), limits)
+    nbest = int_field(body, "nbest", modes.default_nbest(decode, asked.update, beam), 1, limits.max_beam)
     lenpen = float_field(body, "lenpen", decode.lenpen, 0.0, 10.0)
-    return lines, single, decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
+    decode = decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen, **asked.update))
+    modes.check_modes(decode, asked)
+    return TranslateJob(lines, single, decode, asked.guides, asked.details, tuple(asked.used(decode)))
 
 
-def hypotheses(nbest: list["Translation"]) -> list[dict[str, Any]]:
-    return [{"text": h.text, "score": h.score, "logprob": h.logprob} for h in nbest]
+def check_guides(engine: "Engine", job: TranslateJob, limits: Limits) -> None:
+    """413 for a line whose prefix and constraint phrases hold more than ``max_tokens`` target tokens (bos
+    included); for a PyTorch run, 422 (``InputError``, ``encode_guides``) for those over the model's positions."""
+    if job.guides is None:
+        return
+    for i, guide in enumerate(job.guides):
+        if guide.prefix or guide.constraints:
+            tokens = sum(target_tokens(engine, t) - 1 for t in (guide.prefix, *guide.constraints) if t) + 1
+            name = "the prefix and constraints of " + ("text" if job.single else f"text[{i}]")
+            check_lines([tokens], [name], 1, limits)
+    run = getattr(engine, "run", None)
+    if run is not None:
+        from utils.translation.translate import encode_guides
+
+        encode_guides(run.tokenizer, job.guides, run.model.max_length)
+
+
+def line_answer(source: str, nbest: list["Translation"], guide: "Guide | None") -> dict[str, Any]:
+    """One line of a ``/translate`` answer (without details)."""
+    return {"source": source, "translation": nbest[0].text,
+            "nbest": [modes.hypothesis_answer(h, guide) for h in nbest]}
 
 
 # ---------------------------------------------------------------------------------------------- attention
 
 
-def attention_layers(engine: "Engine") -> dict[str, list[int]]:
-    """The attention an engine can draw, kind -> layers: every kind and layer of a PyTorch run; an export's
-    CTranslate2 gives the last decoder layer's cross-attention (exports made before that gives nothing)."""
+def attention_run(engine: "Engine") -> Any:
+    """The PyTorch run whose attention ``/attention`` draws: the engine's, an ensemble's first model; None for an
+    export."""
     run = getattr(engine, "run", None)
+    members = getattr(run, "members", None)
+    return members[0] if members else run
+
+
+def attention_layers(engine: "Engine") -> dict[str, list[int]]:
+    """The attention an engine can draw, kind -> layers: every kind and layer of a PyTorch run (of an ensemble's
+    first model); an export's CTranslate2 gives the last decoder layer's cross-attention (exports made before that
+    gives nothing)."""
+    run = attention_run(engine)
     if run is None:
         return dict(getattr(engine, "attention_layers", {}))
     m = run.cfg.model
@@ -236,7 +179,7 @@ def attention_map(engine: "Engine", text: str, target: str | None, kind: str, la
     being predicted, as in visualize.py's figures."""
     from utils.figures.maps import BOS_LABEL, attention_from_ids, encode_pair, predicted_labels
 
-    run = getattr(engine, "run", None)
+    run = attention_run(engine)
     if run is None:  # a CTranslate2 export: cross-attention of the last layer, mean over heads
         src_ids, tgt_ids, target_text, mean = engine.cross_attention(text, target, engine.cfg.decode)
         src_tokens = engine.tokenizer.id_to_token(src_ids)
@@ -327,7 +270,12 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
         "training": training,
         "decode": {"beam": decode.beam, "nbest": decode.nbest, "lenpen": decode.lenpen,
                    "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b, "min_len_a": decode.min_len_a,
-                   "min_len_b": decode.min_len_b, "beam_stop": decode.beam_stop},
+                   "min_len_b": decode.min_len_b, "beam_stop": decode.beam_stop, "sample": decode.sample,
+                   "temperature": decode.temperature, "top_k": decode.top_k, "top_p": decode.top_p,
+                   "epsilon": decode.epsilon, "num_samples": decode.num_samples, "seed": decode.seed,
+                   "mbr": decode.mbr, "mbr_utility": decode.mbr_utility},
+        "modes": list(modes.engine_modes(engine)),
+        **({"ensemble": run.describe()} if run is not None and getattr(run, "members", None) else {}),
         "limits": asdict(limits),
     }
 
@@ -524,25 +472,57 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     @app.post("/translate", response_model=None, summary="Translate one sentence or a list", openapi_extra=body(
         requests[0]), responses=responses(schema.TranslateAnswer, "the n-best list of each line", {
             400: None, 403: None, 405: None,
-            413: "more lines than `--max-lines`, a line of more than `--max-chars` characters or `--max-tokens` "
-                 "tokens, more source tokens x beam than `--max-beam-tokens`, or a body over what those allow",
+            413: "more lines than `--max-lines`, a line (or a prefix or phrase) of more than `--max-chars` "
+                 "characters or `--max-tokens` tokens, more source tokens x beam (or samples) than "
+                 "`--max-beam-tokens`, more constraint phrases a line than the schema allows, or a body over what "
+                 "those allow",
             415: None,
-            422: "the body is not a JSON object; a field is unknown, missing or of the wrong type; a blank line or "
-                 "an empty list; `beam`, `nbest` or `lenpen` out of range, or `nbest` over `beam`; a sentence longer "
-                 "than the model's positions allow",
+            422: "the body is not a JSON object; a field is unknown, missing or of the wrong type; a blank line, "
+                 "prefix or phrase, or an empty list; a field out of range, or `nbest` over `beam`; a `prefix` or "
+                 "`constraints` list not aligned with `text`; fields that do not go together (a sampling setting "
+                 "without `sample`, `mbr_utility` without `mbr`, constraints with greedy search, a prefix or "
+                 "constraints with sampling, `mbr` over `beam` without sampling); a mode the engine does not do "
+                 "(`GET /model` lists its `modes`); a sentence, or its prefix and constraints, longer than the "
+                 "model's positions allow",
             500: None, 503: None}))
     async def translate(request: Request) -> dict[str, Any]:
         """Per line the best translation and its n-best list, with each hypothesis' length-penalised score and
-        summed log-probability: the same texts and scores as `inference.py --input` with the same flags. Requests
-        that arrive together are decoded together."""
-        lines, single, decode = translate_request(await read_body(request), engine.cfg.decode, limits)
+        summed log-probability: the same texts and scores as `inference.py --input` with the same flags. Also as
+        the command line can: a target prefix, terminology constraints, sampling, MBR, and per-token details
+        (`inference.py --format jsonl`'s fields). Requests that arrive together and decode alike are decoded
+        together."""
+        job = translate_request(await read_body(request), engine.cfg.decode, limits)
+        refused = [mode for mode in job.used if mode not in info["modes"]]
+        if refused:
+            raise RequestError(422, modes.refusal(engine, refused[0]))
+        lines, decode = job.lines, job.decode
+        why = modes.engine_problem(engine, decode, job.guides, job.details)  # e.g. a setting CTranslate2 lacks
+        if why is not None:
+            raise RequestError(422, why)
+        run = getattr(engine, "run", None)
         counts = await asyncio.to_thread(source_tokens, engine, lines)
-        check_lines(counts, ["text"] if single else [f"text[{i}]" for i in range(len(lines))], decode.beam, limits)
+        modes.check_samples(counts, decode, limits)
+        check_lines(counts, ["text"] if job.single else [f"text[{i}]" for i in range(len(lines))],
+                    modes.rows_per_line(decode), limits)
+        await asyncio.to_thread(check_guides, engine, job, limits)
         start = time.perf_counter()
-        results = await unless_gone(request, state["batcher"].translate(lines, decode))
-        out = [{"source": src, "translation": nbest[0].text, "nbest": hypotheses(nbest)}
-               for src, nbest in zip(lines, results, strict=True)]
-        return {"translations": out, "beam": decode.beam, "nbest": decode.nbest, "lenpen": decode.lenpen,
+        results = await unless_gone(request, state["batcher"].translate(
+            lines, decode, job.guides, details=job.details and run is None))  # an export gives them itself
+        guides = job.guides or [None] * len(lines)
+        out = [line_answer(src, nbest, guide) for src, nbest, guide in zip(lines, results, guides, strict=True)]
+        if job.details:
+            if run is None:  # an export gave each hypothesis its alignment while decoding
+                details = await asyncio.to_thread(modes.export_details, engine, lines, results)
+            else:  # one teacher-forced pass of the server's model for the alignments, between batches
+                details = await unless_gone(request, state["batcher"].call(lambda: modes.line_details(
+                    run.model, run.tokenizer, lines, results, decode.batch_size)))
+            for line, (tokens, records) in zip(out, details, strict=True):
+                line["source_tokens"] = tokens
+                line["nbest"] = [{**hyp, **record} for hyp, record in zip(line["nbest"], records, strict=True)]
+        from utils.translation.translate import outputs_per_sentence
+
+        return {"translations": out, "beam": decode.beam, "nbest": outputs_per_sentence(decode),
+                "lenpen": decode.lenpen, **modes.settings_answer(decode, job.details),
                 "seconds": round(time.perf_counter() - start, 4)}
 
     @app.post("/attention", response_model=None, summary="One layer's attention for a sentence", openapi_extra=body(

@@ -2,7 +2,8 @@
 dropped.
 
 Requests wait in a bounded queue (full: 503). Static batching: translation requests that wait together are decoded
-in one ``translate`` call (grouped by beam, n-best and length penalty). Continuous batching (an engine with
+in one ``translate`` call per group of requests that decode alike (``decode_key``: every decoding setting, and
+whether they carry target prefixes and constraints). Continuous batching (an engine with
 ``continuous`` set: a PyTorch run's decoding process): each request is handed to the decoding in flight as soon as
 it fits under ``max_batch`` sentences, and joins it between two decoder steps (``utils/translation/continuous.py``).
 Other work (attention maps) runs alone. The blocking calls run in one thread of their own, so the server's model is
@@ -33,7 +34,7 @@ from utils.serve.limits import Limits, RequestError
 if TYPE_CHECKING:
     from utils.config import DecodeConfig
     from utils.translation.engines import Engine
-    from utils.translation.translate import Translation
+    from utils.translation.translate import Guide, Translation
 
 
 log = logging.getLogger("server")
@@ -43,11 +44,23 @@ class Abandoned(Exception):
     """Raised by a static batch's ``on_done`` once nobody waits for the rest of the batch: the engine stops."""
 
 
+def decode_key(decode: DecodeConfig, guides: list[Guide | None] | None, details: bool = False) -> tuple:
+    """What makes two translation requests decode alike (one ``translate`` call): every decoding setting, whether
+    they have target prefixes, whether they have constraints, and whether the engine is to give details."""
+    prefixed = any(g is not None and g.prefix for g in guides or [])
+    constrained = any(g is not None and g.constraints for g in guides or [])
+    return (*sorted(decode.model_dump().items()), ("prefix", prefixed), ("constraints", constrained),
+            ("details", details))
+
+
 @dataclass(eq=False)
 class _Job:
     future: asyncio.Future
     texts: list[str]
-    key: tuple[int, int, float] | None = None  # (beam, nbest, lenpen) of a translation; None: ``call``
+    key: tuple | None = None  # a translation's ``decode_key``; None: ``call``
+    decode: DecodeConfig | None = None  # a translation's decoding settings
+    guides: list[Guide | None] | None = None  # a translation's target prefix and constraints of each text, or None
+    details: bool = False  # the engine gives each hypothesis its details (a CTranslate2 export's ``details``)
     call: Callable[[], Any] | None = None
     answered: bool = False  # a translation's n-best lists were handed over (counted once)
     parts: list[Any] | None = None  # continuous batching: the n-best lists received so far
@@ -135,11 +148,15 @@ class Batcher:
         job.future.add_done_callback(partial(self._gone, job))
         return job.future
 
-    async def translate(self, texts: list[str], decode: DecodeConfig) -> list[list[Translation]]:
-        """The n-best lists of ``texts``, decoded with whatever other requests wait at the same time. Cancelling
-        this (the client hung up) drops the request's work (module docstring)."""
+    async def translate(self, texts: list[str], decode: DecodeConfig, guides: list[Guide | None] | None = None,
+                        details: bool = False) -> list[list[Translation]]:
+        """The n-best lists of ``texts`` (``guides``: each one's target prefix and constraints, or None; ``details``:
+        the engine's ``translate`` gives each hypothesis its details), decoded with whatever other requests that
+        decode alike wait at the same time. Cancelling this (the client hung up) drops the request's work (module
+        docstring)."""
         future = asyncio.get_running_loop().create_future()
-        return await self._submit(_Job(future, texts, key=(decode.beam, decode.nbest, decode.lenpen)))
+        return await self._submit(_Job(future, texts, key=decode_key(decode, guides, details), decode=decode,
+                                       guides=guides, details=details))
 
     async def call(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` in the decoding thread, between batches (anything else that uses the model); cancelled before it
@@ -221,18 +238,32 @@ class Batcher:
             jobs.append(nxt)
             size += len(nxt.texts)
         jobs = [j for j in jobs if not j.future.done()]  # clients that went away while waiting
-        groups: dict[tuple[int, int, float], list[_Job]] = {}
+        groups: dict[tuple, list[_Job]] = {}
         for j in jobs:
             groups.setdefault(j.key, []).append(j)  # type: ignore[arg-type]
-        for (beam, nbest, lenpen), group in groups.items():
+        for group in groups.values():
             if all(j.future.done() for j in group):  # gone while an earlier group decoded
                 continue
-            decode = self.engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
             texts = [t for j in group for t in j.texts]
+            guides = None
+            if any(j.guides is not None for j in group):
+                guides = [g for j in group for g in (j.guides or [None] * len(j.texts))]
             self.counters.batches += 1
             self.counters.largest_batch = max(self.counters.largest_batch, len(texts))
-            await self._execute(group, lambda on_done, texts=texts, decode=decode:
-                                self.engine.translate(texts, decode, on_done))
+            await self._execute(group, lambda on_done, texts=texts, job=group[0], guides=guides:
+                                self._translate(texts, job.decode, on_done, guides, job.details))
+
+    def _translate(self, texts: list[str], decode: DecodeConfig, on_done: Callable[[int, Any], None],
+                   guides: list[Guide | None] | None, details: bool) -> list[list[Translation]]:
+        """Static batching, in the decoding thread: the engine's ``translate`` (``guides`` and ``details`` only when
+        there are: an engine that takes none is never handed any; a decoding process takes guides itself)."""
+        extra: dict[str, Any] = {"guides": guides} if guides is not None else {}
+        if details:
+            extra["details"] = True
+        decoder = getattr(self.engine, "decoder", None)
+        if guides is not None and decoder is not None:
+            return decoder.translate(texts, decode, on_done, **extra)
+        return self.engine.translate(texts, decode, on_done, **extra)
 
     async def _join(self, job: _Job) -> None:
         """Continuous batching: hand ``job`` to the decoding in flight once it fits under ``max_batch`` sentences; its
@@ -246,8 +277,8 @@ class Batcher:
         if job.future.done():  # its client went away while it waited
             return
         loop = asyncio.get_running_loop()
-        beam, nbest, lenpen = job.key  # type: ignore[misc]
-        decode = self.engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen))
+        decode, guides = job.decode, job.guides
+        extra = {} if guides is None else {"guides": guides}  # an engine that takes none is never handed any
         job.parts, job.left = [None] * len(job.texts), len(job.texts)
         if not self._in_flight:
             self._busy_since = time.perf_counter()
@@ -262,8 +293,8 @@ class Batcher:
 
         def submit() -> Any:  # in the decoding thread: a decoding process that ended is started again there
             if self._decoder is not None:
-                return self._decoder.submit(job.texts, decode, on_done, on_error)
-            return self.engine.submit(job.texts, decode, on_done, on_error)  # type: ignore[attr-defined]
+                return self._decoder.submit(job.texts, decode, on_done, on_error, **extra)
+            return self.engine.submit(job.texts, decode, on_done, on_error, **extra)  # type: ignore[attr-defined]
         try:
             job.handle = await loop.run_in_executor(self._pool, submit)
         except Exception as err:  # noqa: BLE001 - the request fails, not the worker

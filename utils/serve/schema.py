@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from utils.serve.modes import MAX_PHRASES
+
 if TYPE_CHECKING:
     from utils.config import DecodeConfig
 
@@ -32,8 +34,10 @@ ERRORS: dict[int, str] = {
          "too much work (source tokens x beam over `--max-beam-tokens`, attention weights over "
          "`--max-attention-weights`), or a body over what those allow",
     415: "a POST body sent without `Content-Type: application/json`",
-    422: "the body is not a JSON object; a field is unknown, missing, of the wrong type, empty or out of range; or the "
-         "model cannot take the sentence (longer than its positions allow)",
+    422: "the body is not a JSON object; a field is unknown, missing, of the wrong type, empty or out of range; fields "
+         "that do not go together (a sampling setting without sampling, constraints with greedy search...) or a mode "
+         "the engine does not do (constraints with a CTranslate2 export); or the model cannot take the sentence, its "
+         "prefix or its constraints (longer than its positions allow)",
     431: "the request line and headers hold more than `--max-header-bytes` bytes; the connection is closed",
     500: "an internal error (the first line of its message; the traceback goes to the server's log)",
     501: "a CTranslate2 export made before exports kept attention: `/attention` has nothing to draw (export the run "
@@ -47,8 +51,8 @@ class ErrorAnswer(BaseModel):
     """Every refusal: an HTTP status of 4xx or 5xx and one readable line, never a traceback."""
 
     model_config = ConfigDict(extra="forbid")
-    error: str = Field(description="what is wrong, in one line (e.g. `unknown field 'colour' (fields: text, beam, "
-                                   "nbest, lenpen)`)")
+    error: str = Field(description="what is wrong, in one line (e.g. `unknown field 'colour' (fields: text, target, "
+                                   "kind, layer)`)")
 
 
 def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel], type[BaseModel]]:
@@ -57,13 +61,21 @@ def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel]
     decoding flags over it)."""
     line = Annotated[str, StringConstraints(min_length=1, max_length=limits.max_chars)]
     lines = Annotated[list[line], Field(min_length=1, max_length=limits.max_lines)]
+    prefixes = Annotated[list[Annotated[str, StringConstraints(max_length=limits.max_chars)]],
+                         Field(min_length=1, max_length=limits.max_lines)]
+    phrases = Annotated[list[line], Field(min_length=1, max_length=MAX_PHRASES)]
+    per_line = Annotated[list[Annotated[list[line], Field(max_length=MAX_PHRASES)]],
+                         Field(min_length=1, max_length=limits.max_lines)]
+    sampling = "; needs sampling (`sample` true, or the server's default); absent or null: the server's default"
 
     class TranslateRequest(BaseModel):
         """What to translate, and optionally how."""
 
         model_config = ConfigDict(extra="forbid", title="TranslateRequest", json_schema_extra={"examples": [
             {"text": "Le chat dort sur le canapé."},
-            {"text": ["Bonjour.", "Merci beaucoup."], "beam": 5, "nbest": 2, "lenpen": 1.0}]})
+            {"text": ["Bonjour.", "Merci beaucoup."], "beam": 5, "nbest": 2, "lenpen": 1.0},
+            {"text": "Le chat dort sur le canapé.", "prefix": "The cat", "constraints": ["sofa"], "details": True},
+            {"text": "Le chat dort sur le canapé.", "sample": True, "mbr": 16, "seed": 1}]})
         text: line | lines = Field(
             description=f"a sentence, or a list of up to {limits.max_lines} (`--max-lines`); each line at most "
                         f"{limits.max_chars} characters (`--max-chars`) and {limits.max_tokens} tokens "
@@ -74,12 +86,55 @@ def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel]
                                              "the lines' tokens times the beam at most "
                                              f"{limits.max_beam_tokens} (`--max-beam-tokens`)")
         nbest: int | None = Field(min(decode.nbest, decode.beam), ge=1, le=limits.max_beam,
-                                  description="hypotheses returned per line, best first; at most `beam`; absent or "
-                                              "null: the server's `--nbest` (at most `beam`)")
+                                  description="hypotheses returned per line, best first; at most `beam` (MBR: at "
+                                              "most `mbr`; sampling without MBR returns `num_samples` and takes no "
+                                              "`nbest` above 1); absent or null: the server's `--nbest` (at most "
+                                              "`beam`, or `mbr`; 1 when sampling)")
         lenpen: float | None = Field(decode.lenpen, ge=0.0, le=10.0, description=(
             "GNMT length penalty alpha: hypotheses are ranked by log-probability / ((5 + length in tokens) / 6)^alpha, "
             "so a larger alpha favours longer ones and 0 ranks by log-probability alone; absent or null: the server's "
             "`--lenpen`"))
+        prefix: line | prefixes | None = Field(None, description=(
+            "a target prefix: every translation starts with it (its tokens forced, kept in the output and counted in "
+            "the scores); the search goes on after it. One string for every line, or a list aligned with `text` "
+            "(`\"\"`: none for that line). Greedy or beam search, not sampling"))
+        constraints: phrases | per_line | None = Field(None, description=(
+            f"terminology constraints: words or phrases every translation must contain (at most {MAX_PHRASES} a "
+            "line), as a list of phrases for every line or a list of such lists aligned with `text` (`[]`: none for "
+            "that line); beam search with dynamic beam allocation (`beam` 2 or more). A hypothesis that reaches the "
+            "length cap without them all says so (`constraints_met` false). The prefix and phrases of a line at most "
+            "`--max-tokens` tokens"))
+        sample: bool | None = Field(decode.sample, description=(
+            "draw the translations at random from the model's distribution instead of searching (`beam` unused): "
+            "`num_samples` per line, best first by score; absent or null: the server's default (the run's "
+            "`decode.sample`)"))
+        temperature: float | None = Field(decode.temperature, gt=0, lt=100, description=(
+            "divide the log-probabilities by it before drawing (below 1 sharper, above 1 flatter)" + sampling))
+        top_k: int | None = Field(decode.top_k, ge=0, le=10**6, description=(
+            "draw among the K most probable tokens only (0: off)" + sampling))
+        top_p: float | None = Field(decode.top_p, gt=0, le=1, description=(
+            "nucleus sampling: draw among the fewest most probable tokens of total probability P (1: off)" + sampling))
+        epsilon: float | None = Field(decode.epsilon, ge=0, lt=1, description=(
+            "epsilon sampling: draw among the tokens of probability at least E (0: off)" + sampling))
+        num_samples: int | None = Field(decode.num_samples, ge=1, le=limits.max_beam, description=(
+            "translations drawn per line, each a row of the batch as a beam is: the lines' tokens times the "
+            f"samples at most {limits.max_beam_tokens} (`--max-beam-tokens`)" + sampling))
+        seed: int | None = Field(decode.seed, ge=0, le=2**63 - 1, description=(
+            "the samples of a line depend on this seed and the line alone, so the same seed repeats them exactly "
+            "(null: a fresh seed each request)" + sampling))
+        mbr: int | None = Field(decode.mbr, ge=0, le=limits.max_beam, description=(
+            "minimum Bayes risk decoding over N candidates: N samples with sampling, else the beam's N-best (N at "
+            "most `beam`); the translations are the distinct candidates ranked by their mean `mbr_utility` against "
+            "all candidates (`utility`), `nbest` of them. 0: off; else at least 2; absent or null: the server's "
+            "default"))
+        mbr_utility: Literal["chrf", "bleu"] | None = Field(decode.mbr_utility, description=(
+            "the utility of MBR decoding: sentence-level chrF or BLEU (sacreBLEU's); needs `mbr`; absent or null: "
+            "the server's default"))
+        details: bool | None = Field(False, description=(
+            "true: each hypothesis also gets its tokens, the log-probability of each (`token_logprobs`) and the "
+            "source token each one attends to most (`alignment`), and each line its `source_tokens`, as "
+            "`inference.py --format jsonl` writes them (a PyTorch run: one more teacher-forced pass of the model; a "
+            "CTranslate2 export: from the attention it returns while decoding)"))
 
     class AttentionRequest(BaseModel):
         """The sentence whose attention is drawn, and which attention."""
@@ -126,8 +181,18 @@ class Hypothesis(Answer):
 
     text: str = Field(description="the translation")
     score: float = Field(description="its log-probability divided by the GNMT length penalty: what the n-best list is "
-                                     "sorted by (higher is better)")
+                                     "sorted by (higher is better; under MBR the list is sorted by `utility`)")
     logprob: float = Field(description="its log-probability, summed over its tokens")
+    utility: float = absent("MBR decoding: its mean utility (0-100) against all the candidates, itself included")
+    constraints_met: bool = absent("a line with constraints: whether the hypothesis holds every phrase (false: it "
+                                   "reached the length cap first)")
+    tokens: list[str] = absent("`details`: its tokens, end-of-sentence last when it ended with one")
+    token_logprobs: list[float] = absent("`details`: the log-probability of each token (the target prefix's too); "
+                                         "their sum is `logprob`")
+    alignment: list[int] = absent("`details`: for each token, the source position (into `source_tokens`) its last "
+                                  "decoder layer's cross-attention weighs most, mean over heads (and over the models "
+                                  "of an ensemble), the translation teacher-forced (a CTranslate2 export: as it "
+                                  "decoded)")
 
 
 class LineTranslation(Answer):
@@ -135,7 +200,9 @@ class LineTranslation(Answer):
 
     source: str = Field(description="the line, as sent")
     translation: str = Field(description="the best hypothesis (`nbest[0].text`)")
-    nbest: list[Hypothesis] = Field(description="`nbest` hypotheses, best first")
+    nbest: list[Hypothesis] = Field(description="`nbest` hypotheses, best first (sampling: the samples; MBR: the "
+                                                "distinct candidates of highest utility)")
+    source_tokens: list[str] = absent("`details`: the line's tokens as the model reads it, end-of-sentence last")
 
 
 class TranslateAnswer(Answer):
@@ -145,11 +212,23 @@ class TranslateAnswer(Answer):
         "translations": [{"source": "Le chat dort sur le canapé.", "translation": "The cat is sleeping on the sofa.",
                           "nbest": [{"text": "The cat is sleeping on the sofa.", "score": -0.2813,
                                      "logprob": -0.5067}]}],
-        "beam": 5, "nbest": 1, "lenpen": 0.6, "seconds": 0.0971}]})
+        "beam": 5, "nbest": 1, "lenpen": 0.6, "sample": False, "mbr": 0, "details": False, "seconds": 0.0971}]})
     translations: list[LineTranslation] = Field(description="one per line sent, in order (one for a single string)")
     beam: int = Field(description="the beam size used")
-    nbest: int = Field(description="the hypotheses returned per line")
+    nbest: int = Field(description="the hypotheses returned per line (sampling: `num_samples`; MBR: at most)")
     lenpen: float = Field(description="the length penalty used")
+    sample: bool = Field(description="whether the translations were sampled")
+    temperature: float = absent("sampling: the temperature used")
+    top_k: int = absent("sampling: the top-k used (0: off)")
+    top_p: float = absent("sampling: the top-p used (1: off)")
+    epsilon: float = absent("sampling: the epsilon used (0: off)")
+    num_samples: int = absent("sampling: the samples drawn per line (with `mbr`: 1, the candidates being `mbr`)")
+    seed: int | None = Field(None, description="sampling: the seed used; null: a fresh one (absent without sampling)",
+                             json_schema_extra=_no_default)
+    mbr: int = Field(description="MBR decoding's candidates per line (0: off)")
+    mbr_utility: str = absent("MBR decoding: its utility, `chrf` or `bleu`")
+    details: bool = Field(description="whether the hypotheses carry their tokens, token log-probabilities and "
+                                      "alignment")
     seconds: float = Field(description="seconds from the request's entering the queue to its answer: waiting "
                                        "behind other requests and decoding")
 
@@ -232,6 +311,15 @@ class DecodeDefaults(Answer):
     min_len_b: int = Field(description="... and b")
     beam_stop: str = Field(description="when a sentence's beam search ends: `bound` (no alive beam can beat the "
                                        "finished n-best) or `k_finished` (after K finished hypotheses)")
+    sample: bool = Field(description="whether translations are sampled")
+    temperature: float = Field(description="sampling: the temperature")
+    top_k: int = Field(description="sampling: top-k (0: off)")
+    top_p: float = Field(description="sampling: top-p (1: off)")
+    epsilon: float = Field(description="sampling: epsilon (0: off)")
+    num_samples: int = Field(description="sampling: samples per line")
+    seed: int | None = Field(description="sampling: the seed (null: a fresh one each request)")
+    mbr: int = Field(description="MBR decoding's candidates (0: off)")
+    mbr_utility: str = Field(description="MBR decoding's utility, `chrf` or `bleu`")
 
 
 class LimitsInfo(Answer):
@@ -260,6 +348,14 @@ class LimitsInfo(Answer):
                                                "and a client to read its answer (`--request-timeout`)")
 
 
+class EnsembleMember(Answer):
+    """One model of an ensemble."""
+
+    run_dir: str = Field(description="its run directory")
+    checkpoint: str = Field(description="the checkpoint file loaded")
+    step: int | None = Field(description="its training step")
+
+
 class ModelAnswer(Answer):
     """The model served and how."""
 
@@ -282,6 +378,13 @@ class ModelAnswer(Answer):
     training: TrainingInfo = Field(description="checkpoint, step, best validation BLEU, the training summary and the "
                                                "last validation line")
     decode: DecodeDefaults = Field(description="the decoding defaults of every request")
+    modes: list[Literal["prefix", "constraints", "sample", "mbr", "details"]] = Field(
+        description="the decoding modes `/translate` takes here: every one for a PyTorch run; a CTranslate2 export "
+                    "those it does (a mode not listed is refused, 422)")
+    ensemble: list[EnsembleMember] = absent("several runs decoded as one ensemble (the mean of their next-token "
+                                            "probabilities): each one's run, checkpoint and step, the first one "
+                                            "described above (its attention is what `/attention` draws); absent for "
+                                            "one model")
     limits: LimitsInfo = Field(description="the server's limits")
 
 

@@ -2,7 +2,9 @@
 server's batches. Python beam search holds the GIL for most of a step; in the server's process it takes turns
 with the HTTP and JSON work of every request, in its own process both run at once (CTranslate2 releases the GIL
 while it decodes and needs no such process). A job whose client hung up is cancelled there (``cancel``): it stops
-at the next decoder step (a batch that holds other jobs too goes on for them)."""
+at the next decoder step (a batch that holds other jobs too goes on for them). A job may carry each text's target
+prefix and constraints (``Guide``), and decodes in every mode ``translate`` has (sampling, MBR); the process may
+hold an ensemble (several runs, ``utils.run.ensemble``)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from utils.translation.continuous import ContinuousDecoder, Request
 
 if TYPE_CHECKING:
-    from utils.translation.translate import OnDone
+    from utils.translation.translate import Guide, OnDone
 
 log = logging.getLogger("serve")
 
@@ -70,30 +72,32 @@ class CancellableDecoder(ContinuousDecoder):
         self.searches = keep
 
 
-def _decode_forever(conn: Connection, model_path: str, config: str | None, overrides: list[str], device: str,
+def _decode_forever(conn: Connection, model_paths: list[str], config: str | None, overrides: list[str], device: str,
                     average: int | None, join: float) -> None:
-    """The child: load the run, answer ("ok", (checkpoint, step)) or ("error", ...), then decode every job received
-    until the pipe closes (the server's end goes when the server does). A job is (kind, id, texts, decode): kind
+    """The child: load the run (several ``model_paths``: an ensemble), answer ("ok", [(checkpoint, step) of each
+    model]) or ("error", ...), then decode every job received until the pipe closes (the server's end goes when the
+    server does). A job is (kind, id, texts, decode, guides), guides None or one ``Guide`` per text: kind
     "translate" is decoded at once, alone, as ``translate`` does (static batches); kind "join" joins the decoding in
     flight (``ContinuousDecoder``: iteration-level batching), new jobs being read between decoder steps; kind
-    "cancel" (texts and decode None) drops the job of that id: not started, or out of the decoding in flight (its
-    batch stops once it holds no other job), or, the static batch decoding now, at its next decoder step; kind
+    "cancel" (texts, decode and guides None) drops the job of that id: not started, or out of the decoding in flight
+    (its batch stops once it holds no other job), or, the static batch decoding now, at its next decoder step; kind
     "close" ends the child. Each text is reported as soon as its list is final: ("done", (id, i, nbest, stats)),
     stats the continuous decoder's (batches, steps, sentence-steps); a job that fails answers ("error", (id,
     exception class name, message, traceback)) instead of its remaining texts; a cancelled job answers nothing
     more."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server handles it
     try:
-        from utils.run.load import load_run
-        from utils.translation.translate import encode_sources
+        from utils.run.ensemble import load_ensemble
+        from utils.translation.translate import encode_guides, encode_sources
 
-        run = load_run(model_path, config, overrides, device, average=average)
+        run = load_ensemble(model_paths, config, overrides, device, average=average)
     except Exception as err:  # noqa: BLE001 - the parent reports it in one line
         conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
         return
-    conn.send(("ok", (str(run.checkpoint), run.step)))
+    members = getattr(run, "members", None) or [run]
+    conn.send(("ok", [(str(m.checkpoint), m.step) for m in members]))
     decoder = CancellableDecoder(run.model, run.tokenizer, join=join)
-    pending: deque[tuple[str, int, Any, Any]] = deque()  # jobs received, not started
+    pending: deque[tuple[str, int, Any, Any, Any]] = deque()  # jobs received, not started
     live: dict[int, Any] = {}  # "join" jobs in the decoder: id -> its request
     static: list[Any] = [None, False]  # the "translate" job decoding now, and whether it was cancelled
 
@@ -105,7 +109,7 @@ def _decode_forever(conn: Connection, model_path: str, config: str | None, overr
             return
         conn.send(("error", (job, type(err).__name__, str(err), "".join(traceback.format_exception(err)))))
 
-    def take(message: tuple[str, int, Any, Any]) -> None:
+    def take(message: tuple[str, int, Any, Any, Any]) -> None:
         kind, job = message[0], message[1]
         if kind == "close":
             raise EOFError
@@ -138,7 +142,7 @@ def _decode_forever(conn: Connection, model_path: str, config: str | None, overr
             return
         joining = []
         while pending:
-            kind, job, texts, decode = pending.popleft()
+            kind, job, texts, decode, guides = pending.popleft()
 
             def done(i: int, nbest: Any, job: int = job, kind: str = kind) -> None:
                 if kind == "join" and job not in live:  # cancelled while its batch goes on for others
@@ -150,9 +154,10 @@ def _decode_forever(conn: Connection, model_path: str, config: str | None, overr
             try:
                 if kind == "translate":
                     static[:] = [job, False]
-                    _translate(run, texts, decode, done, stopped)
+                    _translate(run, texts, decode, done, stopped, guides)
                     continue
                 sources = encode_sources(run.tokenizer, texts, run.model.max_length, strict=False)
+                ids = None if guides is None else encode_guides(run.tokenizer, guides, run.model.max_length)
             except _Stopped:
                 continue
             except (EOFError, OSError):  # the server's end of the pipe is gone
@@ -162,7 +167,7 @@ def _decode_forever(conn: Connection, model_path: str, config: str | None, overr
                 continue
             finally:
                 static[:] = [None, False]
-            live[job] = _Cancellable(sources, decode, done, lambda err, job=job: failed(job, err, joined=True))
+            live[job] = _Cancellable(sources, decode, done, lambda err, job=job: failed(job, err, joined=True), ids)
             joining.append(live[job])
         decoder.add(joining)
         try:
@@ -171,24 +176,28 @@ def _decode_forever(conn: Connection, model_path: str, config: str | None, overr
             return
 
 
-def _translate(run: Any, texts: list[str], decode: Any, on_done: OnDone, stopped: Callable[[], bool]) -> None:
-    """``translate(run.model, run.tokenizer, texts, decode, strict=False, on_done=on_done)``: the same batches (the
-    sources sorted by length, ``decode.batch_size`` at a time), each decoded as ``Search.run`` does, but ``_Stopped``
-    at the first decoder step after ``stopped()`` (the rest of the job is not decoded)."""
+def _translate(run: Any, texts: list[str], decode: Any, on_done: OnDone, stopped: Callable[[], bool],
+               guides: list[Guide | None] | None = None) -> None:
+    """``translate(run.model, run.tokenizer, texts, decode, strict=False, on_done=on_done, guides=guides)``: the same
+    batches (the sources sorted by length, ``decode.batch_size`` at a time), each decoded as ``Search.run`` does, but
+    ``_Stopped`` at the first decoder step after ``stopped()`` (the rest of the job is not decoded)."""
     import torch
 
-    from utils.translation.translate import Translation, _batches, encode_sources, make_search, translations
+    from utils.translation import translate as t
 
-    sources = encode_sources(run.tokenizer, texts, run.model.max_length, strict=False)
+    sources = t.encode_sources(run.tokenizer, texts, run.model.max_length, strict=False)
+    ids = None if guides is None else t.encode_guides(run.tokenizer, guides, run.model.max_length)
     todo = [i for i, src in enumerate(sources) if src]
     for i in (i for i, src in enumerate(sources) if not src):
-        on_done(i, [Translation("", 0.0, 0.0, [])])
+        on_done(i, [t.Translation("", 0.0, 0.0, [])])
     run.model.eval()
     with torch.no_grad():
-        for batch in _batches([len(sources[i]) for i in todo], decode.batch_size):
+        for batch in t._batches([len(sources[i]) for i in todo], decode.batch_size):
             rows = [todo[j] for j in batch]
-            search = make_search(run.model, run.tokenizer, [sources[i] for i in rows], decode,
-                                 lambda r, hyps, rows=rows: on_done(rows[r], translations(run.tokenizer, hyps)))
+            search = t.make_search(run.model, run.tokenizer, [sources[i] for i in rows], decode,
+                                   lambda r, hyps, rows=rows: on_done(rows[r], t.translations(run.tokenizer, hyps,
+                                                                                              decode)),
+                                   None if ids is None else [ids[i] for i in rows])
             while search.running:
                 if stopped():
                     raise _Stopped
@@ -211,12 +220,15 @@ class ProcessDecoder:
 
     def __init__(self, checkpoint: Path | str, step: int, config: Path | str | None, overrides: list[str],
                  device: str, average: int | None = None, run_dir: Path | str | None = None,
-                 join: float = 0.5) -> None:
+                 join: float = 0.5, members: list[tuple[Path | str, int, Path | str | None]] | None = None) -> None:
         """``checkpoint`` and ``step``: what the server loaded (``LoadedRun``); with ``average`` the child averages
-        ``run_dir``'s last checkpoints again and must reach the same ``checkpoint`` name (its steps)."""
-        source = str(run_dir) if average else str(checkpoint)
-        self._args = (source, None if config is None else str(config), list(overrides), device, average, join)
-        self._expected = (str(Path(checkpoint).resolve()), step)
+        ``run_dir``'s last checkpoints again and must reach the same ``checkpoint`` name (its steps). ``members``: an
+        ensemble's (checkpoint, step, run_dir) of each model, the first one ``checkpoint``'s (``LoadedEnsemble``):
+        the child loads them all, and must reach the same checkpoints."""
+        members = members or [(checkpoint, step, run_dir)]
+        sources = [str(rd) if average else str(ckpt) for ckpt, _, rd in members]
+        self._args = (sources, None if config is None else str(config), list(overrides), device, average, join)
+        self._expected = [(str(Path(ckpt).resolve()), st) for ckpt, st, _ in members]
         self._lock = threading.RLock()  # close() takes it too, also from within submit()
         self._jobs: dict[int, _Job] = {}  # the current child's jobs in flight
         self._ended_child = threading.Event()  # set by the current child's reader when its pipe closes
@@ -242,11 +254,12 @@ class ProcessDecoder:
         if status != "ok":
             self.close()
             raise DecoderError(f"the decoding process could not load the run: {payload[0]}: {payload[1]}")
-        loaded = (str(Path(payload[0]).resolve()), payload[1])
-        if loaded != self._expected:
-            self.close()
-            raise DecoderError(f"the decoding process loaded {loaded[0]} (step {loaded[1]}), not the server's "
-                               f"{self._expected[0]} (step {self._expected[1]}): the run changed; restart the server")
+        loaded = [(str(Path(ckpt).resolve()), st) for ckpt, st in payload]
+        for got, want in zip(loaded, self._expected, strict=True):
+            if got != want:
+                self.close()
+                raise DecoderError(f"the decoding process loaded {got[0]} (step {got[1]}), not the server's "
+                                   f"{want[0]} (step {want[1]}): the run changed; restart the server")
         self.stats = (0, 0, 0)  # a new child counts from zero
         self._jobs, self._ended_child = {}, threading.Event()
         threading.Thread(target=self._read, args=(self._conn, self._jobs, self._ended_child, self._proc),
@@ -298,11 +311,12 @@ class ProcessDecoder:
                 job.on_error(err)
 
     def submit(self, texts: list[str], decode: Any, on_done: OnDone, on_error: Callable[[BaseException], None],
-               kind: str = "join") -> int | None:
+               kind: str = "join", guides: list[Guide | None] | None = None) -> int | None:
         """Hand ``texts`` to the child: ``on_done(i, nbest)`` for each as it is final, or ``on_error(exception)``
         once if the job fails (errors as the server's own would be: an input the model cannot take as
         ``InputError`` / ``PositionLimitError`` (422), an ended child ``DecoderError``, else ``RuntimeError``).
-        Returns the job's id, for ``cancel`` (None: no texts, nothing to do)."""
+        ``guides``: each text's target prefix and constraints (``Guide``), or None. Returns the job's id, for
+        ``cancel`` (None: no texts, nothing to do)."""
         if not texts:
             return None
         with self._lock:
@@ -315,7 +329,7 @@ class ProcessDecoder:
             job_id = next(self._ids)
             self._jobs[job_id] = _Job(on_done, on_error, len(texts))
             try:
-                self._conn.send((kind, job_id, texts, decode))
+                self._conn.send((kind, job_id, texts, decode, guides))
             except OSError:  # BrokenPipeError among them: the reader fails the job when it sees the end
                 pass
         return job_id
@@ -328,16 +342,17 @@ class ProcessDecoder:
             if job is None:
                 return
             try:
-                self._conn.send(("cancel", job_id, None, None))
+                self._conn.send(("cancel", job_id, None, None, None))
             except OSError:  # the child has ended: nothing decodes the job any more
                 pass
         job.on_error(Cancelled(f"job {job_id} was cancelled"))
 
-    def translate(self, texts: list[str], decode: Any, on_done: OnDone | None = None) -> list[list[Any]]:
-        """The n-best lists of ``texts`` decoded as one batch, alone (as ``translate`` does), ``on_done(i, nbest)``
-        called for each as the child finishes it; raises the job's error (``submit``). An ``on_done`` that raises
-        stops the batch (the child drops the rest at its next step) and ``translate`` raises that; so does
-        ``cancel(self.translating)``, with ``Cancelled``."""
+    def translate(self, texts: list[str], decode: Any, on_done: OnDone | None = None,
+                  guides: list[Guide | None] | None = None) -> list[list[Any]]:
+        """The n-best lists of ``texts`` decoded as one batch, alone (as ``translate`` does, ``guides`` too),
+        ``on_done(i, nbest)`` called for each as the child finishes it; raises the job's error (``submit``). An
+        ``on_done`` that raises stops the batch (the child drops the rest at its next step) and ``translate`` raises
+        that; so does ``cancel(self.translating)``, with ``Cancelled``."""
         results: list[Any] = [None] * len(texts)
         finished = threading.Event()
         failure: list[BaseException] = []
@@ -361,7 +376,7 @@ class ProcessDecoder:
             failure.append(err)
             finished.set()
 
-        job_id = self.translating = self.submit(texts, decode, done, error, kind="translate")
+        job_id = self.translating = self.submit(texts, decode, done, error, kind="translate", guides=guides)
         try:
             if texts:
                 finished.wait()
@@ -378,7 +393,8 @@ class ProcessDecoder:
         the child briefly."""
         with self._lock:
             try:
-                self._conn.send(("close", -1, None, None))  # the pipe's end alone is not seen while the reader reads
+                # the pipe's end alone is not seen while the reader reads
+                self._conn.send(("close", -1, None, None, None))
             except OSError:  # the child has ended
                 pass
         self._conn.close()

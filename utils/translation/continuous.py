@@ -5,7 +5,11 @@ as its sentences finish. Here requests added while others decode start a few ste
 their own (the requests waiting together that decode alike form one batch) beside the batches already decoding,
 and every step runs all of them at once (``models.decoding.decode_together``: the matrix products over all rows,
 attention per batch at its own positions; Orca, Yu et al. 2022). Each sentence is reported as soon as it is done,
-with the n-best list ``translate`` gives it.
+with the n-best list ``translate`` gives it (under MBR, the candidates ranked by ``translations`` as there).
+
+Requests decode alike when every decoding setting that shapes a search is equal (``_key``: beam, n-best, length
+penalty, length cap and floor, stopping rule, sampling and its settings and seed, MBR and its utility) and they agree
+on whether they carry target prefixes and whether they carry constraints; only such requests share a batch.
 """
 
 from __future__ import annotations
@@ -19,29 +23,43 @@ from models.decoding import Hypothesis, Search, decode_together
 from models.transformer import Seq2SeqTransformer
 from tokenizer import Tokenizer
 from utils.config import DecodeConfig
-from utils.translation.translate import OnDone, Translation, make_search, translations
+from utils.translation.translate import GuideIds, OnDone, Translation, make_search, translations
 
 
 @dataclass
 class Request:
     """Sources to translate (ids with eos, as ``encode_sources`` gives; empty ones get an empty translation), how,
     and where the results go: ``on_done(i, nbest)`` for source ``i`` when final, ``on_error(exception)`` once if its
-    decoding fails before all are."""
+    decoding fails before all are. ``guides``: each source's target prefix and constraints (``encode_guides``),
+    aligned with ``sources``; None: none."""
 
     sources: Sequence[list[int]]
     decode: DecodeConfig
     on_done: OnDone
     on_error: Callable[[BaseException], None]
+    guides: Sequence[GuideIds] | None = None
     left: int = field(init=False)  # sources not reported yet
 
     def __post_init__(self) -> None:
         self.left = len(self.sources)
+        if self.guides is not None and len(self.guides) != len(self.sources):
+            raise ValueError(f"{len(self.guides)} guides for {len(self.sources)} sources")
 
 
-def _key(decode: DecodeConfig) -> tuple:
-    """What makes two requests decode alike (one batch)."""
-    return (decode.beam, decode.nbest if decode.beam > 1 else 1, decode.lenpen, decode.max_len_a, decode.max_len_b,
-            decode.min_len_a, decode.min_len_b, decode.beam_stop)
+#: The decoding settings that do not change what a search gives a sentence (batching is the decoder's own).
+_UNUSED = ("batch_size",)
+
+
+def _key(decode: DecodeConfig, guides: Sequence[GuideIds] | None = None) -> tuple:
+    """What makes two requests decode alike (one batch): every decoding setting but ``_UNUSED`` (so a setting added
+    to ``DecodeConfig`` separates requests too), ``nbest`` counted as 1 for greedy search, and whether the request
+    has target prefixes and whether it has constraints (a constrained search is another search)."""
+    settings = decode.model_dump(exclude=set(_UNUSED))
+    if decode.beam == 1 and not decode.sample and not decode.mbr:
+        settings["nbest"] = 1
+    prefixed = bool(guides) and any(g.prefix for g in guides)
+    constrained = bool(guides) and any(g.constraints for g in guides)
+    return (*sorted(settings.items()), ("prefix", prefixed), ("constraints", constrained))
 
 
 class ContinuousDecoder:
@@ -93,15 +111,20 @@ class ContinuousDecoder:
                 if not src:
                     self._report(req, i, [Translation("", 0.0, 0.0, [])])
                 else:
-                    groups.setdefault(_key(req.decode), (req.decode, []))[1].append((req, i))
+                    groups.setdefault(_key(req.decode, req.guides), (req.decode, []))[1].append((req, i))
         for decode, rows in groups.values():
-            def finished(row: int, hyps: list[Hypothesis], rows: list[tuple[Request, int]] = rows) -> None:
+            def finished(row: int, hyps: list[Hypothesis], rows: list[tuple[Request, int]] = rows,
+                         decode: DecodeConfig = decode) -> None:
                 self.in_flight -= 1
-                self._report(rows[row][0], rows[row][1], translations(self.tokenizer, hyps))
+                self._report(rows[row][0], rows[row][1], translations(self.tokenizer, hyps, decode))
 
             owners = list({id(req): req for req, _ in rows}.values())
+            guides = None
+            if any(r.guides is not None for r, _ in rows):
+                guides = [GuideIds() if r.guides is None else r.guides[i] for r, i in rows]
             try:
-                search = make_search(self.model, self.tokenizer, [r.sources[i] for r, i in rows], decode, finished)
+                search = make_search(self.model, self.tokenizer, [r.sources[i] for r, i in rows], decode, finished,
+                                     guides)
             except Exception as err:  # noqa: BLE001 - e.g. settings the search refuses: those requests fail
                 for req in owners:
                     req.on_error(err)
