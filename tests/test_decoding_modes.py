@@ -280,6 +280,33 @@ def test_an_ensemble_needs_one_tokenizer_and_test_py_records_its_members(runs: d
     assert hyps == alone
 
 
+def test_a_study_variants_folder_decodes_its_seeds_as_one_ensemble(runs: dict[str, Path], tmp_path: Path) -> None:
+    """--model_path runs/study_NAME/runs/VARIANT: its seed<k>/ runs (each by its *_latest link), in seed order, decode
+    as --model_path SEED1 SEED2 does; the study folder itself and a seed without one run are one line each."""
+    study = tmp_path / "study_s"
+    variant = study / "runs" / "rope"
+    for k, run in ((2, runs["twin"]), (1, runs["run"])):
+        (variant / f"seed{k}").mkdir(parents=True)
+        (variant / f"seed{k}" / "demo_latest").symlink_to(run)
+    (study / "study.json").write_text("{}")
+    from utils.run.ensemble import expand_model_paths
+
+    assert expand_model_paths([variant, runs["run"]]) == [str(variant / "seed1" / "demo_latest"),
+                                                          str(variant / "seed2" / "demo_latest"), str(runs["run"])]
+    args = ["--src_text", TEXTS[0], "--beam", "2", "--threads", "1"]
+    by_folder = run_script("inference.py", "--model_path", str(variant), *args)
+    one_by_one = run_script("inference.py", "--model_path", str(runs["run"]), str(runs["twin"]), *args)
+    assert by_folder.returncode == 0 and by_folder.stdout == one_by_one.stdout, by_folder.stderr
+    whole = run_script("inference.py", "--model_path", str(study), *args)
+    assert (whole.returncode, whole.stderr.strip().splitlines()) == (2, [
+        f"error: --model_path {study}: a study folder; name one of its variants, whose seeds decode as an ensemble: "
+        f"{study / 'runs'}/<variant> (one of rope)"])
+    (variant / "seed1" / "demo_latest").unlink()
+    empty = run_script("inference.py", "--model_path", str(variant), *args)
+    assert (empty.returncode, empty.stderr.strip().splitlines()) == (2, [
+        f"error: --model_path {variant}: seed1 holds 0 runs, not one; give the runs of the ensemble one by one"])
+
+
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--temperature", "0", "argument --temperature: must be a finite number in (0, 100), got 0"),
     ("--top_p", "1.5", "argument --top_p/--top-p: must be a finite number in (0, 1], got 1.5"),

@@ -101,7 +101,8 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     --min_len_b, --batch_size, --average and --save_average, --device, --threads, --set."""
     parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
     add_alias_args(parser, "model_path", required=True, nargs="+", metavar="PATH",
-                   help="checkpoint .pt or run directory; several: decoded together as an ensemble (the mean of their "
+                   help="checkpoint .pt or run directory; several, or a study variant's folder of seeds "
+                        "(runs/study_NAME/runs/VARIANT): decoded together as an ensemble (the mean of their "
                         "next-token probabilities; one tokenizer)")
     parser.add_argument("--lenpen", type=float, help="GNMT length penalty alpha (default: decode.lenpen)")
     add_alias_args(parser, "min_len_a", type=finite_float(0.0, 1000.0), metavar="A",

@@ -26,6 +26,37 @@ class LoadedEnsemble(LoadedRun):
         return [{"run_dir": str(m.run_dir), "checkpoint": str(m.checkpoint), "step": m.step} for m in self.members]
 
 
+def seed_runs(path: Path | str) -> list[Path] | None:
+    """The runs of a study variant's folder (``runs/study_<name>/runs/<variant>``: one ``seed<k>/`` per seed, each
+    holding one run and its ``*_latest`` link), in seed order: what decodes as the variant's ensemble. None when
+    ``path`` is not such a folder; ConfigError (one line) for a study folder itself or a seed without one run."""
+    folder = Path(path)
+    if not folder.is_dir() or (folder / "config.yaml").is_file():
+        return None
+    if (folder / "study.json").is_file() and (folder / "runs").is_dir():
+        variants = sorted(p.name for p in (folder / "runs").iterdir() if p.is_dir())
+        raise ConfigError(f"--model_path {folder}: a study folder; name one of its variants, whose seeds decode as "
+                          f"an ensemble: {folder / 'runs'}/<variant> (one of {', '.join(variants) or 'none'})")
+    seeds = sorted((p for p in folder.glob("seed*") if p.is_dir() and p.name[4:].isdigit()),
+                   key=lambda p: int(p.name[4:]))
+    if not seeds:
+        return None
+    runs = []
+    for seed in seeds:
+        latest = sorted(p for p in seed.glob("*_latest") if (p / "config.yaml").is_file())
+        found = latest or sorted(p for p in seed.iterdir() if p.is_dir() and (p / "config.yaml").is_file())
+        if len(found) != 1:
+            raise ConfigError(f"--model_path {folder}: {seed.name} holds {len(found)} runs, not one; give the runs "
+                              "of the ensemble one by one")
+        runs.append(found[0])
+    return runs
+
+
+def expand_model_paths(paths: Sequence[Path | str]) -> list[str]:
+    """``--model_path`` values with each study variant's folder replaced by its seeds' runs (``seed_runs``)."""
+    return [str(r) for p in paths for r in (seed_runs(p) or [p])]
+
+
 def tokenizer_identity(model_path: Path | str) -> dict[str, object]:
     """What must be equal for two runs to tokenize alike: the saved tokenizer's meta.json (type, fingerprint of the
     vocabulary, size, special ids) and the run's ``tokenizer`` settings."""

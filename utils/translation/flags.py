@@ -90,9 +90,12 @@ def check_mode_flags(args: argparse.Namespace, decode: DecodeConfig) -> None:
 
 
 def model_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """The ``--model_path`` values (several: an ensemble); ``args.model_path`` becomes the first. An ensemble with
+    """The ``--model_path`` values (several, or a study variant's folder of seeds: an ensemble); ``args.model_path``
+    becomes the first. An ensemble with
     ``--save_average`` is refused (one line)."""
-    paths = list(args.model_path) if isinstance(args.model_path, list) else [args.model_path]
+    from utils.run.ensemble import expand_model_paths
+
+    paths = expand_model_paths(list(args.model_path) if isinstance(args.model_path, list) else [args.model_path])
     args.model_path = paths[0]
     if len(paths) > 1 and getattr(args, "save_average", False):
         parser.error("--save_average takes one --model_path (it writes the average into that run)")
