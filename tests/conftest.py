@@ -49,19 +49,29 @@ def work_unit(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0] if shared else item.nodeid
 
 
+#: A work unit recorded at this many seconds or more is ``slow`` (``-m "not slow"``, the fast lane, leaves it out).
+SLOW_SECONDS = 2.0
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup``: each test joins its work unit's group, and the units are queued longest
-    first by their recorded time, so the long ones start at once and the short ones fill the end (the
-    longest-processing-time rule; unknown tests count 1 s)."""
-    if config.getoption("dist", "no") != "loadgroup" and not getattr(config.option, "loadgroup", False):
-        return
+    """Every test of a work unit recorded at ``SLOW_SECONDS`` or more (tests/durations.json) is marked ``slow``, as
+    are those marked so by hand (new tests that train, start a server, a browser or a study). Under ``--dist
+    loadgroup`` each test joins its work unit's group, and the units are queued longest first by their recorded time,
+    so the long ones start at once and the short ones fill the end (the longest-processing-time rule; unknown tests
+    count 1 s)."""
     seconds = json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.is_file() else {}
     units: dict[str, float] = {}
     for item in items:
         unit = work_unit(item)
         units[unit] = units.get(unit, 0.0) + float(seconds.get(item.nodeid, 1.0))
-        item.add_marker(pytest.mark.xdist_group(unit))
+    for item in items:
+        if units[work_unit(item)] >= SLOW_SECONDS:
+            item.add_marker(pytest.mark.slow)
+    if config.getoption("dist", "no") != "loadgroup" and not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
     items.sort(key=lambda item: -units[work_unit(item)])  # stable: a file keeps its own order
 
 
