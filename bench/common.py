@@ -60,3 +60,10 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (0 for one value)."""
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0

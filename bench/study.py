@@ -59,6 +59,7 @@ from bench.common import ROOT, project_command  # noqa: E402
 from bench.gpu_presets import study_defaults  # noqa: E402
 from bench.study_arms import NATURAL_FAMILY, NATURAL_LENGTH, NATURAL_SYSTEMS  # noqa: E402
 from bench.study_decoders import DECODERS, LENGTH_DECODER  # noqa: E402
+from bench.study_files import slug  # noqa: E402
 from bench.study_length_control import LengthRule, add_length_results, score_length  # noqa: E402
 from bench.study_runs import (  # noqa: E402
     Progress,
@@ -270,10 +271,6 @@ def inference_only(trained: Any, tested: Any, name: str) -> None:
     check_compatible(trained, tested, f"--test-variant {name}")
     if trained.data.to_dict() != tested.data.to_dict():
         raise ConfigError(f"--test-variant {name} changes data settings; a test variant changes inference only")
-
-
-def slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", label)
 
 
 def _covers(a: str, b: str) -> bool:

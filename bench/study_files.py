@@ -29,6 +29,15 @@ from utils.io import json_sha256, with_sha256
 from utils.schema import ConfigError
 
 
+def slug(label: str, keep: str = "") -> str:
+    """``label`` as a file or folder name: every run of characters other than letters, digits, ``_.+-`` and those of
+    ``keep`` made one ``_`` (a variant's runs folder: ``attention_pe_rope``; its published hypotheses, ``keep="="``:
+    ``attention_pe=rope``)."""
+    import re
+
+    return re.sub(rf"[^A-Za-z0-9_.+\-{re.escape(keep)}]+", "_", label)
+
+
 class StudyFileError(ConfigError):
     """A file a study reads is damaged or changed since it was written: one line naming it."""
 

@@ -112,19 +112,6 @@ def paired_t(base: Sequence[float], system: Sequence[float]) -> Contrast:
     return Contrast(delta, diff.tolist(), float(res.statistic), len(diff) - 1, float(res.pvalue), "paired t")
 
 
-def welch(base: Sequence[float], system: Sequence[float]) -> Contrast:
-    """Welch's t-test, only for systems that share no seeds (independently trained, unpaired)."""
-    from scipy import stats
-
-    delta = float(np.mean(system) - np.mean(base))
-    if min(len(base), len(system)) < 2:
-        return Contrast(delta, [], None, 0, None, "Welch")
-    if np.var(base) == 0 and np.var(system) == 0:
-        return Contrast(delta, [], None, 0, 1.0 if delta == 0 else 0.0, "Welch")
-    res = stats.ttest_ind(system, base, equal_var=False)
-    return Contrast(delta, [], float(res.statistic), int(res.df), float(res.pvalue), "Welch")
-
-
 # ---------------------------------------------------------------------------------------------- power
 
 

@@ -101,7 +101,7 @@ def chrf_table(results: dict[str, Any], decoder: str = "beam5") -> list[str]:
 
 
 def _primary_section(name: str, results: dict[str, Any], about: dict[str, Any]) -> list[str]:
-    from bench.study_report import boundary_lines, design_lines, length_lines
+    from bench.study_sections import boundary_lines, design_lines, length_lines
 
     pr = results["primary"]
     fam, pw = pr["family"], pr["power"]

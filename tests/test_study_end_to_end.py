@@ -143,11 +143,11 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     for heading in ("## chrF by source length, beam 5 (exploratory", "## BLEU by source length, beam 5 (exploratory",
                     "## BLEU, beam 5 (secondary, exploratory; each seed)"):
         assert heading in report, heading
-    from bench.study_report import _primary_lines
+    from bench.study_sections import primary_lines
 
     newcomers = {**results, "primary": {**primary, "family": {**primary["family"], "declared": "exploratory: x"}}}
-    assert _primary_lines(newcomers)[0] == "## Main analysis (exploratory)"
-    assert _primary_lines(results)[0] == "## Primary analysis"
+    assert primary_lines(newcomers)[0] == "## Main analysis (exploratory)"
+    assert primary_lines(results)[0] == "## Primary analysis"
     assert "| attention_pe=rope | chrF test (beam 5) |" in report and "Power (noncentral t" in report
     att_row = next(line for line in report.splitlines() if line.startswith("| attention_pe=rope | ") and "(p " in line)
     assert att_row.count("(p ") == 7 and "p: paired t-test over seeds against attention_pe=none" in report

@@ -13,7 +13,8 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
 from bench.study_analysis import Family
-from bench.study_report import analyse, design_lines, length_lines
+from bench.study_report import analyse
+from bench.study_sections import design_lines, length_lines
 from utils.schema import ConfigError
 from utils.study.looks import Design, look_fractions
 from utils.study.sequential import efficacy_bounds, futility_bounds, nominal_p, spent

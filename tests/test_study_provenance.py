@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import study  # noqa: E402
 
 from bench.study_lock import unlock_study  # noqa: E402
-from bench.study_report import provenance_lines, run_provenance  # noqa: E402
+from bench.study_report import run_provenance  # noqa: E402
+from bench.study_sections import provenance_lines  # noqa: E402
 from utils.cli import run_main  # noqa: E402
 from utils.config import load_config, save_config  # noqa: E402
 from utils.run.layout import RunDir  # noqa: E402

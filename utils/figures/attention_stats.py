@@ -54,10 +54,6 @@ class AttentionStatistics:
     stats: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
 
-    def layer_means(self, kind: str, name: str) -> list[float]:
-        """One number per layer: the mean over its heads."""
-        return [sum(heads) / len(heads) for heads in self.stats[kind][name]]
-
     def to_dict(self) -> dict[str, object]:
         return {"sentences": self.sentences, "window": self.window, "rows": self.rows, "stats": self.stats}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from models.ensemble import Ensemble
 from tokenizer import load_tokenizer
 from utils.config import ConfigError, load_config
-from utils.run.layout import RunDir
+from utils.run.layout import RunDir, runs_in
 from utils.run.load import LoadedRun, load_run, resolve_checkpoint
 
 
@@ -31,7 +31,7 @@ def seed_runs(path: Path | str) -> list[Path] | None:
     holding one run and its ``*_latest`` link), in seed order: what decodes as the variant's ensemble. None when
     ``path`` is not such a folder; ConfigError (one line) for a study folder itself or a seed without one run."""
     folder = Path(path)
-    if not folder.is_dir() or (folder / "config.yaml").is_file():
+    if not folder.is_dir() or RunDir(folder).config.is_file():
         return None
     if (folder / "study.json").is_file() and (folder / "runs").is_dir():
         variants = sorted(p.name for p in (folder / "runs").iterdir() if p.is_dir())
@@ -43,8 +43,7 @@ def seed_runs(path: Path | str) -> list[Path] | None:
         return None
     runs = []
     for seed in seeds:
-        latest = sorted(p for p in seed.glob("*_latest") if (p / "config.yaml").is_file())
-        found = latest or sorted(p for p in seed.iterdir() if p.is_dir() and (p / "config.yaml").is_file())
+        found = runs_in(seed)
         if len(found) != 1:
             raise ConfigError(f"--model_path {folder}: {seed.name} holds {len(found)} runs, not one; give the runs "
                               "of the ensemble one by one")

@@ -83,9 +83,20 @@ def run_root(path: Path | str) -> Path:
     return real.parent.parent / real.name if real.parent.name == VIEWS else path
 
 
+LATEST_SUFFIX = "_latest"
+
+
 def latest_link_path(runs_root: Path | str, name: str) -> Path:
     """``<runs_root>/<name>_latest``: the link to the newest run of config ``name``."""
-    return Path(runs_root) / f"{name}_latest"
+    return Path(runs_root) / f"{name}{LATEST_SUFFIX}"
+
+
+def runs_in(folder: Path | str) -> list[Path]:
+    """The runs ``folder`` holds: its ``*_latest`` links that reach a run, else its run directories (those with a
+    config), sorted by name."""
+    folder = Path(folder)
+    links = sorted(p for p in folder.glob(f"*{LATEST_SUFFIX}") if RunDir(p).config.is_file())
+    return links or sorted(p for p in folder.iterdir() if p.is_dir() and RunDir(p).config.is_file())
 
 
 def eval_stem(checkpoint: str, beam: int, tag: str | None = None) -> str:
@@ -197,10 +208,6 @@ class RunDir:
     def periodic(self, step: int) -> Path:
         """The periodic checkpoint of iteration ``step``."""
         return self.checkpoint(f"{PERIODIC_PREFIX}{step}")
-
-    def periodic_glob(self) -> list[Path]:
-        """Every periodic checkpoint file (unordered)."""
-        return list(self.checkpoints.glob(f"{PERIODIC_PREFIX}*.{CHECKPOINT_EXT}"))
 
     def average(self, kept: list[Path]) -> Path:
         """Where the average of periodic checkpoints ``kept`` (oldest first) is saved."""
