@@ -17,7 +17,7 @@ from models.positional.augment import AugmentConfig
 from models.positional.rotary import RopeConfig
 from models.positional.shaw import ShawConfig
 from models.positional.t5 import T5BiasConfig
-from models.transformer_config import Experiment, Stack, StackPE, TransformerConfig
+from models.transformer_config import Experiment, Level, Stack, StackPE, TransformerConfig
 from utils.schema import ConfigError, Section
 
 __all__ = ["ConfigError", "Experiment", "ModelConfig", "RopeConfig", "Section", "ShawConfig", "Stack", "StackPE",
@@ -39,10 +39,16 @@ def encoding_sections(registry: dict[str, dict[str, type | None]]) -> dict[str, 
 
 def model_config_class(registry: dict[str, dict[str, type | None]]) -> type[TransformerConfig]:
     """``TransformerConfig`` plus ``model.augment`` and a ``model.<key>`` section (defaults filled in) per section
-    of ``registry``."""
+    of ``registry``; each encoding describes itself in ``describe_encodings`` (its class's ``describe``)."""
     sections = {"augment": AugmentConfig, **encoding_sections(registry)}  # augment: training-time positions
+
+    class Described(TransformerConfig):
+        def describe_pe(self, name: str, level: Level) -> str:
+            cls = registry[level].get(name)
+            return name if cls is None else cls.describe(self, name)  # type: ignore[attr-defined]
+
     return create_model(
-        "ModelConfig", __base__=TransformerConfig, __module__=__name__,
+        "ModelConfig", __base__=Described, __module__=__name__,
         __doc__="Encoder-decoder Transformer (Vaswani et al. 2017) with pluggable positional encodings.",
         **{key: (section, Field(default_factory=section)) for key, section in sections.items()},
     )

@@ -82,20 +82,24 @@ class TransformerConfig(Section):
         own = getattr(getattr(self, f"{stack}_pe"), level)
         return f"model.{stack}_pe.{level}" if own is not None else f"model.{level}_pe"
 
+    def describe_pe(self, name: str, level: Level) -> str:
+        """The encoding ``name`` at ``level`` in a few words: here its name; ``models.config.ModelConfig`` asks the
+        encoding's class (``describe``, e.g. ``rope (ntk x4)``)."""
+        return name
+
     def describe_encodings(self) -> str:
         """``sinusoidal``, ``rope (ntk x4)``, ``sinusoidal + alibi``, ``encoder rope, decoder none``, ``... + t5 in
         cross-attention``, ``none (no positional information)``: the encodings in a few words, for people."""
 
         def stack(name: Stack) -> str:
-            parts = [p for p in (self.pe(name, "input"), self.pe(name, "attention")) if p != "none"]
-            if self.pe(name, "attention") == "rope" and self.rope.scaling != "none":
-                parts[-1] += f" ({self.rope.scaling} x{self.rope.factor:g})"
+            parts = [self.describe_pe(self.pe(name, level), level) for level in ("input", "attention")
+                     if self.pe(name, level) != "none"]
             return " + ".join(parts) or "none"
 
         enc, dec = stack("encoder"), stack("decoder")
         parts = ([] if enc == "none" else [enc]) if enc == dec else [f"encoder {enc}, decoder {dec}"]
         if self.cross_attention_pe != "none":
-            parts.append(f"{self.cross_attention_pe} in cross-attention")
+            parts.append(f"{self.describe_pe(self.cross_attention_pe, 'attention')} in cross-attention")
         return " + ".join(parts) if parts else "none (no positional information)"
 
     def encodings(self) -> dict[str, str]:

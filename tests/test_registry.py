@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import yaml
 from conftest import make_tiny_config, run_script, train_cli, translate_cli
+from pydantic import Field
 from torch import nn
 
 from models.positional import REGISTRY
 from models.positional.absolute import sinusoid_table
-from models.positional.base import AttentionPE, InputPE
+from models.positional.base import AttentionPE, InputPE, Settings
 from models.transformer import Seq2SeqTransformer
-from utils.config import ModelConfig, from_dict
+from utils.config import ConfigError, ModelConfig, from_dict
 
 SENTENCE = "Le chat dort."
 
@@ -100,6 +102,105 @@ def test_a_new_attention_encoding_is_one_class_and_one_registry_line(tmp_path: P
     assert "distance in encoder self-attention: this encoding has nothing to plot" in shown
     if importlib.util.find_spec("ctranslate2") is not None:
         assert refusal == "model.attention_pe=distance: CTranslate2 has no equivalent of this encoding"
+
+
+class WindowSettings(Settings):
+    """The throwaway encoding's own settings (``model.window``), with a rule of their own."""
+
+    scale: float = Field(1.0, gt=0)  # the bias's initial scale, learned
+
+    def check(self, model: ModelConfig) -> None:
+        if self.scale > model.n_heads:
+            raise ConfigError(f"model.window.scale: at most model.n_heads={model.n_heads}, got {self.scale:g}")
+
+
+class GaussianWindowPE(AttentionPE):
+    """-a (i - j)^2 / (2 sigma^2) added to every head's scores, sigma = ``model.gaussian_sigma``, a learned."""
+
+    settings = ("window", WindowSettings)
+    owns = ("gaussian_sigma",)  # with input_pe=gaussian, which owns it too
+    title = "Gaussian window bias"
+    paper = "Ada Lovelace, Alan Turing (2031). Windows on Positions. arXiv:3101.00001."
+    formula = r"b(i, j) = -a \frac{(i - j)^2}{2\sigma^2}"
+
+    def __init__(self, cfg: ModelConfig, kind: str) -> None:
+        super().__init__(cfg, kind)  # type: ignore[arg-type]
+        self.scale = nn.Parameter(torch.tensor(cfg.window.scale))  # type: ignore[attr-defined]
+
+    @classmethod
+    def check(cls, cfg: Any, key: str) -> None:
+        if cfg.model.gaussian_sigma < 0.5:
+            raise ConfigError(f"{key}=window needs model.gaussian_sigma >= 0.5, got {cfg.model.gaussian_sigma:g}")
+
+    @classmethod
+    def describe(cls, cfg: ModelConfig, name: str) -> str:
+        return f"{name} (sigma {cfg.gaussian_sigma:g})"
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: torch.Tensor | None = None) -> torch.Tensor:
+        d = (q_pos[:, None] - k_pos[None, :]).float()
+        return (-self.scale * d**2 / (2 * self.cfg.gaussian_sigma**2))[None, None]
+
+
+def test_a_new_encoding_declares_its_checks_effects_description_and_docs_row_and_joins_no_preset(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Registered by one line, with nothing else edited: validation applies its ``check`` and its settings
+    section's, a ``--set`` of a key it owns or of its section is reported inert exactly where it is not in use, the
+    run's description and the reference index come from its class, and no study preset grows."""
+    from bench import study
+    from docs.reference_encodings import describe, encoding_page, index_page
+    from models.config import model_config_class
+    from utils.config import Config, effect_rules, validate
+
+    def variants() -> dict[str, list[tuple[str, list[str]]]]:
+        return {name: [(v.label, v.overrides) for v in p.variants] for name, p in study.presets().items()}
+
+    presets = variants()
+    monkeypatch.setitem(REGISTRY["attention"], "window", GaussianWindowPE)  # the one line
+    assert variants() == presets  # a preset names its encodings: none joins one by being registered
+    with pytest.raises(ConfigError, match=r"^model.attention_pe=window needs model.gaussian_sigma >= 0.5, got 0.1$"):
+        from_dict({}, ["model.attention_pe=window", "model.gaussian_sigma=0.1"])
+    cfg = from_dict({}, ["model.attention_pe=window", "model.gaussian_sigma=3"])
+    assert cfg.model.describe_encodings() == "sinusoidal + window (sigma 3)"
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="config"):
+        from_dict({}, ["model.attention_pe=window", "model.input_pe=none", "model.gaussian_sigma=3"])
+        assert caplog.messages == []  # model.gaussian_sigma acts through window
+        from_dict({}, ["model.gaussian_sigma=3"])
+    assert caplog.messages == [
+        "--set model.gaussian_sigma=3 has no effect: model.gaussian_sigma is read by gaussian or window, which is in "
+        "none of encoder input (sinusoidal), encoder self-attention (none), decoder input (sinusoidal), decoder "
+        "self-attention (none), cross-attention (none)"]
+    # Its section: what models/config.py composes from the registry at import, so built here after the fact.
+    built = model_config_class(REGISTRY)
+    with pytest.raises(ConfigError, match=r"^model.window.scale: at most model.n_heads=8, got 9$"):
+        validate(Config.model_construct(model=built(window={"scale": 9})))
+    rules = {key: why for key, _, why in effect_rules()}
+    assert rules["model.window"](Config.model_construct(model=built(attention_pe="window"))) is None
+    assert rules["model.window"](Config.model_construct(model=built(cross_attention_pe="window"))) is None
+    assert rules["model.window"](Config.model_construct(model=built())).startswith(
+        "model.window is read by window, which is in none of encoder input (sinusoidal)")
+    # Its documentation row and page: from the class (title, paper, formula) and from validation and export.
+    enc = describe("window", "attention")
+    assert index_page({"window": [enc]}).splitlines()[-1] == (
+        "| [`window`](window.md) | attention | encoder self, decoder self, cross | Lovelace and Turing 2031 | no | "
+        "shape, randomized |")  # integer positions (the default): not CAPE's
+    page = encoding_page("window", [enc], (None, ""))
+    assert page.startswith("# Gaussian window bias (`window`)\n") and GaussianWindowPE.formula in page
+    assert "| `model.window.scale` | number, > 0 | `1.0` | the bias's initial scale, learned |" in page
+
+
+def test_the_rules_of_rope_live_with_its_settings() -> None:
+    """RoPE's checks are its section's (``RopeConfig.check``), the same lines validation gives."""
+    from models.positional.rotary import RopeConfig
+
+    model = ModelConfig(d_model=64, n_heads=4)
+    with pytest.raises(ConfigError, match=r"^model.rope.beta_fast: must be larger than model.rope.beta_slow$"):
+        RopeConfig(beta_fast=1.0, beta_slow=1.0).check(model)
+    with pytest.raises(ConfigError, match=r"^model.rope.dim: must be even and in 2..16 \(the head dim\), got 18$"):
+        RopeConfig(dim=18).check(model)
+    with pytest.raises(ConfigError, match=r"^model.rope.dim: must be even and in 2..16 \(the head dim\), got 18$"):
+        from_dict({}, ["model.d_model=64", "model.n_heads=4", "model.rope.dim=18"])
+    RopeConfig(dim=16).check(model)
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "sandwich", "dpb"])

@@ -22,9 +22,10 @@ import yaml
 from pydantic import Field, ValidationError
 
 from data.config import DataConfig
-from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig, encoding_sections
-from models.positional import REGISTRY
-from models.positional.augment import check_augmentation
+from models.config import ModelConfig, RopeConfig, ShawConfig, T5BiasConfig
+from models.positional import REGISTRY, check_settings
+from models.positional import effect_rules as encoding_effect_rules
+from models.positional.augment import AugmentConfig, check_augmentation
 from models.positional.base import name_at
 from tokenizer.config import TokenizerConfig
 from utils.schema import ConfigError, Section, config_error, escape_env, expand_env
@@ -322,11 +323,7 @@ def validate(cfg: Config) -> Config:
     m, d = cfg.model, cfg.data
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model: {m.d_model} is not divisible by model.n_heads={m.n_heads}")
-    head_dim = m.d_model // m.n_heads
-    if m.rope.beta_fast <= m.rope.beta_slow:
-        raise ConfigError("model.rope.beta_fast: must be larger than model.rope.beta_slow")
-    if m.rope.dim is not None and (m.rope.dim % 2 or not 0 < m.rope.dim <= head_dim):
-        raise ConfigError(f"model.rope.dim: must be even and in 2..{head_dim} (the head dim), got {m.rope.dim}")
+    check_settings(m)  # each encoding's settings section, by its own rules (e.g. model.rope.dim within the head)
     if cfg.train.cooldown and cfg.train.max_steps is None and cfg.train.max_target_tokens is None:
         raise ConfigError("train.cooldown: needs a step budget to end at: set train.max_steps or "
                           "train.max_target_tokens")
@@ -397,34 +394,6 @@ def from_dict(raw: dict[str, Any], overrides: list[str] | None = None, warn: boo
     return cfg
 
 
-def _settings_read(key: str) -> Callable[[Config], str | None]:
-    """Why ``model.<key>`` (an encoding's settings section) is ignored: no encoding in use declares it."""
-    from models.positional import REGISTRY
-
-    owners = [name for level in REGISTRY.values() for name, cls in level.items()
-              if cls is not None and cls.settings is not None and cls.settings[0] == key]
-
-    def why(c: Config) -> str | None:
-        used = c.model.encodings()
-        if any(name in owners for name in used.values()):
-            return None
-        return f"model.{key} is read by {' or '.join(owners)}, which is in none of " + \
-            ", ".join(f"{place} ({name})" for place, name in used.items())
-    return why
-
-
-def _input_uses(name: str) -> Callable[[Config], str | None]:
-    def why(c: Config) -> str | None:
-        used = {stack: c.model.pe(stack, "input") for stack in ("encoder", "decoder")}
-        return None if name in used.values() else \
-            f"the input encodings are {used['encoder']} (encoder) and {used['decoder']} (decoder)"
-    return why
-
-
-def _augment_uses(method: str) -> Callable[[Config], str | None]:
-    return lambda c: None if c.model.augment.method == method else f"model.augment.method={c.model.augment.method}"
-
-
 def _warmup_steps_unused(c: Config) -> str | None:
     if c.train.warmup_tokens is not None:
         return f"train.warmup_tokens={c.train.warmup_tokens} sets the warmup (add --set train.warmup_tokens=null to " \
@@ -432,19 +401,25 @@ def _warmup_steps_unused(c: Config) -> str | None:
     return "train.scheduler=constant has no warmup" if c.train.scheduler == "constant" else None
 
 
-#: Keys (or sections) that a ``--set`` may name but that only act under other settings: (key, conflict, why it
-#: would be ignored, or None). A conflict (two keys stating one thing) is refused; an inert key is reported.
-EFFECT_RULES: list[tuple[str, bool, Callable[[Config], str | None]]] = [
+#: Keys that a ``--set`` may name but that only act under other settings, beside those the encodings and the
+#: augmentation declare (``effect_rules``): (key, conflict, why it would be ignored, or None).
+TRAIN_RULES: list[tuple[str, bool, Callable[[Config], str | None]]] = [
     ("train.warmup_steps", True, _warmup_steps_unused),
     ("train.warmup_tokens", False,
      lambda c: "train.scheduler=constant has no warmup" if c.train.scheduler == "constant" else None),
     ("train.checkpoint_every", False, lambda c: None if c.train.keep_checkpoints else
      "train.keep_checkpoints=0 keeps no periodic checkpoints"),
     ("train.amp_cpu", False, lambda c: "train.amp=none" if c.train.amp == "none" and c.train.amp_cpu else None),
-    ("model.gaussian_sigma", False, _input_uses("gaussian")),
-    *((f"model.{key}", False, _settings_read(key)) for key in encoding_sections(REGISTRY)),
-    *((f"model.augment.{method}", False, _augment_uses(method)) for method in ("shape", "randomized", "cape")),
 ]
+
+
+def effect_rules() -> list[tuple[str, bool, Callable[[Config], str | None]]]:
+    """Keys (or sections) that a ``--set`` may name but that only act under other settings: (key, conflict, why it
+    would be ignored, or None). A conflict (two keys stating one thing) is refused; an inert key is reported. The
+    training keys' rules are here; the encodings' (their settings sections and the keys they own) come from the
+    registry as it is now, and the augmentation methods' from ``AugmentConfig``."""
+    declared = [*encoding_effect_rules(REGISTRY), *AugmentConfig.effect_rules()]
+    return [*TRAIN_RULES, *((key, False, why) for key, why in declared)]
 
 
 def check_effective(cfg: Config, overrides: list[str], warn: bool = True) -> None:
@@ -452,12 +427,13 @@ def check_effective(cfg: Config, overrides: list[str], warn: bool = True) -> Non
     (``train.warmup_steps`` under ``train.warmup_tokens``), else reported as a warning."""
     import logging
 
+    rules = effect_rules()
     for item in overrides:
         path, value = parse_override(item)
         key = ".".join(path)
         if value is None:  # switching a setting off is never ignored
             continue
-        for prefix, conflict, why in EFFECT_RULES:
+        for prefix, conflict, why in rules:
             if key != prefix and not key.startswith(prefix + "."):
                 continue
             reason = why(cfg)

@@ -49,6 +49,7 @@ checkpoint), so a seed fixes them on every device and a resumed run draws what t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -201,6 +202,15 @@ class AugmentConfig(Section):
             return (f"cape (global shift {c.max_global_shift:g}, local shift {c.max_local_shift:g}, "
                     f"global scaling {c.max_global_scaling:g})")
         return ""
+
+    @classmethod
+    def effect_rules(cls) -> list[tuple[str, Callable[[Config], str | None]]]:
+        """(key, why a ``--set`` of it would have no effect, or None): each method's section,
+        ``model.augment.<method>``, acts only under ``model.augment.method=<method>``."""
+        def unused(method: str) -> Callable[[Config], str | None]:
+            return lambda c: None if c.model.augment.method == method else \
+                f"model.augment.method={c.model.augment.method}"
+        return [(f"model.augment.{method}", unused(method)) for method in cls.model_fields if method != "method"]
 
 
 # ---------------------------------------------------------------------------------------------- the draws

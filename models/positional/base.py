@@ -121,9 +121,21 @@ class SharedPositions:
         return value
 
 
+class Settings(Section):
+    """An encoding's own settings section (``model.<key>``, the ``settings`` of its class), with the rules that tie
+    its keys to each other and to the Transformer's fields (``check``): validation applies them to every config,
+    whether or not the encoding is in use, as it applies each field's bounds."""
+
+    def check(self, model: ModelConfig) -> None:
+        """ConfigError, one line naming the key, where this section's values do not go together or with ``model``'s
+        (e.g. ``model.rope.dim`` beyond the head dimension). Nothing by default."""
+
+
 class Reference:
-    """What an encoding's reference page says of it (``docs/reference_encodings.py`` writes one page per registry
-    name from these and from the rest of the class: settings, hooks, where it is allowed, export, figure)."""
+    """What an encoding says of itself beyond its hooks: its reference page (``docs/reference_encodings.py`` writes
+    one page per registry name from these and from the rest of the class: settings, hooks, where it is allowed,
+    export, figure), its description in logs (``describe``) and the Transformer keys that act through it alone
+    (``owns``)."""
 
     #: Its name for people, e.g. "RoPE" (the page is titled "RoPE (`rope`)").
     title: ClassVar[str] = ""
@@ -141,6 +153,16 @@ class Reference:
     ct2_export: ClassVar[str] = ""
     #: The tag of the figure its page shows (None: the first that ``utils.figures.maps.position_figures`` draws).
     figure: ClassVar[str | None] = None
+    #: The Transformer's own ``model.*`` keys that act only where this encoding (or another that owns them too) is in
+    #: use, e.g. ("gaussian_sigma",): a ``--set`` of one with none of them in use is reported as having no effect, as
+    #: a ``--set`` of its ``settings`` is.
+    owns: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def describe(cls, cfg: ModelConfig, name: str) -> str:
+        """The encoding named ``name`` in a few words, for logs and the server
+        (``TransformerConfig.describe_encodings``): the name, and what its settings change, e.g. ``rope (ntk x4)``."""
+        return name
 
 
 def name_at(cfg: Config, key: str) -> Any:

@@ -105,6 +105,7 @@ class GaussianPE(_FixedTablePE):
     )
     formula = r"h_i = x_i + P_i, \qquad P_{i,j} = \exp\left(-\frac{(j - i)^2}{2\sigma^2}\right), \quad i < d"
     reads = ("gaussian_sigma",)
+    owns = ("gaussian_sigma",)
 
     def build(self, cfg: ModelConfig) -> torch.Tensor:
         return gaussian_table(cfg.d_model, cfg.d_model, cfg.gaussian_sigma)

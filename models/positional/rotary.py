@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import Field
 
-from models.positional.base import F64, AttentionKind, AttentionPE, Plot, Share, Use
-from utils.schema import ConfigError, Section
+from models.positional.base import F64, AttentionKind, AttentionPE, Plot, Settings, Share, Use
+from utils.schema import ConfigError
 
 if TYPE_CHECKING:
     from models.transformer_config import Experiment as Config
     from models.transformer_config import TransformerConfig as ModelConfig  # the composed class is one
 
 
-class RopeConfig(Section):
+class RopeConfig(Settings):
     """Rotary position embedding (Su et al. 2021) and its length-extension scalings.
 
     ``scaling``/``factor``/``original_max_len``/``beta_*`` change no parameter: set them at inference
@@ -60,10 +60,23 @@ class RopeConfig(Section):
     beta_slow: float = Field(1.0, ge=1e-3, le=1e6, description="YaRN: dimensions that rotate fewer than beta_slow "
                              "times over L positions are fully interpolated; those in between, partly.")
 
+    def check(self, model: ModelConfig) -> None:
+        """YaRN's two thresholds in order; a partial rotary ``dim`` even and within the head."""
+        head_dim = model.d_model // model.n_heads
+        if self.beta_fast <= self.beta_slow:
+            raise ConfigError("model.rope.beta_fast: must be larger than model.rope.beta_slow")
+        if self.dim is not None and (self.dim % 2 or not 0 < self.dim <= head_dim):
+            raise ConfigError(f"model.rope.dim: must be even and in 2..{head_dim} (the head dim), got {self.dim}")
+
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
     """theta_j = base^(-2j/dim), j = 0 .. dim/2 - 1 -> [dim/2] (float64 for exact angles)."""
     return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def ntk_base(theta: float, factor: float, dim: int) -> float:
+    """NTK-aware scaling's base for ``dim`` rotated dimensions at ``factor``: theta * s^(d / (d - 2)) (bloc97 2023)."""
+    return theta * factor ** (dim / (dim - 2))
 
 
 def scaled_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
@@ -75,7 +88,7 @@ def scaled_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
     if rope.scaling == "linear":
         return inv / s, 1.0
     if rope.scaling == "ntk":
-        return rope_inv_freq(dim, rope.theta * s ** (dim / (dim - 2))), 1.0
+        return rope_inv_freq(dim, ntk_base(rope.theta, s, dim)), 1.0
     lo, hi = yarn_correction_range(rope.beta_fast, rope.beta_slow, dim, rope.theta, rope.original_max_len)
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - lo) / max(hi - lo, 1e-3)).clamp(0.0, 1.0)
     gamma = 1.0 - ramp  # 1: dims fast enough to keep, 0: slow dims fully interpolated
@@ -203,6 +216,12 @@ class RotaryPE(AttentionPE):
         return {"rope_dim": self.rot_dim, "rope_base": self.cfg.rope.theta}
 
     @classmethod
+    def describe(cls, cfg: ModelConfig, name: str) -> str:
+        """``rope``, or with its length extension: ``rope (ntk x4)``."""
+        r = cfg.rope
+        return name if r.scaling == "none" else f"{name} ({r.scaling} x{r.factor:g})"
+
+    @classmethod
     def ct2_refusal(cls, cfg: Config, key: str, kind: AttentionKind) -> str | None:
         reason = super().ct2_refusal(cfg, key, kind)
         if reason is None and cfg.model.rope.scaling == "yarn":
@@ -222,7 +241,7 @@ class RotaryPE(AttentionPE):
         if r.scaling == "linear":
             out.update(rotary_scaling_type=attention_spec.RotaryScalingType.Linear, rotary_scaling_factor=r.factor)
         elif r.scaling == "ntk":
-            out["rotary_base"] = r.theta * r.factor ** (dim / (dim - 2))
+            out["rotary_base"] = ntk_base(r.theta, r.factor, dim)
         return out
 
     def angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
