@@ -56,6 +56,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("batch_order", "bench/batch_order.py", SECTIONS[2],
             "What the order of sentences costs a batched decoder: batches in arrival order, length-sorted, and "
             "iteration-level (continuous) batching."),
+    Command("decoding_modes", "bench/decoding_modes.py", SECTIONS[2],
+            "Each decoding mode of inference.py (ensemble, sampling, MBR, prefix, constraints) against beam 5: "
+            "sentences/s, BLEU, chrF."),
     Command("demo_page", "bench/demo_page.py", SECTIONS[2]),
     Command("gpu_check", "bench/gpu_check.py", SECTIONS[2]),
     Command("sdpa_backends", "bench/sdpa_backends.py", SECTIONS[2]),
