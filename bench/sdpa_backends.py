@@ -4,11 +4,11 @@
 
 Why: ``scaled_dot_product_attention`` with a float mask may pick cuDNN's kernel on Hopper, which builds a graph
 for every new shape; token-bucketed batches bring new shapes at every step. The model therefore allows every
-kernel but cuDNN's (``models.attention.CUDA_SDPA``). This times, on one process and one set of random batches
-(``--steps`` timed after 10 warm-up, each of about 4,096 target tokens, shapes drawn from 10-60 tokens a side):
-every kernel allowed (PyTorch's default), ``CUDA_SDPA``, efficient + math only, and every kernel again (the
-shapes now seen: cuDNN's graphs cached). An idealised loop (no data loader, no validation): the real loop's
-numbers come from ``bench/speed.py --device cuda --parts real``.
+kernel but cuDNN's (``Attend.cuda_kernels`` in ``models/attend.py``). This times, on one process and one set of
+random batches (``--steps`` timed after 10 warm-up, each of about 4,096 target tokens, shapes drawn from 10-60
+tokens a side): every kernel allowed (PyTorch's default), the model's, efficient + math only, and every kernel
+again (the shapes now seen: cuDNN's graphs cached). An idealised loop (no data loader, no validation): the real
+loop's numbers come from ``bench/speed.py --device cuda --parts real``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> int:
     import torch
     from torch.nn.attention import SDPBackend
 
-    import models.attention as attention
+    from models.attend import Attend
     from models.transformer import Seq2SeqTransformer
     from utils.config import load_config
 
@@ -72,11 +72,11 @@ def main() -> int:
 
     every = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
              SDPBackend.CUDNN_ATTENTION]
-    ours = list(attention.CUDA_SDPA)
-    for name, backends in [("default choice (every kernel)", every), ("CUDA_SDPA (the model's)", ours),
+    ours = list(Attend.cuda_kernels)
+    for name, backends in [("default choice (every kernel)", every), ("all but cuDNN (the model's)", ours),
                            ("efficient + math", [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]),
                            ("default choice again, shapes seen", every)]:
-        attention.CUDA_SDPA = backends  # what the model's attention allows around its kernel call
+        Attend.cuda_kernels = backends  # what the model's attention allows around its kernel call
         for s, t in shapes[:10]:
             step(s, t)
         torch.cuda.synchronize()

@@ -1,28 +1,21 @@
-"""Multi-head attention with a fused fast path and an explicit path that returns the weights.
+"""Multi-head attention: projections, the KV cache, beams sharing their sentence's memory, positional hooks.
 
-Fast path: ``F.scaled_dot_product_attention`` with a boolean mask, or a float mask when an
-attention-level encoding adds biases (``bias``, and ``logits_bias`` from q and k). Explicit path:
-softmax(q k^T / sqrt(d) + mask) v, used when weights are requested (visualisation) or an encoding adds a
-term to the values. Tests hold the two equal.
+The kernel and its choice (fused or explicit, dtype rules, the CUDA kernels allowed) are ``models.attend``'s.
+An attention-level encoding acts through its hooks: ``rotate`` q and k, additive scores (``bias``, and
+``logits_bias`` from q and k) and a term from the weights (``values``, which takes the explicit path).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
+from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from models.attend import Attend, Values
 from models.config import ModelConfig
 from models.positional import AttentionKind, build_attention_pe
-
-#: SDPA's CUDA kernels allowed: all but cuDNN's, which builds a graph per new shape (on an H100, bf16 training with
-#: batches of varying shapes: 12k target tok/s with it, 114k without in bench/sdpa_backends.py; train.py 3.34x).
-CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 LayerCache = dict[str, torch.Tensor]
 
@@ -55,7 +48,7 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # fused Q, K, V
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.dropout = cfg.attention_dropout
+        self.attend = Attend(self.head_dim, cfg.attention_dropout)
         self.pe = build_attention_pe(cfg, kind)
 
     def _heads(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
@@ -69,15 +62,15 @@ class MultiHeadAttention(nn.Module):
         """Cross-attention of ``g`` rows per sentence (its beams) against the sentence's one K/V.
 
         q ``[n*g, H, Tq, Dh]``, k/v ``[n, H, S, Dh]``, key_mask ``[n, S]`` -> ``[n*g, Tq, D]`` (before
-        ``out_proj``): the beams
-        become extra queries of their sentence, so K/V are neither copied per beam nor reordered with them.
+        ``out_proj``): the beams become extra queries of their sentence, so K/V are neither copied per beam nor
+        reordered with them.
         """
         b, h, tq, dh = q.shape
         n = k.shape[0]
         g = b // n
         q = q.view(n, g, h, tq, dh).transpose(1, 2).reshape(n, h, g * tq, dh)
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        out, _ = self.attend(q, k, v, mask, training=self.training)
         return out.view(n, h, g, tq, dh).permute(0, 2, 3, 1, 4).reshape(b, tq, h * dh)
 
     def forward(
@@ -130,16 +123,9 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``_project``'s output ``[B, Tq, n*D]`` -> (attention output ``[B, Tq, D]`` before ``out_proj``, weights)."""
         b, tq, _ = projected.shape
-        d = self.n_heads * self.head_dim
         if self.kind == "cross":
             (q,) = self._heads(projected, 1)
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
-            else:
-                assert memory is not None, "cross-attention needs the encoder memory"
-                k, v = self._heads(self.kv_proj(memory), 2)
-                if cache is not None:
-                    cache["k"], cache["v"] = k, v
+            k, v = self._memory_kv(memory, cache)
             if k_pos is None:
                 k_pos = torch.arange(k.shape[2], device=q.device)
             if k.shape[0] != b:  # beam search: g = b / sentences consecutive rows share one sentence's K/V
@@ -164,48 +150,32 @@ class MultiHeadAttention(nn.Module):
                 causal = False  # one new query after the cached keys: nothing to mask (SDPA runs mask-free)
 
         mask = build_mask(key_mask, q_pos, k_pos, causal)
-        bias = None
+        bias = values = None
         if self.pe is not None:
-            bias = self.pe.bias(q_pos, k_pos, q)
-            from_keys = self.pe.logits_bias(q, k, q_pos, k_pos, mask)
-            if from_keys is not None:
-                bias = from_keys if bias is None else bias + from_keys
-        explicit = need_weights or (self.pe is not None and self.pe.needs_explicit)
-        if bias is not None:
-            float_mask = bias.to(q.dtype)
-            if mask is not None:
-                float_mask = float_mask.masked_fill(~mask, float("-inf"))
-            mask = float_mask
-        dropout = self.dropout if self.training else 0.0
+            bias, values = self._pe_terms(q, k, q_pos, k_pos, mask)
+        out, weights = self.attend(q, k, v, mask, bias, training=self.training, need_weights=need_weights,
+                                   values=values, is_causal=causal and key_mask is None and cache is None)
+        return out.transpose(1, 2).reshape(b, tq, self.n_heads * self.head_dim), weights
 
-        weights = None
-        if explicit:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            if mask is not None:
-                scores = scores + mask if mask.dtype != torch.bool else scores.masked_fill(~mask, float("-inf"))
-            weights = scores.float().softmax(dim=-1).to(q.dtype)
-            dropped = F.dropout(weights, dropout, self.training)
-            out = dropped @ v
-            extra = None if self.pe is None else self.pe.values(dropped, q_pos, k_pos)
-            if extra is not None:
-                out = out + extra
-        else:
-            use_causal = causal and mask is not None and key_mask is None and bias is None and cache is None
-            dtype = q.dtype
-            cpu_fp32 = q.device.type == "cpu" and (dtype == torch.bfloat16 or torch.is_autocast_enabled("cpu"))
-            if cpu_fp32:  # the CPU flash kernel's bf16 backward is 6x slower than its fp32 one (benchmarks: hardware)
-                q, k, v = q.float().contiguous(), k.float().contiguous(), v.float().contiguous()
-                mask = mask.float() if mask is not None and mask.dtype != torch.bool else mask
-            # ... and autocast would cast the fp32 inputs back to bf16: off around the kernel. On CUDA not cuDNN's
-            # kernel: it builds a graph for every new shape, and batches of varying lengths make ~10x slower steps.
-            with (torch.autocast("cpu", enabled=False) if cpu_fp32 else
-                  sdpa_kernel(CUDA_SDPA) if q.is_cuda else contextlib.nullcontext()):
-                if tq == 1 and mask is None and q.device.type == "cpu" and not self.training:
-                    # One query per row (a cached decoding step): two batched products beat the CPU flash kernel.
-                    out = ((q @ k.transpose(-2, -1)) * self.head_dim**-0.5).softmax(-1) @ v
-                else:
-                    out = F.scaled_dot_product_attention(
-                        q, k, v, attn_mask=None if use_causal else mask, dropout_p=dropout, is_causal=use_causal
-                    )
-            out = out.to(dtype)
-        return out.transpose(1, 2).reshape(b, tq, d), weights
+    def _memory_kv(self, memory: torch.Tensor | None, cache: LayerCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention's k, v ``[n, H, S, Dh]`` of the encoder memory ``[n, S, D]``: from ``cache`` once there."""
+        if cache is not None and "k" in cache:
+            return cache["k"], cache["v"]
+        assert memory is not None, "cross-attention needs the encoder memory"
+        k, v = self._heads(self.kv_proj(memory), 2)
+        if cache is not None:
+            cache["k"], cache["v"] = k, v
+        return k, v
+
+    def _pe_terms(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, Values | None]:
+        """The encoding's additive scores (``bias`` plus ``logits_bias``, ``[1 or B, H, Tq, Tk]``, or None) and its
+        term from the weights (``values``, where it has one)."""
+        assert self.pe is not None
+        bias = self.pe.bias(q_pos, k_pos, q)
+        from_keys = self.pe.logits_bias(q, k, q_pos, k_pos, mask)
+        if from_keys is not None:
+            bias = from_keys if bias is None else bias + from_keys
+        values = partial(self.pe.values, q_pos=q_pos, k_pos=k_pos) if self.pe.needs_explicit else None
+        return bias, values
