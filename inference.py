@@ -221,7 +221,7 @@ def main() -> int:
     engine = load_engine(parser, args, overrides, paths)  # a bad --input has failed before this (slow) step
     cfg = engine.cfg
     check_mode_flags(args, cfg.decode)
-    run = getattr(engine, "run", None)
+    run = engine.run
     modes = [name for name, on in (("--sample", cfg.decode.sample), ("--mbr", cfg.decode.mbr),
                                    ("--format jsonl", args.format == "jsonl")) if on]
     write, translate_fn = text_lines, engine.translate
@@ -360,7 +360,7 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
 
     sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
     engine = load_engine(parser, args, overrides, paths)
-    run = getattr(engine, "run", None)
+    run = engine.run
     if args.batching == "continuous" and (run is None or args.decode_in_server):
         raise ConfigError("--batching continuous needs a PyTorch run decoding in its own process "
                           f"({'not --decode-in-server' if run is not None else 'not a CTranslate2 export'})")

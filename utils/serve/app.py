@@ -14,8 +14,11 @@ Endpoints (JSON in and out; every error is ``{"error": "<one line>"}`` with a 4x
   ``/attention`` draws, decoding defaults and limits.
 - ``GET /health``: ``{"status": "ok"}``, the batching counters and a PyTorch run's decoding process.
   ``GET /``: the demo page. ``GET /openapi.json``: the OpenAPI schema of all of these, with this server's limits and
-  defaults (request and answer models in ``utils/serve/schema.py``; requests are still checked here, by hand, for
-  their statuses and one-line errors); no Swagger UI (``/docs``), whose scripts come from a CDN.
+  defaults; no Swagger UI (``/docs``), whose scripts come from a CDN.
+
+Each POST body is read first (``utils/serve/body.py``: its type, size and JSON), then FastAPI checks it against its
+request model (``utils/serve/schema.py``, which the OpenAPI schema shows); a refusal is the one line
+``utils/serve/refusals.py`` makes of pydantic's first error. The engine is read once (``utils/serve/engine.py``).
 
 One decoding worker owns the model (``utils/serve/batcher.py``): requests wait in a bounded queue (full: 503), and
 those that arrive together are decoded together (continuous batching in a PyTorch run's decoding process, else
@@ -27,7 +30,8 @@ weights, body), who it answers is checked (``utils/serve/access.py``: ``Host``, 
 ``Content-Type: application/json``), and so are its connections (``utils/serve/connection.py``: how many, header
 bytes, a deadline for each request to arrive and for its answer to be read).
 
-No ``from __future__ import annotations`` here: FastAPI reads the endpoints' ``Request`` annotations at runtime.
+No ``from __future__ import annotations`` here: FastAPI reads the endpoints' annotations (``Request``, the request
+models) at runtime.
 """
 
 import asyncio
@@ -37,20 +41,21 @@ import socket
 import time
 from collections.abc import Awaitable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from utils.serve import modes
 from utils.serve.access import Access
-from utils.serve.batcher import Batcher
-from utils.serve.fields import check_fields, check_text, float_field, int_field, json_type, parse_json
+from utils.serve.batcher import Batcher, batcher_for
+from utils.serve.engine import Served
 from utils.serve.limits import Limits, RequestError, check_attention, check_lines, source_tokens, target_tokens
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
 
     from utils.config import Config, DecodeConfig
+    from utils.run.load import LoadedRun
     from utils.translation.engines import Engine
     from utils.translation.translate import Guide, Translation
 
@@ -63,61 +68,20 @@ KINDS = ("cross", "encoder", "decoder")
 # ---------------------------------------------------------------------------------------------- requests
 
 
-@dataclass
-class TranslateJob:
-    """A ``/translate`` request, read: its lines, whether one string was sent, its decoding settings, each line's
-    target prefix and constraints (None: none), and whether it asks for details."""
-
-    lines: list[str]
-    single: bool
-    decode: "DecodeConfig"
-    guides: "list[Guide] | None" = None
-    details: bool = False
-    used: tuple[str, ...] = ()  # the modes (``modes.MODES``) it uses
-
-
-def translate_request(body: dict[str, Any], decode: "DecodeConfig", limits: Limits) -> TranslateJob:
-    """The request ``body`` over the server's decoding settings ``decode``; ``RequestError`` in one line if bad."""
-    check_fields(body, ("text", "beam", "nbest", "lenpen", *modes.FIELDS))
-    if "text" not in body:
-        raise RequestError(422, 'missing field "text": a sentence or a list of sentences')
-    text = body["text"]
-    single = isinstance(text, str)
-    if single:
-        lines = [check_text(text, "text", limits)]
-    elif isinstance(text, list):
-        if not text:
-            raise RequestError(422, "text is an empty list: give at least one sentence")
-        if len(text) > limits.max_lines:
-            raise RequestError(413, f"{len(text)} lines in one request, over the limit of {limits.max_lines} "
-                                    "(--max-lines)")
-        lines = [check_text(t, f"text[{i}]", limits) for i, t in enumerate(text)]
-    else:
-        raise RequestError(422, f"text must be a string or a list of strings, not {json_type(text)}")
-    beam = int_field(body, "beam", decode.beam, 1, limits.max_beam)
-    asked = modes.read_modes(body, decode, len(lines), limits)
-    nbest = int_field(body, "nbest", modes.default_nbest(decode, asked.update, beam), 1, limits.max_beam)
-    lenpen = float_field(body, "lenpen", decode.lenpen, 0.0, 10.0)
-    decode = decode.model_copy(update=dict(beam=beam, nbest=nbest, lenpen=lenpen, **asked.update))
-    modes.check_modes(decode, asked)
-    return TranslateJob(lines, single, decode, asked.guides, asked.details, tuple(asked.used(decode)))
-
-
-def check_guides(engine: "Engine", job: TranslateJob, limits: Limits) -> None:
+def check_guides(engine: Served, guides: "list[Guide] | None", single: bool, limits: Limits) -> None:
     """413 for a line whose prefix and constraint phrases hold more than ``max_tokens`` target tokens (bos
     included); for a PyTorch run, 422 (``InputError``, ``encode_guides``) for those over the model's positions."""
-    if job.guides is None:
+    if guides is None:
         return
-    for i, guide in enumerate(job.guides):
+    for i, guide in enumerate(guides):
         if guide.prefix or guide.constraints:
             tokens = sum(target_tokens(engine, t) - 1 for t in (guide.prefix, *guide.constraints) if t) + 1
-            name = "the prefix and constraints of " + ("text" if job.single else f"text[{i}]")
+            name = "the prefix and constraints of " + ("text" if single else f"text[{i}]")
             check_lines([tokens], [name], 1, limits)
-    run = getattr(engine, "run", None)
-    if run is not None:
+    if engine.run is not None:
         from utils.translation.translate import encode_guides
 
-        encode_guides(run.tokenizer, job.guides, run.model.max_length)
+        encode_guides(engine.run.tokenizer, guides, engine.run.model.max_length)
 
 
 def line_answer(source: str, nbest: list["Translation"], guide: "Guide | None") -> dict[str, Any]:
@@ -129,51 +93,24 @@ def line_answer(source: str, nbest: list["Translation"], guide: "Guide | None") 
 # ---------------------------------------------------------------------------------------------- attention
 
 
-def attention_run(engine: "Engine") -> Any:
+def attention_run(engine: Served) -> "LoadedRun | None":
     """The PyTorch run whose attention ``/attention`` draws: the engine's, an ensemble's first model; None for an
     export."""
-    run = getattr(engine, "run", None)
-    members = getattr(run, "members", None)
-    return members[0] if members else run
+    return engine.ensemble.members[0] if engine.ensemble is not None else engine.run
 
 
-def attention_layers(engine: "Engine") -> dict[str, list[int]]:
+def attention_layers(engine: Served) -> dict[str, list[int]]:
     """The attention an engine can draw, kind -> layers: every kind and layer of a PyTorch run (of an ensemble's
     first model); an export's CTranslate2 gives the last decoder layer's cross-attention (exports made before that
     gives nothing)."""
     run = attention_run(engine)
     if run is None:
-        return dict(getattr(engine, "attention_layers", {}))
+        return dict(engine.attention_layers)
     m = run.cfg.model
     return {kind: list(range(m.encoder_layers if kind == "encoder" else m.decoder_layers)) for kind in KINDS}
 
 
-def attention_request(body: dict[str, Any], cfg: "Config", available: dict[str, list[int]],
-                      limits: Limits) -> tuple[str, str | None, str, int]:
-    """-> (source, target or None for the greedy translation, kind, layer); ``available``: ``attention_layers``."""
-    check_fields(body, ("text", "target", "kind", "layer"))
-    if "text" not in body:
-        raise RequestError(422, 'missing field "text": the sentence whose attention is drawn')
-    text = check_text(body["text"], "text", limits)
-    target = body.get("target")
-    if target is not None:
-        target = check_text(target, "target", limits)
-    kind = body.get("kind", "cross")
-    if kind not in KINDS:
-        raise RequestError(422, f"kind must be one of {', '.join(KINDS)}, got {json.dumps(kind)}")
-    n = cfg.model.encoder_layers if kind == "encoder" else cfg.model.decoder_layers
-    layer = int_field(body, "layer", -1, -(2**31), 2**31)
-    if not -n <= layer < n:
-        side = "encoder" if kind == "encoder" else "decoder"
-        raise RequestError(422, f"layer {layer}: the {side} has {n} layers (0..{n - 1}, or -1 for the last)")
-    if layer % n not in available.get(kind, []):
-        what = ", ".join(f"{k} layer {' '.join(map(str, v))}" for k, v in available.items())
-        raise RequestError(422, f"this CTranslate2 export gives only {what} (mean over heads): serve the run "
-                                f"directory for {kind} layer {layer % n}")
-    return text, target, kind, layer % n
-
-
-def attention_map(engine: "Engine", text: str, target: str | None, kind: str, layer: int) -> dict[str, Any]:
+def attention_map(engine: Served, text: str, target: str | None, kind: str, layer: int) -> dict[str, Any]:
     """One layer's attention for a sentence, as visualize.py computes it: head mean and every head (a CTranslate2
     export: the head mean only, ``heads`` null), rounded to 1e-5; cross-attention rows are the target tokens
     being predicted, as in visualize.py's figures."""
@@ -181,6 +118,7 @@ def attention_map(engine: "Engine", text: str, target: str | None, kind: str, la
 
     run = attention_run(engine)
     if run is None:  # a CTranslate2 export: cross-attention of the last layer, mean over heads
+        assert engine.cross_attention is not None  # an engine that draws (``attention_layers``) has it
         src_ids, tgt_ids, target_text, mean = engine.cross_attention(text, target, engine.cfg.decode)
         src_tokens = engine.tokenizer.id_to_token(src_ids)
         tgt_tokens, heads = [BOS_LABEL, *engine.tokenizer.id_to_token(tgt_ids)], None
@@ -235,14 +173,13 @@ def training_summary(run_dir: Path | None, checkpoint: Path | str | None, step: 
     return out
 
 
-def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, Any]:
+def model_info(engine: Served, model_path: str, limits: Limits) -> dict[str, Any]:
     """What ``GET /model`` answers: the run's encoding, size, tokenizer, training summary, defaults and limits."""
     cfg = engine.cfg
     m = cfg.model
-    run = getattr(engine, "run", None)
-    decoder = getattr(engine, "decoder", None)
+    run = engine.run
     if run is not None:  # a PyTorch run
-        kind, params = "pytorch", sum(p.numel() for p in run.model.parameters())
+        params = sum(p.numel() for p in run.model.parameters())
         training = training_summary(run.run_dir, run.checkpoint, run.step)
         vocab = run.tokenizer.vocab_size
     else:  # a CTranslate2 export: its marker says which run and checkpoint it came from
@@ -251,16 +188,16 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
         marker_file = Path(model_path) / MARKER
         marker = json.loads(marker_file.read_text()) if marker_file.is_file() else {}
         run_dir = Path(marker["run"]) if marker.get("run") else None
-        kind, params = "ctranslate2", None
+        params = None
         training = training_summary(run_dir if run_dir and run_dir.is_dir() else None, marker.get("checkpoint"),
                                     None)
         training["quantization"] = marker.get("quantization")
-        vocab = getattr(getattr(engine, "tokenizer", None), "vocab_size", None)
+        vocab = engine.tokenizer.vocab_size if engine.tokenizer is not None else None
     decode = cfg.decode
     return {
-        "name": cfg.name, "engine": kind, "model_path": str(model_path),
-        "decoding": "own process" if decoder is not None else "server process",
-        "batching": "continuous" if getattr(engine, "continuous", False) else "static",
+        "name": cfg.name, "engine": engine.kind, "model_path": str(model_path),
+        "decoding": "own process" if engine.decoder is not None else "server process",
+        "batching": "continuous" if engine.continuous else "static",
         "attention": attention_layers(engine) or None,
         "encoding": {"name": encoding_name(cfg), "input_pe": m.input_pe, "attention_pe": m.attention_pe,
                      "cross_attention_pe": m.cross_attention_pe, "places": m.encodings()},
@@ -275,7 +212,7 @@ def model_info(engine: "Engine", model_path: str, limits: Limits) -> dict[str, A
                    "epsilon": decode.epsilon, "num_samples": decode.num_samples, "seed": decode.seed,
                    "mbr": decode.mbr, "mbr_utility": decode.mbr_utility},
         "modes": list(modes.engine_modes(engine)),
-        **({"ensemble": run.describe()} if run is not None and getattr(run, "members", None) else {}),
+        **({"ensemble": engine.ensemble.describe()} if engine.ensemble is not None else {}),
         "limits": asdict(limits),
     }
 
@@ -331,32 +268,37 @@ async def unless_gone(request: "Request", work: Awaitable[Any]) -> Any:
 def create_app(engine: "Engine", limits: Limits | None = None, model_path: str = "",
                access: Access | None = None) -> "FastAPI":
     """The FastAPI application serving ``engine`` (one decoding worker, started with the app), answering the hosts
-    and origins ``access`` allows (default: this machine's). Its OpenAPI schema (``app.openapi()``, served at
-    ``GET /openapi.json``) describes every endpoint with this server's limits and decoding defaults; there is no
-    Swagger UI (``/docs``), whose scripts come from a CDN."""
+    and origins ``access`` allows (default: this machine's). Each POST body is read (``utils/serve/body.py``), then
+    checked against its request model (``utils/serve/schema.py``) by FastAPI; a refusal is one line. Its OpenAPI
+    schema (``app.openapi()``, served at ``GET /openapi.json``) describes every endpoint with this server's limits
+    and decoding defaults; there is no Swagger UI (``/docs``), whose scripts come from a CDN."""
     from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.openapi.utils import get_openapi
     from fastapi.responses import HTMLResponse, JSONResponse, Response
     from fastapi.routing import APIRoute
     from starlette.exceptions import HTTPException
     from starlette.middleware.cors import CORSMiddleware
-    from starlette.requests import ClientDisconnect
 
     from models.positional import PositionLimitError
     from utils.serve import schema
     from utils.serve.access import AccessMiddleware
+    from utils.serve.body import body_route
+    from utils.serve.refusals import refusal
     from utils.serve.worker import DecoderError
-    from utils.translation.translate import InputError
+    from utils.translation.translate import InputError, outputs_per_sentence
 
     limits = limits or Limits()
     limits.check()
-    info = model_info(engine, model_path, limits)
+    served = Served.of(engine)
+    info = model_info(served, model_path, limits)
     state: dict[str, Batcher] = {}
-    requests = schema.request_models(limits, engine.cfg.decode)
+    TranslateRequest, AttentionRequest = schema.request_models(limits, served.cfg, info["attention"] or {})
+    bodies = {"/translate": TranslateRequest, "/attention": AttentionRequest}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
-        state["batcher"] = Batcher(engine, limits)
+        state["batcher"] = batcher_for(served, limits)
         state["batcher"].start()
         yield
         await state["batcher"].stop()
@@ -364,6 +306,7 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     # No redirect_slashes: "GET /health/" would answer a redirect to whatever host its Host header names.
     app = FastAPI(title="fr2en-pe translation server", description=API_DESCRIPTION, version=_version(),
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json", redirect_slashes=False)
+    app.router.route_class = body_route(limits)
     access = access or Access()
     if access.origins:  # pages of other origins allowed: the CORS headers that let a browser read the answers
         app.add_middleware(CORSMiddleware, allow_origins=["*"] if "*" in access.origins else list(access.origins),
@@ -371,20 +314,17 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     app.add_middleware(AccessMiddleware, access=access, max_header_bytes=limits.max_header_bytes)  # outermost
 
     def openapi() -> dict[str, Any]:
-        """FastAPI's schema, with the request bodies the endpoints read by hand (``schema.request_models``)."""
+        """FastAPI's schema with each request body as pydantic writes it (FastAPI's copy leaves out null defaults,
+        writes integer bounds as floats and sorts the examples' keys)."""
         if app.openapi_schema is None:
             out = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            for model in requests:
-                out.setdefault("components", {}).setdefault("schemas", {})[model.__name__] = model.model_json_schema(
+            for body in bodies.values():
+                out["components"]["schemas"][body.__name__] = body.model_json_schema(
                     ref_template="#/components/schemas/{model}")
             app.openapi_schema = out
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
-
-    def body(model: Any) -> dict[str, Any]:
-        return {"requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+    app.openapi = openapi  # type: ignore[method-assign] - FastAPI's documented way to change the schema
 
     def endpoints() -> str:
         routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in sorted(r.methods)]
@@ -396,6 +336,11 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
     @app.exception_handler(RequestError)
     async def _refused(request: Request, err: RequestError) -> JSONResponse:
         return error(err.status, err.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:  # the body's first error
+        refused = refusal(err.errors(), bodies.get(request.url.path))
+        return error(refused.status, refused.message)
 
     @app.exception_handler(InputError)
     @app.exception_handler(PositionLimitError)
@@ -421,26 +366,6 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return error(500, f"internal error: {first}")
 
-    async def read_body(request: Request) -> dict[str, Any]:
-        kind = request.headers.get("content-type")
-        if kind is None or kind.split(";")[0].strip().lower() != "application/json":
-            got = "none" if kind is None else json.dumps(kind[:60])
-            raise RequestError(415, "send the body as JSON with the header Content-Type: application/json "
-                                    f"(got {got})")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limits.max_body:
-            raise RequestError(413, f"the request body has {declared} bytes, over the limit of {limits.max_body}")
-        chunks, size = [], 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limits.max_body:
-                    raise RequestError(413, f"the request body is over the limit of {limits.max_body} bytes")
-                chunks.append(chunk)
-        except ClientDisconnect:  # nobody is left to answer: no traceback in the log either
-            raise RequestError(400, "the client disconnected before its request was complete") from None
-        return parse_json(b"".join(chunks))
-
     @app.get("/", response_class=HTMLResponse, summary="The demo page",
              responses=responses("text/html", "one HTML page, its script and style inline (no external assets: it "
                                               "works offline)", {403: None}))
@@ -456,7 +381,7 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         """`status` ok, the requests and sentences decoded, how they were batched, how busy the model was, the
         requests waiting, those refused and those whose clients left; a PyTorch run's decoding process."""
         batcher = state["batcher"]
-        decoder = getattr(engine, "decoder", None)
+        decoder = served.decoder
         process = {} if decoder is None else {"decoder": {"pid": decoder.pid, "restarts": decoder.restarts}}
         return {"status": "ok", "engine": info["engine"], "waiting": batcher.waiting, **batcher.snapshot(),
                 **process}
@@ -469,8 +394,8 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
         draws, the positional encodings, size, tokenizer, training summary, decoding defaults and limits."""
         return info
 
-    @app.post("/translate", response_model=None, summary="Translate one sentence or a list", openapi_extra=body(
-        requests[0]), responses=responses(schema.TranslateAnswer, "the n-best list of each line", {
+    @app.post("/translate", response_model=None, summary="Translate one sentence or a list", responses=responses(
+        schema.TranslateAnswer, "the n-best list of each line", {
             400: None, 403: None, 405: None,
             413: "more lines than `--max-lines`, a line (or a prefix or phrase) of more than `--max-chars` "
                  "characters or `--max-tokens` tokens, more source tokens x beam (or samples) than "
@@ -485,48 +410,45 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
                  "(`GET /model` lists its `modes`); a sentence, or its prefix and constraints, longer than the "
                  "model's positions allow",
             500: None, 503: None}))
-    async def translate(request: Request) -> dict[str, Any]:
+    async def translate(request: Request, body: TranslateRequest) -> dict[str, Any]:
         """Per line the best translation and its n-best list, with each hypothesis' length-penalised score and
         summed log-probability: the same texts and scores as `inference.py --input` with the same flags. Also as
         the command line can: a target prefix, terminology constraints, sampling, MBR, and per-token details
         (`inference.py --format jsonl`'s fields). Requests that arrive together and decode alike are decoded
         together."""
-        job = translate_request(await read_body(request), engine.cfg.decode, limits)
-        refused = [mode for mode in job.used if mode not in info["modes"]]
+        lines, decode, guides, details = body.lines, body.settings(), body.guides(), bool(body.details)
+        refused = [mode for mode in modes.modes_used(decode, guides, details) if mode not in info["modes"]]
         if refused:
-            raise RequestError(422, modes.refusal(engine, refused[0]))
-        lines, decode = job.lines, job.decode
-        why = modes.engine_problem(engine, decode, job.guides, job.details)  # e.g. a setting CTranslate2 lacks
+            raise RequestError(422, modes.refusal(served, refused[0]))
+        why = modes.engine_problem(served, decode, guides, details)  # e.g. a setting CTranslate2 lacks
         if why is not None:
             raise RequestError(422, why)
-        run = getattr(engine, "run", None)
-        counts = await asyncio.to_thread(source_tokens, engine, lines)
+        run = served.run
+        counts = await asyncio.to_thread(source_tokens, served, lines)
         modes.check_samples(counts, decode, limits)
-        check_lines(counts, ["text"] if job.single else [f"text[{i}]" for i in range(len(lines))],
+        check_lines(counts, ["text"] if body.single else [f"text[{i}]" for i in range(len(lines))],
                     modes.rows_per_line(decode), limits)
-        await asyncio.to_thread(check_guides, engine, job, limits)
+        await asyncio.to_thread(check_guides, served, guides, body.single, limits)
         start = time.perf_counter()
         results = await unless_gone(request, state["batcher"].translate(
-            lines, decode, job.guides, details=job.details and run is None))  # an export gives them itself
-        guides = job.guides or [None] * len(lines)
-        out = [line_answer(src, nbest, guide) for src, nbest, guide in zip(lines, results, guides, strict=True)]
-        if job.details:
+            lines, decode, guides, details=details and run is None))  # an export gives them itself
+        out = [line_answer(src, nbest, guide)
+               for src, nbest, guide in zip(lines, results, guides or [None] * len(lines), strict=True)]
+        if details:
             if run is None:  # an export gave each hypothesis its alignment while decoding
-                details = await asyncio.to_thread(modes.export_details, engine, lines, results)
+                found = await asyncio.to_thread(modes.export_details, served, lines, results)
             else:  # one teacher-forced pass of the server's model for the alignments, between batches
-                details = await unless_gone(request, state["batcher"].call(lambda: modes.line_details(
+                found = await unless_gone(request, state["batcher"].call(lambda: modes.line_details(
                     run.model, run.tokenizer, lines, results, decode.batch_size)))
-            for line, (tokens, records) in zip(out, details, strict=True):
+            for line, (tokens, records) in zip(out, found, strict=True):
                 line["source_tokens"] = tokens
                 line["nbest"] = [{**hyp, **record} for hyp, record in zip(line["nbest"], records, strict=True)]
-        from utils.translation.translate import outputs_per_sentence
-
         return {"translations": out, "beam": decode.beam, "nbest": outputs_per_sentence(decode),
-                "lenpen": decode.lenpen, **modes.settings_answer(decode, job.details),
+                "lenpen": decode.lenpen, **modes.settings_answer(decode, details),
                 "seconds": round(time.perf_counter() - start, 4)}
 
-    @app.post("/attention", response_model=None, summary="One layer's attention for a sentence", openapi_extra=body(
-        requests[1]), responses=responses(schema.AttentionAnswer, "the tokens and the attention weights", {
+    @app.post("/attention", response_model=None, summary="One layer's attention for a sentence", responses=responses(
+        schema.AttentionAnswer, "the tokens and the attention weights", {
             400: None, 403: None, 405: None,
             413: "`text` or `target` of more than `--max-chars` characters or `--max-tokens` tokens, attention "
                  "weights over `--max-attention-weights`, or a body over the limit",
@@ -535,18 +457,17 @@ def create_app(engine: "Engine", limits: Limits | None = None, model_path: str =
                  "other than cross, encoder, decoder; a layer the model does not have, or one a CTranslate2 export "
                  "does not give",
             500: None, 501: None, 503: None}))
-    async def attention(request: Request) -> Response:
+    async def attention(request: Request, body: AttentionRequest) -> Response:
         """The attention weights of one layer (mean over heads, and each head) for the greedy translation of
         `text`, or for `target` teacher-forced, computed as `visualize.py` does. A CTranslate2 export gives what
         CTranslate2 returns: the last layer's cross-attention, mean over heads (`heads` null)."""
-        body = await read_body(request)
         if not info["attention"]:
             raise RequestError(501, "this CTranslate2 export was made before exports kept attention: export the run "
                                     "again (inference.py --export-ctranslate2), or serve the run directory")
-        text, target, kind, layer = attention_request(body, engine.cfg, info["attention"], limits)
-        await asyncio.to_thread(check_attention, engine, text, target, limits)
+        (kind, layer), text, target = body.place(), body.text, body.target
+        await asyncio.to_thread(check_attention, served, text, target, limits)
         answer = await unless_gone(request, state["batcher"].call(  # the JSON made in the decoding thread too
-            lambda: json.dumps(attention_map(engine, text, target, kind, layer)).encode()))
+            lambda: json.dumps(attention_map(served, text, target, kind, layer)).encode()))
         return Response(answer, media_type="application/json")
 
     return app
@@ -608,7 +529,7 @@ def serve(engine: "Engine", model_path: str, sock: socket.socket, limits: Limits
 
     limits = limits or Limits()
     app = create_app(engine, limits, model_path, access)
-    what = "PyTorch" if getattr(engine, "run", None) is not None else "CTranslate2"
+    what = "PyTorch" if Served.of(engine).run is not None else "CTranslate2"
     bound_host, bound_port = sock.getsockname()[:2]
     url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}"
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from tokenizer import Tokenizer
     from utils.config import Config, DecodeConfig
+    from utils.serve.engine import Served
 
 
 @dataclass
@@ -86,14 +87,13 @@ class RequestError(Exception):
 # ---------------------------------------------------------------------------------------------- sizes
 
 
-def tokenizer_of(engine: Any) -> Tokenizer | None:
-    """The tokenizer an engine reads sources with (a PyTorch run's, a CTranslate2 export's); None if it has none."""
-    run = getattr(engine, "run", None)
-    tokenizer = getattr(run, "tokenizer", None) if run is not None else getattr(engine, "tokenizer", None)
-    return tokenizer if hasattr(tokenizer, "encode_src") else None
+def tokenizer_of(engine: Served) -> Tokenizer | None:
+    """The tokenizer an engine reads sources with (a PyTorch run's, a CTranslate2 export's); None if it has none (a
+    stand-in's names tokens at most)."""
+    return engine.tokenizer if hasattr(engine.tokenizer, "encode_src") else None
 
 
-def source_tokens(engine: Any, texts: list[str]) -> list[int]:
+def source_tokens(engine: Served, texts: list[str]) -> list[int]:
     """Tokens of each source as the model reads it (cleaned as the training data was, eos included). An engine
     without a tokenizer: the UTF-8 bytes plus one, which no subword tokenizer exceeds."""
     tokenizer = tokenizer_of(engine)
@@ -104,7 +104,7 @@ def source_tokens(engine: Any, texts: list[str]) -> list[int]:
     return [len(ids) + 1 for ids in tokenizer.encode_src([clean_text(t) for t in texts])]
 
 
-def target_tokens(engine: Any, text: str) -> int:
+def target_tokens(engine: Served, text: str) -> int:
     """Tokens of a target as the decoder reads it (bos included); without a tokenizer as ``source_tokens``."""
     tokenizer = tokenizer_of(engine)
     return len(text.encode("utf-8")) + 1 if tokenizer is None else len(tokenizer.encode_tgt([text])[0]) + 1
@@ -139,7 +139,7 @@ def check_lines(counts: list[int], names: list[str], beam: int, limits: Limits) 
                                 "server with a larger --max-beam-tokens")
 
 
-def check_attention(engine: Any, text: str, target: str | None, limits: Limits) -> None:
+def check_attention(engine: Served, text: str, target: str | None, limits: Limits) -> None:
     """413 for an ``/attention`` text or target over ``max_tokens``, or a pair whose attention weights
     (``attention_size``; a greedy translation counted at its longest) exceed ``max_attention_weights``."""
     source = source_tokens(engine, [text])[0]
@@ -149,9 +149,7 @@ def check_attention(engine: Any, text: str, target: str | None, limits: Limits) 
         check_lines([tokens], ["target"], 1, limits)
         what = f"{source} source and {tokens} target tokens"
     else:
-        run = getattr(engine, "run", None)
-        max_length = run.model.max_length if run is not None else getattr(engine, "max_length", None)
-        tokens = greedy_tokens(engine.cfg.decode, source, max_length)
+        tokens = greedy_tokens(engine.cfg.decode, source, engine.positions)
         what = f"{source} source tokens and a greedy translation of up to {tokens} tokens"
     size = attention_size(engine.cfg, source, tokens)
     if size > limits.max_attention_weights:

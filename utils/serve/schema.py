@@ -1,25 +1,34 @@
-"""The HTTP API's request and answer models: what the server's OpenAPI schema (``GET /openapi.json``) says.
+"""The HTTP API's request and answer models: what FastAPI checks each request body against, and what the server's
+OpenAPI schema (``GET /openapi.json``) says.
 
-The server checks requests by hand (``translate_request`` and ``attention_request`` in ``utils/serve/app.py``), so that
-each refusal gets its own status (413 for what is too big, 400 for bytes that are not text, 422 for the rest) and one
-readable line; the request models here describe the same fields, types, defaults and limits, built for a server's own
-limits and decoding defaults (``tests/test_docs_http.py`` sends requests to hold the two together). The answer models
-describe what the endpoints return; the endpoints build plain dicts, which the tests validate against these models.
+The request models are built for a server's own limits and decoding defaults (``request_models``), so that the schema
+states them; what every body obeys whatever the limits (the checks across fields, and what it asks for) is in
+``TranslateRules`` and ``AttentionRules``. A refusal is one line with its status (``utils/serve/refusals.py`` words
+pydantic's first error; ``tests/test_docs_http.py`` sends requests to hold the schema and the refusals together).
+The answer models describe what the endpoints return; the endpoints build plain dicts, which the tests validate
+against these models.
 
 No ``from __future__ import annotations``: pydantic reads the annotations of the request models, built inside
 ``request_models``, at runtime.
 """
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from utils.serve.modes import MAX_PHRASES
+from utils.serve.body import json_type
+from utils.serve.modes import MAX_PHRASES, SAMPLING, default_nbest, settings_problem
+from utils.serve.refusals import NAME, RequestBody, by_shape, items, line
 
 if TYPE_CHECKING:
-    from utils.config import DecodeConfig
+    from utils.config import Config, DecodeConfig
+    from utils.serve.limits import Limits
+    from utils.translation.translate import Guide
 
 KINDS = ("cross", "encoder", "decoder")
+#: The fields of ``POST /translate`` that are decoding settings (``DecodeConfig``'s), over the server's.
+DECODING = ("beam", "nbest", "lenpen", "sample", "temperature", "top_k", "top_p", "epsilon", "num_samples", "seed",
+            "mbr", "mbr_utility")
 
 # Every refusal, status -> when (the answer is always ``{"error": "one line"}``).
 ERRORS: dict[int, str] = {
@@ -55,28 +64,155 @@ class ErrorAnswer(BaseModel):
                                    "kind, layer)`)")
 
 
-def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel], type[BaseModel]]:
-    """The request bodies of ``POST /translate`` and ``POST /attention`` for a server with these limits
-    (``utils.serve.limits.Limits``: its ``--max-*`` flags) and decoding defaults (the run's ``decode`` section with the
-    decoding flags over it)."""
-    line = Annotated[str, StringConstraints(min_length=1, max_length=limits.max_chars)]
-    lines = Annotated[list[line], Field(min_length=1, max_length=limits.max_lines)]
-    prefixes = Annotated[list[Annotated[str, StringConstraints(max_length=limits.max_chars)]],
-                         Field(min_length=1, max_length=limits.max_lines)]
-    phrases = Annotated[list[line], Field(min_length=1, max_length=MAX_PHRASES)]
-    per_line = Annotated[list[Annotated[list[line], Field(max_length=MAX_PHRASES)]],
-                         Field(min_length=1, max_length=limits.max_lines)]
+class TranslateRules(RequestBody):
+    """What every ``POST /translate`` body obeys, whatever the server's limits (``request_models`` gives the model its
+    fields): the checks across fields, and what it asks for."""
+
+    missing = {"text": "a sentence or a list of sentences"}
+    #: The server's decoding settings: what a field left out, or null, keeps.
+    server: ClassVar["DecodeConfig"]
+
+    @property
+    def single(self) -> bool:
+        """Whether ``text`` is one string (the answer then has one line too)."""
+        return isinstance(self.text, str)
+
+    @property
+    def lines(self) -> list[str]:
+        return [self.text] if self.single else list(self.text)
+
+    def given(self, name: str) -> bool:
+        """Whether the body gives field ``name`` (null is not given)."""
+        return name in self.model_fields_set and getattr(self, name) is not None
+
+    def guides(self) -> "list[Guide] | None":
+        """Each line's target prefix and constraints; None when the body has neither."""
+        from utils.translation.translate import Guide
+
+        if self.prefix is None and self.constraints is None:
+            return None
+        n = len(self.lines)
+        prefixes = [self.prefix] * n if isinstance(self.prefix, str) else self.prefix or [""] * n
+        phrases = self.constraints or [[]] * n
+        if not isinstance(phrases[0], list):  # one list of phrases for every line
+            phrases = [phrases] * n
+        return [Guide(p.strip(), tuple(c.strip() for c in cs)) for p, cs in zip(prefixes, phrases, strict=True)]
+
+    def settings(self) -> "DecodeConfig":
+        """The server's decoding settings with the body's over them (``nbest`` left out: ``default_nbest``; MBR over
+        samples: the candidates are ``mbr`` samples, whatever the server's ``num_samples``)."""
+        own = {name: getattr(self, name) for name in DECODING if self.given(name)}
+        decode = self.server.model_copy(update=own)
+        if decode.mbr and decode.sample and not self.given("num_samples"):
+            decode = decode.model_copy(update={"num_samples": 1})
+        if not self.given("nbest"):
+            decode = decode.model_copy(update={"nbest": default_nbest(self.server.nbest, decode)})
+        return decode
+
+    @model_validator(mode="after")
+    def _goes_together(self) -> "TranslateRules":
+        n = len(self.lines)
+        lines = f"line{'s' * (n != 1)}"
+        if isinstance(self.prefix, list) and len(self.prefix) != n:
+            k = len(self.prefix)
+            raise ValueError(f"prefix has {k} item{'s' * (k != 1)} but text has {n} {lines}: give one prefix per line "
+                             '("" for none), or one string for every line')
+        if self.constraints and isinstance(self.constraints[0], list) and len(self.constraints) != n:
+            raise ValueError(f"constraints has {len(self.constraints)} lists but text has {n} {lines}: give one list "
+                             "of phrases per line ([] for none), or one list of phrases for every line")
+        decode = self.settings()
+        sampling = [name for name in SAMPLING if self.given(name)]
+        if sampling and not decode.sample:
+            raise ValueError(f'{sampling[0]} applies to sampling: add "sample": true')
+        if self.given("mbr_utility") and not decode.mbr:
+            raise ValueError('mbr_utility applies to MBR decoding: add "mbr": N')
+        why = settings_problem(decode, self.guides())
+        if why is not None:
+            raise ValueError(why)
+        return self
+
+
+class AttentionRules(RequestBody):
+    """What every ``POST /attention`` body obeys, whatever the server's limits: a layer the model has, and one the
+    engine draws."""
+
+    missing = {"text": "the sentence whose attention is drawn"}
+    #: The layers of each stack of the model served, ``encoder`` and ``decoder``.
+    stacks: ClassVar[dict[str, int]]
+    #: What the engine draws, kind -> layers (``utils.serve.app.attention_layers``; none: nothing, answered 501).
+    drawn: ClassVar[dict[str, list[int]]]
+
+    def place(self) -> tuple[str, int]:
+        """The kind and the layer drawn, from 0 (a negative ``layer`` counts from the last)."""
+        return self.kind, (-1 if self.layer is None else self.layer) % self.stacks[self.stack]
+
+    @property
+    def stack(self) -> str:
+        return "encoder" if self.kind == "encoder" else "decoder"
+
+    @model_validator(mode="after")
+    def _drawn(self) -> "AttentionRules":
+        n, layer = self.stacks[self.stack], -1 if self.layer is None else self.layer
+        if not -n <= layer < n:
+            raise ValueError(f"layer {layer}: the {self.stack} has {n} layers (0..{n - 1}, or -1 for the last)")
+        if self.drawn and layer % n not in self.drawn.get(self.kind, []):
+            what = ", ".join(f"{k} layer {' '.join(map(str, v))}" for k, v in self.drawn.items())
+            raise ValueError(f"this CTranslate2 export gives only {what} (mean over heads): serve the run directory "
+                             f"for {self.kind} layer {layer % n}")
+        return self
+
+
+def _no_bounds(field: dict[str, Any]) -> None:
+    """A field's schema without the range of its integer (one that only keeps a number sane)."""
+    for branch in field.get("anyOf", [field]):
+        branch.pop("minimum", None)
+        branch.pop("maximum", None)
+
+
+def request_models(limits: "Limits", cfg: "Config",
+                   attention: dict[str, list[int]]) -> tuple[type[TranslateRules], type[AttentionRules]]:
+    """The request bodies of ``POST /translate`` and ``POST /attention`` for a server with these limits (its
+    ``--max-*`` flags), decoding defaults (``cfg.decode``: the run's ``decode`` section with the decoding flags over
+    it), model (``cfg.model``'s layers) and attention drawn (``attention``, kind -> layers)."""
+    decode, chars = cfg.decode, limits.max_chars
+    sentence = line(chars, "give a sentence to translate")
+    sentences = items(sentence, 1, limits.max_lines, "give at least one sentence",
+                      "{n} lines in one request, over the limit of {limit} (--max-lines)")
+    start = line(chars, "give the text the translations start with")
+    starts = items(line(chars, None), 1, limits.max_lines, 'give one prefix per line ("" for none)',
+                   "{name} has {n} prefixes, over the limit of {limit} (--max-lines)")
+    phrase = line(chars, "give a word or phrase the translation must contain")
+    too_many = "{name} has {n} phrases, over the limit of {limit} a line"
+    phrases = items(phrase, 1, MAX_PHRASES, "give the phrases, or leave the field out", too_many)
+    per_line = items(items(phrase, None, MAX_PHRASES, "", too_many), 1, limits.max_lines,
+                     "give the phrases, or leave the field out",
+                     "{name} has {n} lists, over the limit of {limit} (--max-lines)")
+    def text_or_list(value: Any) -> int | str:
+        if isinstance(value, (str, list)):
+            return 0 if isinstance(value, str) else 1
+        return f"{NAME} must be a string or a list of strings, not {json_type(value)}"
+
+    def one_or_per_line(value: Any) -> int | str:
+        if not isinstance(value, list):
+            return (f"{NAME} must be a list of phrases (for every line) or of lists of phrases (one per line), not "
+                    f"{json_type(value)}")
+        nested = [isinstance(v, list) for v in value]
+        if any(nested) and not all(nested):
+            return f"{NAME} must be a list of phrases or a list of lists of phrases, not both"
+        return 1 if value and all(nested) else 0
+
     sampling = "; needs sampling (`sample` true, or the server's default); absent or null: the server's default"
 
-    class TranslateRequest(BaseModel):
+    class TranslateRequest(TranslateRules):
         """What to translate, and optionally how."""
 
-        model_config = ConfigDict(extra="forbid", title="TranslateRequest", json_schema_extra={"examples": [
+        server = decode
+        model_config = ConfigDict(title="TranslateRequest", json_schema_extra={"examples": [
             {"text": "Le chat dort sur le canapé."},
             {"text": ["Bonjour.", "Merci beaucoup."], "beam": 5, "nbest": 2, "lenpen": 1.0},
             {"text": "Le chat dort sur le canapé.", "prefix": "The cat", "constraints": ["sofa"], "details": True},
             {"text": "Le chat dort sur le canapé.", "sample": True, "mbr": 16, "seed": 1}]})
-        text: line | lines = Field(
+        text: Annotated[sentence | sentences, by_shape(text_or_list, sentence, sentences)] = Field(
             description=f"a sentence, or a list of up to {limits.max_lines} (`--max-lines`); each line at most "
                         f"{limits.max_chars} characters (`--max-chars`) and {limits.max_tokens} tokens "
                         "(`--max-tokens`), not blank, no NUL character")
@@ -94,11 +230,13 @@ def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel]
             "GNMT length penalty alpha: hypotheses are ranked by log-probability / ((5 + length in tokens) / 6)^alpha, "
             "so a larger alpha favours longer ones and 0 ranks by log-probability alone; absent or null: the server's "
             "`--lenpen`"))
-        prefix: line | prefixes | None = Field(None, description=(
-            "a target prefix: every translation starts with it (its tokens forced, kept in the output and counted in "
-            "the scores); the search goes on after it. One string for every line, or a list aligned with `text` "
-            "(`\"\"`: none for that line). Greedy or beam search, not sampling"))
-        constraints: phrases | per_line | None = Field(None, description=(
+        prefix: Annotated[start | starts | None, by_shape(text_or_list, start, starts, null=True)] = Field(
+            None, description=(
+                "a target prefix: every translation starts with it (its tokens forced, kept in the output and counted "
+                "in the scores); the search goes on after it. One string for every line, or a list aligned with "
+                "`text` (`\"\"`: none for that line). Greedy or beam search, not sampling"))
+        constraints: Annotated[phrases | per_line | None,
+                               by_shape(one_or_per_line, phrases, per_line, null=True)] = Field(None, description=(
             f"terminology constraints: words or phrases every translation must contain (at most {MAX_PHRASES} a "
             "line), as a list of phrases for every line or a list of such lists aligned with `text` (`[]`: none for "
             "that line); beam search with dynamic beam allocation (`beam` 2 or more). A hypothesis that reaches the "
@@ -136,26 +274,29 @@ def request_models(limits: Any, decode: "DecodeConfig") -> tuple[type[BaseModel]
             "`inference.py --format jsonl` writes them (a PyTorch run: one more teacher-forced pass of the model; a "
             "CTranslate2 export: from the attention it returns while decoding)"))
 
-    class AttentionRequest(BaseModel):
+    class AttentionRequest(AttentionRules):
         """The sentence whose attention is drawn, and which attention."""
 
-        model_config = ConfigDict(extra="forbid", title="AttentionRequest", json_schema_extra={"examples": [
+        stacks = {"encoder": cfg.model.encoder_layers, "decoder": cfg.model.decoder_layers}
+        drawn = attention
+        model_config = ConfigDict(title="AttentionRequest", json_schema_extra={"examples": [
             {"text": "Le chat dort.", "kind": "cross", "layer": -1},
             {"text": "Le chat dort.", "target": "The cat sleeps.", "kind": "encoder"}]})
-        text: line = Field(description=f"the source sentence, at most {limits.max_chars} characters (`--max-chars`) "
-                                       f"and {limits.max_tokens} tokens (`--max-tokens`); its attention weights over "
-                                       f"every layer and head at most {limits.max_attention_weights} "
-                                       "(`--max-attention-weights`)")
-        target: line | None = Field(None, description="a translation to teacher-force (each row predicts its next "
-                                                       "token), at most `--max-tokens` tokens; absent or null: the "
-                                                       "model's greedy translation")
+        text: sentence = Field(description=f"the source sentence, at most {limits.max_chars} characters "
+                                           f"(`--max-chars`) and {limits.max_tokens} tokens (`--max-tokens`); its "
+                                           "attention weights over every layer and head at most "
+                                           f"{limits.max_attention_weights} (`--max-attention-weights`)")
+        target: sentence | None = Field(None, description="a translation to teacher-force (each row predicts its "
+                                                          "next token), at most `--max-tokens` tokens; absent or "
+                                                          "null: the model's greedy translation")
         kind: Literal["cross", "encoder", "decoder"] = Field(
             "cross", description="`cross` (decoder rows over source columns), `encoder` (source over source) or "
                                  "`decoder` (target over target) self-attention")
-        layer: int | None = Field(-1, description="the layer, from 0, of the stack `kind` belongs to (the decoder "
-                                                  "for `cross`); negative counts from the last (-1); absent or null: "
-                                                  "the last. `GET /model` lists the layers (`attention`); 422 for "
-                                                  "one the model does not have")
+        # +-2^31 only keeps the number sane, unstated: the layers the model has are the bound (checked after)
+        layer: int | None = Field(-1, ge=-(2**31), le=2**31, json_schema_extra=_no_bounds, description=(
+            "the layer, from 0, of the stack `kind` belongs to (the decoder for `cross`); negative counts from the "
+            "last (-1); absent or null: the last. `GET /model` lists the layers (`attention`); 422 for one the model "
+            "does not have"))
 
     return TranslateRequest, AttentionRequest
 

@@ -8,7 +8,7 @@ import hashlib
 import json
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any, Protocol
 
 from models.decoding import length_penalty
-from tokenizer import load_tokenizer
+from tokenizer import Tokenizer, load_tokenizer
 from utils.config import Config, DecodeConfig, load_config
 from utils.run.layout import RunDir
 from utils.run.load import LoadedRun
@@ -37,22 +37,42 @@ from utils.translation.translate import (
 
 class Engine(Protocol):
     """What translates: a config and ``translate(texts, decode, on_done)`` (n-best lists, best first; ``on_done``
-    called for each text as soon as its list is final, so a server can answer it before the rest of the batch)."""
+    called for each text as soon as its list is final, so a server can answer it before the rest of the batch),
+    which is all ``inference.py`` needs. The server (``utils/serve``) reads the other members: ``TorchEngine`` and
+    ``CT2Model`` have them all; another engine (a stand-in) may leave them out, and the server reads their defaults
+    (``utils.serve.engine.Served``). A CTranslate2 export also gives ``attention_layers`` and ``cross_attention``."""
 
     cfg: Config
+    #: The PyTorch run it decodes with (an ensemble's ``LoadedEnsemble``); None: a CTranslate2 export.
+    run: LoadedRun | None
+    #: What reads its sources and names its tokens.
+    tokenizer: Tokenizer
+    #: Its position limit: tokens of a source or target, eos included (None: none known).
+    max_length: int | None
+    #: Translates for it in a process of its own (the server's decoding process, ``utils.serve.worker``); None: no
+    #: such process.
+    decoder: Any
+    #: Whether a server hands requests to ``decoder.submit`` (joining its decoding in flight) rather than batches.
+    continuous: bool
 
     def translate(self, texts: list[str], decode: DecodeConfig,
                   on_done: OnDone | None = None) -> list[list[Translation]]: ...
+
+    def problem(self, decode: Any, prefix: bool = False, constraints: bool = False,
+                details: bool = False) -> str | None:
+        """Why it cannot decode as ``decode`` says, with target prefixes (``prefix``), terminology constraints
+        (``constraints``) or token details (``details``), in one line; None if it can."""
 
 
 class TorchEngine:
     """A run's PyTorch model: ``translate(texts, decode)`` as ``utils.translation.translate.translate`` does."""
 
     def __init__(self, run: LoadedRun) -> None:
-        self.run, self.cfg = run, run.cfg
+        self.run, self.cfg, self.tokenizer, self.max_length = run, run.cfg, run.tokenizer, run.model.max_length
         #: Translates for it with the same model (the server's decoding process, ``utils.serve.worker``).
         self.decoder: Any = None
-        #: Whether requests go to ``submit`` (iteration-level batching in the decoder) rather than ``translate``.
+        #: Whether requests go to ``decoder.submit`` (iteration-level batching in the decoder) rather than
+        #: ``translate``.
         self.continuous = False
 
     def translate(self, texts: list[str], decode: DecodeConfig, on_done: OnDone | None = None,
@@ -65,15 +85,11 @@ class TorchEngine:
         return translate(self.run.model, self.run.tokenizer, texts, decode, strict=False, on_done=on_done,
                          guides=guides)
 
-    def submit(self, texts: list[str], decode: DecodeConfig, on_done: OnDone,
-               on_error: Callable[[BaseException], None]) -> None:
-        """Continuous batching: ``texts`` join the decoder's decoding in flight; results come to the callbacks."""
-        self.decoder.submit(texts, decode, on_done, on_error)
-
-    @property
-    def stats(self) -> tuple[int, int, int]:
-        """The decoder's (batches started, decoder steps, sentence-steps)."""
-        return self.decoder.stats
+    def problem(self, decode: Any, prefix: bool = False, constraints: bool = False,
+                details: bool = False) -> str | None:
+        """Why it cannot decode as ``decode`` says with target prefixes or constraints (``guide_problem``); every
+        mode and details otherwise."""
+        return guide_problem(decode, prefix, constraints)
 
 
 #: Why an export cannot decode as asked (``CT2Model.problem``), one line each.
@@ -129,6 +145,11 @@ class CT2Model:
       (``AlignedTranslation``) from the attention CTranslate2 returns while decoding: the last decoder layer's
       cross-attention, mean over its heads.
     - not ensembles, nor terminology constraints."""
+
+    #: Not a PyTorch run, and it decodes in the server's process (``Engine``).
+    run: LoadedRun | None = None
+    decoder: Any = None
+    continuous = False
 
     def __init__(self, export_dir: Path | str, device: str = "cpu", compute_type: str = "default",
                  threads: int = 0) -> None:
