@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -15,6 +16,7 @@ import yaml
 from utils.config import Config, from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 SHARED_DATA = Path(os.environ.get("FR2EN_SHARED_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 
@@ -90,6 +92,18 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA} (set FR2EN_SHARED_DATA)")
     return SHARED_DATA.resolve()
+
+
+_BUILT: dict[str, Any] = {}
+
+
+def once(key: str, build: Callable[[], T]) -> T:
+    """``build()``'s result, built once per worker process under ``key``: a module fixture that pytest-xdist tears
+    down and sets up again (it does when a worker's queue runs dry between two tests of the file) gets the same
+    trained run back instead of training it again."""
+    if key not in _BUILT:
+        _BUILT[key] = build()
+    return _BUILT[key]
 
 
 def make_tiny_config(tmp: Path, **train_kw) -> Config:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import once
 
 from models.decoding import beam_search
 from tests.test_decoding import BOS, EOS, sources, trained_copy_model
@@ -30,12 +31,15 @@ def demo_texts() -> list[str]:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory):
     """The demo config trained for 35 of its 60 epochs (about 15 s on 2 cores): good, not yet peaked."""
-    tmp = tmp_path_factory.mktemp("demo")
-    overrides = [f"data.cache_dir={tmp / 'cache'}", "train.epochs=35", "train.log_attention_every=0"]
-    cfg = load_config(ROOT / "configs" / "demo.yaml", overrides)
-    run_dir = create_run_dir(cfg, tmp / "runs")
-    train(cfg, run_dir)
-    return load_run(str(run_dir), None, [], "cpu")
+    def build():
+        tmp = tmp_path_factory.mktemp("demo")
+        overrides = [f"data.cache_dir={tmp / 'cache'}", "train.epochs=35", "train.log_attention_every=0"]
+        cfg = load_config(ROOT / "configs" / "demo.yaml", overrides)
+        run_dir = create_run_dir(cfg, tmp / "runs")
+        train(cfg, run_dir)
+        return load_run(str(run_dir), None, [], "cpu")
+
+    return once("test_beam_stop.demo_run", build)
 
 
 def test_bound_never_loses_to_greedy_on_the_trained_demo_model(demo_run) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import ROOT, make_tiny_config, run_script
+from conftest import ROOT, make_tiny_config, once, run_script
 
 from utils.run.checkpoint import load_checkpoint, save_checkpoint
 from utils.run.store import create_run_dir
@@ -22,11 +22,14 @@ from utils.training.loop import train
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("cli")
-    cfg = make_tiny_config(tmp, max_steps=150, eval_every=75, lr=0.005)
-    run = create_run_dir(cfg, tmp / "runs")
-    train(cfg, run)
-    return run
+    def build() -> Path:
+        tmp = tmp_path_factory.mktemp("cli")
+        cfg = make_tiny_config(tmp, max_steps=150, eval_every=75, lr=0.005)
+        run = create_run_dir(cfg, tmp / "runs")
+        train(cfg, run)
+        return run
+
+    return once("test_cli.run_dir", build)
 
 
 def cli(script: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import once
 from pydantic import Field
 
 from docs import generate, reference_encodings
@@ -43,7 +44,7 @@ class SlopeBiasPE(AttentionPE):
 
 @pytest.fixture(scope="module")
 def pages() -> dict[str, str | bytes]:
-    return reference_encodings.pages()
+    return once("test_docs_encodings.pages", reference_encodings.pages)
 
 
 def _names() -> list[str]:

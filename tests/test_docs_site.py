@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, once
 
 from docs import generate
 
@@ -28,12 +28,15 @@ MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    res = subprocess.run([*MKDOCS, "-d", str(out)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    assert res.returncode == 0, res.stderr[-5000:]
-    (out / "build.log").write_text(res.stderr, encoding="utf-8")
-    return out
+    def build() -> Path:
+        out = tmp_path_factory.mktemp("site")
+        res = subprocess.run([*MKDOCS, "-d", str(out)], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+        assert res.returncode == 0, res.stderr[-5000:]
+        (out / "build.log").write_text(res.stderr, encoding="utf-8")
+        return out
+
+    return once("test_docs_site.site", build)
 
 
 def test_the_site_builds_in_strict_mode_with_every_page(site: Path) -> None:

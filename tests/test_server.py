@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, train_tiny_run
+from conftest import ROOT, once, train_tiny_run
 
 from bench.demo_page import drive_page
 from bench.serve_load import Load, Server, get, load, post, start_server, table
@@ -40,8 +40,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test_export_ct2 recipe (d 32, 1+1 layers, RoPE alone: exportable; beam 2), 10 epochs on one thread
     (about 10 s; 32 different outputs for the 40 test lines), hypotheses capped at 12 tokens."""
-    return train_tiny_run(tmp_path_factory.mktemp("serve"), ["model.input_pe=none", "tokenizer.byte_fallback=false",
-                          "decode.max_len_a=0", "decode.max_len_b=12"], epochs=10, eval_every=1000, lr=0.005)
+    return once("test_server.run_dir", lambda: train_tiny_run(
+        tmp_path_factory.mktemp("serve"), ["model.input_pe=none", "tokenizer.byte_fallback=false",
+                                           "decode.max_len_a=0", "decode.max_len_b=12"],
+        epochs=10, eval_every=1000, lr=0.005))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny_config, run_script
+from conftest import make_tiny_config, once, run_script
 from matplotlib.image import imread
 
 from models.config import StackPE
@@ -50,15 +50,18 @@ FAMILIES: dict[str, tuple[list[str], set[str]]] = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Train each family for 4 steps (1+1 layers, d 32): enough for real checkpoints and run directories."""
-    tmp = tmp_path_factory.mktemp("visualize")
-    out = {}
-    for family, (overrides, _) in FAMILIES.items():
-        base = make_tiny_config(tmp, max_steps=4, eval_every=4, valid_bleu_sentences=2)
-        short = ["decode.max_len_a=0", "decode.max_len_b=12"]  # untrained models decode to the length cap
-        cfg = from_dict(base.to_dict(), [f"name={family}", *short, *overrides])
-        out[family] = create_run_dir(cfg, tmp / "runs")
-        train(cfg, out[family])
-    return out
+    def build() -> dict[str, Path]:
+        tmp = tmp_path_factory.mktemp("visualize")
+        out = {}
+        for family, (overrides, _) in FAMILIES.items():
+            base = make_tiny_config(tmp, max_steps=4, eval_every=4, valid_bleu_sentences=2)
+            short = ["decode.max_len_a=0", "decode.max_len_b=12"]  # untrained models decode to the length cap
+            cfg = from_dict(base.to_dict(), [f"name={family}", *short, *overrides])
+            out[family] = create_run_dir(cfg, tmp / "runs")
+            train(cfg, out[family])
+        return out
+
+    return once("test_visualize.runs", build)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
