@@ -48,33 +48,51 @@ def work_unit(item: pytest.Item) -> str:
     class-scoped fixture (built once), else the test alone (any free worker can take it)."""
     shared = any(d.scope in ("module", "class", "package") for defs in item._fixtureinfo.name2fixturedefs.values()
                  for d in defs)
-    return item.nodeid.split("::")[0] if shared else item.nodeid
+    return item.nodeid.split("::")[0] if shared else recorded(item.nodeid)
 
 
 #: A work unit recorded at this many seconds or more is ``slow`` (``-m "not slow"``, the fast lane, leaves it out).
 SLOW_SECONDS = 2.0
 
 
+def _loadgroup(config: pytest.Config) -> bool:
+    return config.getoption("dist", "no") == "loadgroup" or bool(getattr(config.option, "loadgroup", False))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under ``--dist loadgroup``, each test joins its work unit's group as it is collected, and its id names the
+    group (``<id>@<group>``): pytest-xdist's scheduler sends a group to one worker whole. (pytest-xdist 3.8 writes
+    that id to ``item._nodeid``, which pytest 9 no longer reads: the id is set here.)"""
+    if _loadgroup(item.config) and os.environ.get("PYTEST_XDIST_WORKER"):
+        from _pytest.nodeid import NodeId
+
+        unit = work_unit(item)
+        item.add_marker(pytest.mark.xdist_group(unit))
+        if "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            item._id = NodeId.parse(f"{item.nodeid}@{unit}")
+
+
+def recorded(nodeid: str) -> str:
+    """A test's id as tests/durations.json records it: without pytest-xdist's ``@<group>``."""
+    return nodeid.split("@")[0] if "@" in nodeid.rsplit("]", 1)[-1] else nodeid
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test of a work unit recorded at ``SLOW_SECONDS`` or more (tests/durations.json) is marked ``slow``, as
     are those marked so by hand (new tests that train, start a server, a browser or a study). Under ``--dist
-    loadgroup`` each test joins its work unit's group, and the units are queued longest first by their recorded time,
-    so the long ones start at once and the short ones fill the end (the longest-processing-time rule; unknown tests
-    count 1 s)."""
+    loadgroup`` the units are queued longest first by their recorded time, so the long ones start at once and the
+    short ones fill the end (the longest-processing-time rule; unknown tests count 1 s)."""
     seconds = json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.is_file() else {}
     units: dict[str, float] = {}
     for item in items:
         unit = work_unit(item)
-        units[unit] = units.get(unit, 0.0) + float(seconds.get(item.nodeid, 1.0))
+        units[unit] = units.get(unit, 0.0) + float(seconds.get(recorded(item.nodeid), 1.0))
     for item in items:
         if units[work_unit(item)] >= SLOW_SECONDS:
             item.add_marker(pytest.mark.slow)
-    if config.getoption("dist", "no") != "loadgroup" and not getattr(config.option, "loadgroup", False):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
-    items.sort(key=lambda item: -units[work_unit(item)])  # stable: a file keeps its own order
+    if _loadgroup(config):
+        items.sort(key=lambda item: -units[work_unit(item)])  # stable: a file keeps its own order
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,8 @@ def durations(log: str) -> dict[str, float]:
     for line in log.splitlines():
         m = LINE.match(line.strip())
         if m:
-            out[m[3]] = out.get(m[3], 0.0) + float(m[1])
+            nodeid = m[3].split("@")[0] if "@" in m[3].rsplit("]", 1)[-1] else m[3]  # without xdist's @<group>
+            out[nodeid] = out.get(nodeid, 0.0) + float(m[1])
     return {k: round(v, 1) for k, v in sorted(out.items())}
 
 
