@@ -68,13 +68,16 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
         unit = work_unit(item)
         item.add_marker(pytest.mark.xdist_group(unit))
-        if "@" not in item.nodeid.rsplit("]", 1)[-1]:
+        if GROUP_MARK not in item.nodeid:
             item._id = NodeId.parse(f"{item.nodeid}@{unit}")
+
+
+GROUP_MARK = "@tests/"  # a test id's pytest-xdist group suffix: "@" and the group, a test file or a test's id
 
 
 def recorded(nodeid: str) -> str:
     """A test's id as tests/durations.json records it: without pytest-xdist's ``@<group>``."""
-    return nodeid.split("@")[0] if "@" in nodeid.rsplit("]", 1)[-1] else nodeid
+    return nodeid.split(GROUP_MARK, 1)[0]
 
 
 @pytest.hookimpl(tryfirst=True)

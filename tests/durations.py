@@ -21,7 +21,7 @@ def durations(log: str) -> dict[str, float]:
     for line in log.splitlines():
         m = LINE.match(line.strip())
         if m:
-            nodeid = m[3].split("@")[0] if "@" in m[3].rsplit("]", 1)[-1] else m[3]  # without xdist's @<group>
+            nodeid = m[3].split("@tests/", 1)[0]  # without pytest-xdist's @<group>
             out[nodeid] = out.get(nodeid, 0.0) + float(m[1])
     return {k: round(v, 1) for k, v in sorted(out.items())}
 
