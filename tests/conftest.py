@@ -127,6 +127,16 @@ def once(key: str, build: Callable[[], T]) -> T:
     return _BUILT[key]
 
 
+def f32_sum(values: list[float]) -> float:
+    """The float32 running sum of ``values`` (the order and precision a search adds log-probabilities in)."""
+    import torch
+
+    total = torch.zeros((), dtype=torch.float32)
+    for v in values:
+        total = total + torch.tensor(v, dtype=torch.float32)
+    return float(total)
+
+
 def make_tiny_config(tmp: Path, **train_kw) -> Config:
     """The demo config shrunk to a model that trains in seconds; cache under ``tmp``."""
     raw = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_script, train_tiny_run
+from conftest import ROOT, f32_sum, run_script, train_tiny_run
 from sacrebleu.metrics import BLEU, CHRF
 from test_decoding import BOS, EOS, PAD, V, full_logprob, sources, trained_copy_model
 
@@ -30,14 +30,6 @@ from utils.translation.jsonl import jsonl_writer
 from utils.translation.translate import encode_sources, translate, translate_stream
 
 TEXTS = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()
-
-
-def f32_sum(values: list[float]) -> float:
-    """The float32 running sum of ``values`` (the order and precision a search adds log-probabilities in)."""
-    total = torch.zeros((), dtype=torch.float32)
-    for v in values:
-        total = total + torch.tensor(v, dtype=torch.float32)
-    return float(total)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import ROOT, train_tiny_run
+from conftest import ROOT, f32_sum, train_tiny_run
 from sacrebleu.metrics import BLEU, CHRF
 
 pytest.importorskip("ctranslate2")
@@ -25,14 +24,6 @@ from utils.translation.engines import CT2Model, ct2_jsonl_writer  # noqa: E402
 from utils.translation.translate import Guide, translate_stream  # noqa: E402
 
 TEXTS = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()
-
-
-def f32_sum(values: list[float]) -> float:
-    """The float32 running sum of ``values`` (the order and precision a search adds log-probabilities in)."""
-    total = torch.zeros((), dtype=torch.float32)
-    for v in values:
-        total = total + torch.tensor(v, dtype=torch.float32)
-    return float(total)
 
 
 @pytest.fixture(scope="module")

@@ -373,7 +373,7 @@ class CT2Model:
 def ct2_jsonl_writer(engine: CT2Model) -> Writer:
     """``utils.translation.jsonl.jsonl_writer`` for an export's translations (``CT2Model.translate`` with
     ``details``): the same records, each alignment the one decoding returned."""
-    from utils.translation.jsonl import hypothesis_record
+    from utils.translation.jsonl import hypothesis_record, jsonl_line
 
     tokenizer = engine.tokenizer
 
@@ -383,10 +383,7 @@ def ct2_jsonl_writer(engine: CT2Model) -> Writer:
         lines = []
         for i, (src, nbest) in enumerate(zip(sources, results, strict=True)):
             hyps = [hypothesis_record(tokenizer, hyp, getattr(hyp, "alignment", [])) for hyp in nbest]
-            record = {"index": first + i, **hyps[0], "source_tokens": tokenizer.id_to_token(src) if src else []}
-            if several:
-                record["nbest"] = hyps
-            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+            lines.append(jsonl_line(tokenizer, first + i, src, hyps, several))
         return lines
 
     return write

@@ -68,6 +68,15 @@ def hypothesis_record(tokenizer: Tokenizer, hyp: Translation, alignment: list[in
     return record
 
 
+def jsonl_line(tokenizer: Tokenizer, index: int, source: list[int], hyps: list[dict[str, Any]], several: bool) -> str:
+    """One input line's JSON line: its index, its best translation's fields, its source tokens, and with
+    ``several`` outputs per sentence every one of them under ``nbest``."""
+    record = {"index": index, **hyps[0], "source_tokens": tokenizer.id_to_token(source) if source else []}
+    if several:
+        record["nbest"] = hyps
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
 def jsonl_writer(model: Any, tokenizer: Tokenizer, batch_size: int = 64) -> Writer:
     """A ``translate_stream`` writer of JSON lines (module docstring) for translations made by ``model``."""
 
@@ -78,10 +87,7 @@ def jsonl_writer(model: Any, tokenizer: Tokenizer, batch_size: int = 64) -> Writ
         lines = []
         for i, (src, nbest, align) in enumerate(zip(sources, results, aligned, strict=True)):
             hyps = [hypothesis_record(tokenizer, hyp, a) for hyp, a in zip(nbest, align, strict=True)]
-            record = {"index": first + i, **hyps[0], "source_tokens": tokenizer.id_to_token(src) if src else []}
-            if several:
-                record["nbest"] = hyps
-            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+            lines.append(jsonl_line(tokenizer, first + i, src, hyps, several))
         return lines
 
     return write
