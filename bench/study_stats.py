@@ -290,7 +290,7 @@ def _bleu_scores(metric: Any, summed: np.ndarray) -> np.ndarray:
     return np.where(correct.any(1), bp * score, 0.0)
 
 
-def _scores(metric: Any, summed: np.ndarray) -> np.ndarray:
+def corpus_scores(metric: Any, summed: np.ndarray) -> np.ndarray:
     """Corpus scores of a ``[samples, statistics]`` array of summed statistics (a bootstrap scores 10,000
     resamples per seed, part and system): chrF and BLEU vectorized, any other metric or setting row by row
     with sacreBLEU. The vectorized score is checked against sacreBLEU's own on the first and last rows of
@@ -384,7 +384,7 @@ def bootstrap_quantity(metric: Any, system: Sequence[Sequence[np.ndarray]], base
             for p, c in enumerate(coefficients):
                 stats, j = side[k][p], k * parts + p
                 full += c * corpus_score(metric, stats.sum(0)) / seeds
-                resampled += c * _scores(metric, np.ascontiguousarray(sums[:, edges[j]:edges[j + 1]])) / seeds
+                resampled += c * corpus_scores(metric, np.ascontiguousarray(sums[:, edges[j]:edges[j + 1]])) / seeds
         if slot is not None:
             memo[slot] = full, resampled
         return full, resampled

@@ -108,7 +108,14 @@ class TokenizedSplit:
         s_tok, s_len = _flatten(src)
         t_tok, t_len = _flatten(tgt)
         idx = np.arange(len(src), dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
-        return cls(s_tok, _offsets(s_len), t_tok, _offsets(t_len), idx)
+        return cls.from_lengths(s_tok, s_len, t_tok, t_len, idx)
+
+    @classmethod
+    def from_lengths(cls, src_tokens: np.ndarray, src_lengths: np.ndarray, tgt_tokens: np.ndarray,
+                     tgt_lengths: np.ndarray, index: np.ndarray) -> TokenizedSplit:
+        """Build from flat tokens and per-pair lengths (``src_lengths`` [n] summing to ``len(src_tokens)``)."""
+        return cls(np.asarray(src_tokens, dtype=np.int32), _offsets(src_lengths),
+                   np.asarray(tgt_tokens, dtype=np.int32), _offsets(tgt_lengths), np.asarray(index, dtype=np.int64))
 
     @property
     def src_lengths(self) -> np.ndarray:
@@ -225,8 +232,10 @@ def load_split(folder: Path, key: str, split: str) -> TokenizedSplit:
     return ts
 
 
-def _write_split(ts: TokenizedSplit, root: Path, split: str, key: str, extra: dict[str, Any]) -> None:
-    """Write ``ts`` to ``root/split`` atomically (temp dir + rename); a concurrent winner is kept."""
+def save_split(ts: TokenizedSplit, root: Path, split: str, key: str, extra: dict[str, Any] | None = None) -> None:
+    """Write ``ts`` to ``root/split`` atomically (temp dir + rename), as ``load_split`` reads it back with ``key``:
+    one ``.npy`` per array and ``meta.json`` (cache version, key, size, each file's SHA-256, dtype and shape, and
+    ``extra``). A concurrent winner is kept."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{split}.tmp-", dir=root))
     try:
@@ -239,7 +248,7 @@ def _write_split(ts: TokenizedSplit, root: Path, split: str, key: str, extra: di
                 f.flush()
                 os.fsync(f.fileno())
             files[name] = {"sha256": _sha256_file(path), "dtype": np.dtype(dtype).name, "shape": list(arr.shape)}
-        meta = {"version": CACHE_VERSION, "key": key, "split": split, "size": len(ts), "files": files, **extra}
+        meta = {"version": CACHE_VERSION, "key": key, "split": split, "size": len(ts), "files": files, **(extra or {})}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
         try:
             os.rename(tmp, root / split)
@@ -333,8 +342,7 @@ def build_split(dataset: datasets.Dataset, split: str, d: DataConfig, tokenizer:
         s_tok, t_tok = s_tok[np.repeat(keep, s_len)], t_tok[np.repeat(keep, t_len)]
         s_len, t_len = s_len[keep], t_len[keep]
         logger.info("split %s: kept %d of %d pairs after length filtering", split, int(keep.sum()), len(keep))
-    return TokenizedSplit(s_tok.astype(np.int32), _offsets(s_len), t_tok.astype(np.int32), _offsets(t_len),
-                          np.flatnonzero(keep).astype(np.int64))
+    return TokenizedSplit.from_lengths(s_tok, s_len, t_tok, t_len, np.flatnonzero(keep))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,7 +385,7 @@ def load_or_build(cfg: Config, tokenizer: Tokenizer, corpus_loader: Callable[[],
                             f"({e.strerror or type(e).__name__})") from None
         for split in missing:
             ts = build_split(corpus[split], split, cfg.data, tokenizer)
-            _write_split(ts, root, split, key, extra)
+            save_split(ts, root, split, key, extra)
             out[split] = ts
     hit = [s for s in out if s not in missing]
     took = time.perf_counter() - start

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import data.cache as cache_mod
-from data.cache import TokenizedSplit, load_or_build, load_split
+from data.cache import TokenizedSplit, load_or_build, load_split, save_split
 from data.sources import DataError, load_corpus
 from utils.config import Config, DataConfig
 
@@ -236,7 +236,7 @@ def test_corrupt_cache_rebuilt(cfg: Config, damage: str, caplog: pytest.LogCaptu
 def test_corrupt_offsets_detected(tmp_path: Path) -> None:
     """A cache whose checksums match but whose offsets are inconsistent is rejected."""
     ts = TokenizedSplit.from_sequences([[5, 6], [7]], [[8], [9, 10]])
-    cache_mod._write_split(ts, tmp_path, "test", "k" * 64, {})
+    save_split(ts, tmp_path, "test", "k" * 64, {})
     folder = tmp_path / "test"
     bad = np.array([0, 2, 9], dtype=np.int64)
     np.save(folder / "src_offsets.npy", bad, allow_pickle=False)
@@ -291,10 +291,9 @@ def test_large_split_loads_fast(tmp_path: Path) -> None:
     n = 230_000
     s_len = rng.integers(1, 55, n)
     t_len = rng.integers(1, 55, n)
-    ts = TokenizedSplit(rng.integers(4, 8000, int(s_len.sum())).astype(np.int32), cache_mod._offsets(s_len),
-                        rng.integers(4, 8000, int(t_len.sum())).astype(np.int32), cache_mod._offsets(t_len),
-                        np.arange(n, dtype=np.int64))
-    cache_mod._write_split(ts, tmp_path, "train", "k" * 64, {})
+    ts = TokenizedSplit.from_lengths(rng.integers(4, 8000, int(s_len.sum())), s_len,
+                                     rng.integers(4, 8000, int(t_len.sum())), t_len, np.arange(n))
+    save_split(ts, tmp_path, "train", "k" * 64, {})
     start = time.perf_counter()
     loaded = load_split(tmp_path / "train", "k" * 64, "train")
     took = time.perf_counter() - start
@@ -305,9 +304,9 @@ def test_large_split_loads_fast(tmp_path: Path) -> None:
 def test_concurrent_writer_keeps_first(tmp_path: Path) -> None:
     """A second builder that finishes later leaves the first copy in place and no temp dirs behind."""
     first = TokenizedSplit.from_sequences([[5, 6]], [[7]])
-    cache_mod._write_split(first, tmp_path, "test", "k" * 64, {})
+    save_split(first, tmp_path, "test", "k" * 64, {})
     before = (tmp_path / "test" / "src_tokens.npy").read_bytes()
-    cache_mod._write_split(TokenizedSplit.from_sequences([[9]], [[9]]), tmp_path, "test", "k" * 64, {})
+    save_split(TokenizedSplit.from_sequences([[9]], [[9]]), tmp_path, "test", "k" * 64, {})
     assert (tmp_path / "test" / "src_tokens.npy").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["test"]
     assert load_split(tmp_path / "test", "k" * 64, "test").src_tokens.tolist() == [5, 6]
