@@ -7,23 +7,9 @@ preamble line, then imports ``bench.common``; modules only ever imported need no
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def set_flags(overrides: Iterable[str]) -> list[str]:
-    """``["a=1", "b=2"]`` -> ``["--set", "a=1", "--set", "b=2"]``: overrides as the project's scripts take them."""
-    return [x for o in overrides for x in ("--set", o)]
-
-
-def project_command(script: str, *args: str | Path, overrides: Iterable[str] = (), python: str | None = None
-                    ) -> list[str]:
-    """``python SCRIPT ARGS --set O ...`` for one of the project's own scripts (train.py, test.py, inference.py),
-    named relative to ROOT: run it with ``cwd=ROOT``."""
-    return [python or sys.executable, script, *map(str, args), *set_flags(overrides)]
+from utils.cli import ROOT, project_command  # noqa: F401  (the bench scripts take them from here)
 
 
 def fmt(x: float | None, digits: int = 1) -> str:
@@ -31,11 +17,6 @@ def fmt(x: float | None, digits: int = 1) -> str:
     if x is None:
         return "-"
     return f"{x:,.{digits}f}"
-
-
-def fmt_mean_std(ms: tuple[float, float] | list[float] | None) -> str:
-    """A table cell: ``mean ± std`` to two decimals; "-" where it is missing."""
-    return "-" if ms is None else f"{ms[0]:.2f} ± {ms[1]:.2f}"
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -60,10 +41,3 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """The mean and the sample standard deviation (0 for one value)."""
-    import statistics
-
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0

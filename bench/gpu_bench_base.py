@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.gpu_bench_plan import MODES, PRECISIONS, RUN_KEYS, Plan, bf16_peak, machine, one_line, say, steady
-from bench.gpu_presets import GPU_BASE
+from utils.study.gpu import GPU_BASE
 
 
 def flops_per_token(cfg: Any, tokenizer: Any, train: Any) -> float:

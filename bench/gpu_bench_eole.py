@@ -59,9 +59,9 @@ def run_eole(plan: Plan, wheels: Path) -> dict[str, Any]:
     base part, bf16, on the GPU, for what is left of the budget."""
     import yaml
 
-    from bench.gpu_presets import GPU_BASE
     from bench.peers import eole_configs
     from utils.config import load_config
+    from utils.study.gpu import GPU_BASE
     from utils.training.setup import schedule_for_batch
 
     site = plan.work / "eole-site"

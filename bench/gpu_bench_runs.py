@@ -16,12 +16,12 @@ from typing import Any
 
 from bench.common import ROOT, project_command
 from bench.gpu_bench_plan import RUN_KEYS, TINY, Plan, nvidia_smi, say, together
-from bench.gpu_presets import GPU_STUDY
+from utils.study.gpu import GPU_STUDY
 
 
 def study_sets(plan: Plan) -> list[str]:
     """What every run of the study part trains with: the study's preset keys and the bench's stop keys."""
-    from bench.study import presets
+    from utils.study.presets import presets
 
     sets = [*presets()["train-short-test-long"].overrides, *RUN_KEYS, "seed=1", f"train.log_every={plan.log_every}",
             f"train.device={plan.device}", f"data.cache_dir={plan.work / 'cache'}"]
@@ -70,8 +70,8 @@ def train_together(plan: Plan, n: int, seconds: float, sets: list[str], env: dic
     """``n`` train.py processes of configs/gpu_study.yaml at once, stopped together (SIGTERM: each ends its step,
     saves last.pt and exits) once every one has logged ``windows`` windows, or after ``seconds``, or ended by
     themselves (``windows`` None: a step budget in ``sets``); their steps/s together."""
-    from bench.study import slot_envs
     from utils.study.launch import die_with_parent
+    from utils.study.plan import slot_envs
 
     folder = plan.work / f"study_{label}"
     shutil.rmtree(folder, ignore_errors=True)

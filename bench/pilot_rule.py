@@ -29,9 +29,8 @@ def seed_mean(per_seed: list[dict[int, float]]) -> dict[int, float]:
 
 def curves(study: Path, seeds: list[int]) -> dict[str, dict[int, float]]:
     """Validation BLEU by optimizer step of each variant: its seed's run, or the mean of its seeds' runs."""
-    from bench.study import find_run, slug
-    from bench.study_files import read_spec
-    from bench.study_runs import valid_curve
+    from utils.study.files import read_spec, slug
+    from utils.study.runs import find_run, valid_curve
 
     spec = read_spec(study / "study.json")
     out = {}
@@ -69,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
-    from bench.study_files import read_spec
+    from utils.study.files import read_spec
 
     parser = build_parser()
     args = parser.parse_args()

@@ -101,7 +101,7 @@ def chrf_table(results: dict[str, Any], decoder: str = "beam5") -> list[str]:
 
 
 def _primary_section(name: str, results: dict[str, Any], about: dict[str, Any]) -> list[str]:
-    from bench.study_sections import boundary_lines, design_lines, length_lines
+    from utils.study.sections import boundary_lines, design_lines, length_lines
 
     pr = results["primary"]
     fam, pw = pr["family"], pr["power"]
@@ -262,7 +262,7 @@ def _raw_outputs(name: str, results: dict[str, Any], about: dict[str, Any]) -> l
 def results_page(name: str) -> str:
     """The results page of the published study ``bench/studies/<name>``."""
     folder = STUDIES / name
-    from bench.study_files import read_json, read_results
+    from utils.study.files import read_json, read_results
 
     results = read_results(folder)  # checked: a damaged or changed file is refused in one line naming it
     about = read_json(folder / "about.json", "a study's description (about.json)")

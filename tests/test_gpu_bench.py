@@ -16,12 +16,13 @@ import pytest
 import torch
 from conftest import ROOT
 
-from bench import study
 from bench.gpu_bench_base import order, time_share
 from bench.gpu_bench_plan import steady, together
-from bench.gpu_presets import GPU_BASE, GPU_STUDY, STUDY_RUNS_PER_GPU, own_sets, study_defaults
-from bench.study_lock import unlock_study
 from utils.config import load_config
+from utils.study import cli
+from utils.study.cli import main
+from utils.study.gpu import GPU_BASE, GPU_STUDY, STUDY_RUNS_PER_GPU, own_sets, study_defaults
+from utils.study.lock import unlock_study
 from utils.training.profile import PHASES
 from utils.training.setup import schedule_for_batch
 
@@ -153,14 +154,14 @@ def test_a_study_on_a_cuda_machine_without_jobs_trains_16_at_once_with_the_gpu_k
         if progress is not None:
             progress.close()
 
-    monkeypatch.setattr(study, "run_commands", capture)
+    monkeypatch.setattr(cli, "run_commands", capture)
 
     def run(name: str, *flags: str) -> tuple[int, list[list[str]]]:
         monkeypatch.setattr(sys, "argv", ["bench/study.py", "--config", "configs/demo.yaml", "--grid",
                                           "model.attention_pe=none,rope", "--seeds", "1", "--steps", "8", "--name",
                                           name, "--runs", str(tmp_path), "--train-only", *flags])
         try:
-            study.main()
+            main()
         finally:
             unlock_study(tmp_path / f"study_{name}")
         return calls[-1]

@@ -146,17 +146,17 @@ def test_a_new_encoding_declares_its_checks_effects_description_and_docs_row_and
     """Registered by one line, with nothing else edited: validation applies its ``check`` and its settings
     section's, a ``--set`` of a key it owns or of its section is reported inert exactly where it is not in use, the
     run's description and the reference index come from its class, and no study preset grows."""
-    from bench import study
     from docs.reference_encodings import describe, encoding_page, index_page
     from models.config import model_config_class
     from utils.config import Config, effect_rules, validate
+    from utils.study.presets import presets
 
     def variants() -> dict[str, list[tuple[str, list[str]]]]:
-        return {name: [(v.label, v.overrides) for v in p.variants] for name, p in study.presets().items()}
+        return {name: [(v.label, v.overrides) for v in p.variants] for name, p in presets().items()}
 
-    presets = variants()
+    before = variants()
     monkeypatch.setitem(REGISTRY["attention"], "window", GaussianWindowPE)  # the one line
-    assert variants() == presets  # a preset names its encodings: none joins one by being registered
+    assert variants() == before  # a preset names its encodings: none joins one by being registered
     with pytest.raises(ConfigError, match=r"^model.attention_pe=window needs model.gaussian_sigma >= 0.5, got 0.1$"):
         from_dict({}, ["model.attention_pe=window", "model.gaussian_sigma=0.1"])
     cfg = from_dict({}, ["model.attention_pe=window", "model.gaussian_sigma=3"])

@@ -56,7 +56,7 @@ LAYOUT_LITERALS = ['"checkpoints"', '"last.pt"', '"best.pt"', '"config.yaml"', '
                    '"summary.json"', '/ "eval"', '/ "tb"', '_latest"']
 # Not run directories: bench/peers.py's own work folder holds the captured output of train.py and of Eole's
 # training; bench/study_figures.py writes a study-level TensorBoard folder.
-ALLOWED = {("bench/peers.py", '"train.log"'), ("bench/study_figures.py", '/ "tb"')}
+ALLOWED = {("bench/peers.py", '"train.log"'), ("utils/study/figures.py", '/ "tb"')}
 
 
 def test_a_run_without_its_tensorboard_folder_has_no_scalars(tmp_path: Path) -> None:

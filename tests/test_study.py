@@ -13,34 +13,52 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_script, run_study
 
-sys.path.insert(0, str(ROOT / "bench"))
-
-import study  # noqa: E402
-import study_runs  # noqa: E402
-
-from utils.config import ConfigError, load_config  # noqa: E402
+from utils.config import ConfigError, load_config
+from utils.study.files import slug
+from utils.study.linking import linked_elsewhere
+from utils.study.plan import Job, budget_overrides, run_commands, train_command
+from utils.study.presets import presets
+from utils.study.runs import (
+    attention_file,
+    checkpoint_step,
+    eval_current,
+    file_tag,
+    find_run,
+    read_attention,
+    recorded_step,
+)
+from utils.study.spec import (
+    Variant,
+    add_test_variants,
+    grid_labels,
+    grid_variants,
+    inference_only,
+    merge_spec,
+    recorded_labels,
+    select_variants,
+)
 
 
 def test_grid_is_the_cross_product_of_its_axes() -> None:
-    variants = study.grid_variants(["model.attention_pe=none,rope", "model.input_pe=sinusoidal,none"])
+    variants = grid_variants(["model.attention_pe=none,rope", "model.input_pe=sinusoidal,none"])
     assert [v.label for v in variants] == ["attention_pe=none,input_pe=sinusoidal", "attention_pe=none,input_pe=none",
                                            "attention_pe=rope,input_pe=sinusoidal", "attention_pe=rope,input_pe=none"]
     assert variants[2].overrides == ["model.attention_pe=rope", "model.input_pe=sinusoidal"]
     with pytest.raises(ConfigError, match="expected KEY=V1,V2"):
-        study.grid_variants(["model.attention_pe"])
+        grid_variants(["model.attention_pe"])
 
 
 def test_grid_labels_of_per_stack_keys_name_the_stack() -> None:
-    variants = study.grid_variants(["model.encoder_pe.attention=rope,alibi", "model.decoder_pe.attention=none"])
+    variants = grid_variants(["model.encoder_pe.attention=rope,alibi", "model.decoder_pe.attention=none"])
     assert [v.label for v in variants] == ["encoder_pe.attention=rope,decoder_pe.attention=none",
                                            "encoder_pe.attention=alibi,decoder_pe.attention=none"]
-    assert [v.label for v in study.grid_variants(["model.decoder_pe.input=sinusoidal"])] == \
+    assert [v.label for v in grid_variants(["model.decoder_pe.input=sinusoidal"])] == \
         ["decoder_pe.input=sinusoidal"]  # alone too: "input=sinusoidal" would not say which stack
-    assert study.grid_labels(["model.rope.factor", "model.fire.factor", "seed"]) == {
+    assert grid_labels(["model.rope.factor", "model.fire.factor", "seed"]) == {
         "model.rope.factor": "rope.factor", "model.fire.factor": "fire.factor", "seed": "seed"}
     for bad in (["model.attention_pe=,"], ["model.attention_pe=rope", "model.attention_pe=alibi"]):
         with pytest.raises(ConfigError, match=r"expected KEY=V1,V2|is given twice: put all its values in one"):
-            study.grid_variants(bad)
+            grid_variants(bad)
 
 
 def test_a_grid_study_recorded_with_older_labels_resumes_under_them(tmp_path: Path) -> None:
@@ -57,48 +75,48 @@ def test_a_grid_study_recorded_with_older_labels_resumes_under_them(tmp_path: Pa
     res = run_study(tmp_path, "--score-only", grid=grid, name="old")
     assert res.returncode == 2 and "holds a study with other variants" not in res.stderr
     assert "(attention=none seed 1, attention=none seed 2, attention=rope seed 1, attention=rope seed 2)" in res.stderr
-    assert [v.label for v in study.recorded_labels(study.grid_variants([grid]), {})] == [
+    assert [v.label for v in recorded_labels(grid_variants([grid]), {})] == [
         "encoder_pe.attention=none", "encoder_pe.attention=rope"]  # a new study: the new labels
 
 
 def test_every_preset_variant_is_a_valid_config() -> None:
-    presets = study.presets()
-    assert set(presets) == {"seed-table", "all-encodings", "train-short-test-long", "train-natural-test-long",
+    shipped = presets()
+    assert set(shipped) == {"seed-table", "all-encodings", "train-short-test-long", "train-natural-test-long",
                             "tokenization"}
-    assert [v.label for v in presets["seed-table"].variants] == ["sinusoidal", "learnable", "rope"]
+    assert [v.label for v in shipped["seed-table"].variants] == ["sinusoidal", "learnable", "rope"]
     # named one by one in bench/study.py, not read from the registry: an encoding registered later joins no preset
-    assert [v.label for v in presets["all-encodings"].variants] == [
+    assert [v.label for v in shipped["all-encodings"].variants] == [
         "none", "sinusoidal", "learnable", "learnable_ln", "onehot", "gaussian", "binary", "rope", "alibi", "t5",
         "shaw", "kerple_log", "kerple_power", "sandwich", "fire", "dpb", "decoder-nope", "decoder-cope",
         "decoder-xpos", "sinusoidal+shape"]
-    assert [v.label for v in presets["train-short-test-long"].variants] == [
+    assert [v.label for v in shipped["train-short-test-long"].variants] == [
         "sinusoidal", "learnable", "alibi", "t5", "rope", "kerple_log", "kerple_power", "sandwich", "fire", "dpb",
         "decoder-nope", "decoder-cope", "decoder-xpos", "sinusoidal+shape"]  # the pre-registered five first
-    for name, preset in presets.items():
+    for name, preset in shipped.items():
         labels = [v.label for v in preset.variants]
         assert preset.baseline in labels, name
         for v in preset.variants:
             cfg = load_config(ROOT / preset.config, v.overrides)
             for tag, extra in v.tests.items():
-                study.inference_only(cfg, load_config(ROOT / preset.config, [*v.overrides, *extra]), tag)
+                inference_only(cfg, load_config(ROOT / preset.config, [*v.overrides, *extra]), tag)
             if name == "train-short-test-long":
                 assert cfg.data.max_train_len == 16
     # Tokenizations: the same sentences per step, peak lr and warmup steps, each in its own tokens.
-    tok = {v.label: load_config(ROOT / presets["tokenization"].config, v.overrides) for v in
-           presets["tokenization"].variants}
+    tok = {v.label: load_config(ROOT / shipped["tokenization"].config, v.overrides) for v in
+           shipped["tokenization"].variants}
     assert tok["char"].data.max_tokens == 4 * tok["bpe"].data.max_tokens == 16384
     for cfg in tok.values():
         assert cfg.train.lr_batch_tokens / cfg.data.max_tokens == pytest.approx(3500 / 4096, rel=1e-3)
         assert cfg.train.warmup_tokens / cfg.data.max_tokens == pytest.approx(750_000 / 4096, rel=1e-3)
-    rope = next(v for v in presets["train-short-test-long"].variants if v.label == "rope")
+    rope = next(v for v in shipped["train-short-test-long"].variants if v.label == "rope")
     assert set(rope.tests) == {"linear", "ntk", "yarn"}
 
 
 def test_budget_never_uses_wall_time_or_early_stopping() -> None:
-    sets = dict(s.split("=", 1) for s in study.budget_overrides(1500, None, 300))
+    sets = dict(s.split("=", 1) for s in budget_overrides(1500, None, 300))
     assert sets["train.max_minutes"] == "null" and sets["train.max_steps"] == "1500"
     assert sets["train.max_target_tokens"] == "null" and int(sets["train.patience"]) >= 10**6
-    assert dict(s.split("=", 1) for s in study.budget_overrides(None, 10**6, 300))["train.max_target_tokens"] == \
+    assert dict(s.split("=", 1) for s in budget_overrides(None, 10**6, 300))["train.max_target_tokens"] == \
         "1000000"
 
 
@@ -110,7 +128,7 @@ def _systems() -> tuple[list[str], list[str], list[str]]:
 
 
 def test_half_width_is_the_t_interval_of_the_mean_over_seeds() -> None:
-    from study_figures import half_width
+    from utils.study.figures import half_width
 
     assert half_width(1.0, 3) == pytest.approx(4.3027 / 3**0.5, abs=1e-4) and half_width(1.0, 1) == 0.0  # t_{.975,2}
 
@@ -118,7 +136,7 @@ def test_half_width_is_the_t_interval_of_the_mean_over_seeds() -> None:
 def test_a_difference_is_resolved_only_when_both_tests_pass_holm_and_agree() -> None:
     """The primary family on per-seed scores: a consistent +3 under a seed effect resolves; a +3 carried by
     one seed does not; without hypotheses (no test-set bootstrap) nothing is called resolved."""
-    from bench.study_analysis import Analysis, Family, primary
+    from utils.study.analysis import Analysis, Family, primary
 
     scores = {"base": [20.0, 30.0, 25.0], "steady": [23.1, 32.9, 28.0], "lucky": [21.0, 29.5, 27.5],
               "same": [20.0, 30.0, 25.0]}
@@ -137,7 +155,7 @@ def test_a_difference_is_resolved_only_when_both_tests_pass_holm_and_agree() -> 
 def test_a_declared_contrast_is_tested_once_not_again_among_the_exploratory() -> None:
     """One test per quantity: chrF beam 5 of each system is the family's; the exploratory tests keep the rest
     (BLEU, greedy), each contrast once."""
-    from bench.study_analysis import Analysis, Family, exploratory, primary
+    from utils.study.analysis import Analysis, Family, exploratory, primary
 
     scores = {"base": [20.0, 30.0, 25.0], "a": [23.1, 32.9, 28.0], "b": [21.0, 29.5, 27.5]}
     table = {n: {"t": {d: {"chrF": v, "BLEU": v} for d in ("beam5", "greedy")}} for n, v in scores.items()}
@@ -151,8 +169,8 @@ def test_a_declared_contrast_is_tested_once_not_again_among_the_exploratory() ->
 
 
 def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_path: Path) -> None:
-    job = study.Job(study.Variant("rope", ["model.attention_pe=rope"]), 2, tmp_path / "rope" / "seed2")
-    cmd = study.train_command(job, "configs/demo.yaml", ["model.attention_pe=none", "model.d_model=32"],
+    job = Job(Variant("rope", ["model.attention_pe=rope"]), 2, tmp_path / "rope" / "seed2")
+    cmd = train_command(job, "configs/demo.yaml", ["model.attention_pe=none", "model.d_model=32"],
                               ["train.max_steps=8"])
     sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
     assert sets == ["model.attention_pe=none", "model.d_model=32", "model.attention_pe=rope", "seed=2",
@@ -184,11 +202,11 @@ def test_a_run_without_a_resume_point_is_started_again(tmp_path: Path) -> None:
     resumable = root / "demo_20260101_000001"
     (resumable / "checkpoints").mkdir(parents=True)
     (resumable / "checkpoints" / "last.pt").write_bytes(b"state")
-    assert study.find_run(root) == resumable
+    assert find_run(root) == resumable
     assert not weights_only.exists()
     (resumable / "checkpoints" / "last.pt").unlink()
     (resumable / "checkpoints" / "step_1.pt").write_bytes(b"weights")
-    assert study.find_run(root) is None and not resumable.exists()
+    assert find_run(root) is None and not resumable.exists()
 
 
 def test_a_scored_run_without_checkpoints_is_kept_at_the_step_its_scores_record(tmp_path: Path) -> None:
@@ -201,22 +219,22 @@ def test_a_scored_run_without_checkpoints_is_kept_at_the_step_its_scores_record(
     for split in ("test", "test.x2"):
         (scored / "eval" / f"{split}.last.beam5.json").write_text(json.dumps({"step": 9, "bleu": 1.0}))
     (scored / "eval" / "all.last.beam5.json").write_text(json.dumps({"test": {"step": 9}, "test.x2": {"step": 9}}))
-    assert study.find_run(tmp_path / "seed1") == scored and scored.is_dir()
-    assert study.recorded_step(scored, "last") == 9 and study.checkpoint_step(scored, "last") == 9
-    assert study.recorded_step(scored, "best") is None  # no score file of that checkpoint
+    assert find_run(tmp_path / "seed1") == scored and scored.is_dir()
+    assert recorded_step(scored, "last") == 9 and checkpoint_step(scored, "last") == 9
+    assert recorded_step(scored, "best") is None  # no score file of that checkpoint
     with pytest.raises(ConfigError, match="no such checkpoint, and no score file of it records its step"):
-        study.checkpoint_step(scored, "best")
+        checkpoint_step(scored, "best")
     (scored / "eval" / "test.x2.last.beam5.json").write_text(json.dumps({"step": 7}))
-    assert study.recorded_step(scored, "last") is None  # files that disagree say no step
+    assert recorded_step(scored, "last") is None  # files that disagree say no step
     summarised = tmp_path / "seed2" / "demo_20260101_000000"
     (summarised / "checkpoints").mkdir(parents=True)
     (summarised / "summary.json").write_text(json.dumps({"run_steps": 8}))
-    assert study.find_run(tmp_path / "seed2") == summarised
+    assert find_run(tmp_path / "seed2") == summarised
 
 
 def test_test_variants_name_a_variant_or_all_of_them() -> None:
-    variants = study.grid_variants(["model.attention_pe=none,rope"])
-    study.add_test_variants(variants, ["attention_pe=rope+linear:model.rope.scaling=linear, model.rope.factor=8",
+    variants = grid_variants(["model.attention_pe=none,rope"])
+    add_test_variants(variants, ["attention_pe=rope+linear:model.rope.scaling=linear, model.rope.factor=8",
                                        "b2:decode.lenpen=0.6"])
     assert variants[0].tests == {"b2": ["decode.lenpen=0.6"]}
     assert variants[1].tests == {"linear": ["model.rope.scaling=linear", "model.rope.factor=8"], "b2": [
@@ -225,61 +243,61 @@ def test_test_variants_name_a_variant_or_all_of_them() -> None:
                          ("linear", "expected [LABEL+]TAG:KEY=VALUE"), ("a b:x=1", "expected [LABEL+]TAG"),
                          ("b2:decode.lenpen=1.0", "already has a test variant 'b2'")):
         with pytest.raises(ConfigError, match=re.escape(message)):
-            study.add_test_variants(variants, [bad])
+            add_test_variants(variants, [bad])
     with pytest.raises(ConfigError, match=re.escape("two systems would share a name: a+b")):
-        study.add_test_variants([study.Variant("a", []), study.Variant("a+b", [])], ["a+b:decode.lenpen=0.6"])
+        add_test_variants([Variant("a", []), Variant("a+b", [])], ["a+b:decode.lenpen=0.6"])
     demo = load_config(ROOT / "configs/demo.yaml")
-    study.inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["model.rope.scaling=linear"]), "x")
+    inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["model.rope.scaling=linear"]), "x")
     with pytest.raises(ConfigError, match="model.d_model=64 but the checkpoint was trained with 128"):
-        study.inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["model.d_model=64"]), "x")
+        inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["model.d_model=64"]), "x")
     with pytest.raises(ConfigError, match="--test-variant x changes data settings"):
-        study.inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["data.test=[validation]"]), "x")
+        inference_only(demo, load_config(ROOT / "configs/demo.yaml", ["data.test=[validation]"]), "x")
 
 
 def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences_and_settings(tmp_path: Path) -> None:
     scores = tmp_path / "test.best.beam5.json"
-    assert not study_runs.eval_current(scores, 1670, [], 8)
+    assert not eval_current(scores, 1670, [], 8)
     scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 1670, "step": 8}))  # no "overrides": none were set
-    assert study_runs.eval_current(scores, 1670, [], 8) and not study_runs.eval_current(scores, 12, [], 8)
-    assert not study_runs.eval_current(scores, 1670, ["model.rope.scaling=linear"], 8)
+    assert eval_current(scores, 1670, [], 8) and not eval_current(scores, 12, [], 8)
+    assert not eval_current(scores, 1670, ["model.rope.scaling=linear"], 8)
     scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 12, "overrides": ["model.rope.factor=2"], "step": 8}))
-    assert study_runs.eval_current(scores, 12, ["model.rope.factor=2"], 8)
-    assert not study_runs.eval_current(scores, 12, ["model.rope.factor=8"], 8)  # the test variant changed: score again
+    assert eval_current(scores, 12, ["model.rope.factor=2"], 8)
+    assert not eval_current(scores, 12, ["model.rope.factor=8"], 8)  # the test variant changed: score again
     # Scores of another checkpoint (the run trained on after it was scored), or that do not say which: again.
-    assert not study_runs.eval_current(scores, 12, ["model.rope.factor=2"], 16)
+    assert not eval_current(scores, 12, ["model.rope.factor=2"], 16)
     scores.write_text(json.dumps({"bleu": 1.0, "n_sentences": 12, "overrides": ["model.rope.factor=2"]}))
-    assert not study_runs.eval_current(scores, 12, ["model.rope.factor=2"], 8)
+    assert not eval_current(scores, 12, ["model.rope.factor=2"], 8)
     # A study scoring the first N sentences keeps its files apart (also in runs it shares with another study).
-    assert study_runs.file_tag(None, None) is None and study_runs.file_tag("linear", None) == "linear"
-    assert study_runs.file_tag(None, 12) == "n12" and study_runs.file_tag("linear", 12) == "n12.linear"
-    cached = study_runs.attention_file(tmp_path, "best", 200)
+    assert file_tag(None, None) is None and file_tag("linear", None) == "linear"
+    assert file_tag(None, 12) == "n12" and file_tag("linear", 12) == "n12.linear"
+    cached = attention_file(tmp_path, "best", 200)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps({"sentences": 200, "stats": {}}))
-    assert study_runs.read_attention(tmp_path, "best", 200) is not None
-    assert study_runs.read_attention(tmp_path, "best", 50) is None
+    assert read_attention(tmp_path, "best", 200) is not None
+    assert read_attention(tmp_path, "best", 50) is None
 
 
 def test_each_gpu_takes_the_next_run_as_soon_as_its_own_ends(tmp_path: Path) -> None:
     job = ("import os, sys, time; print(os.environ['CUDA_VISIBLE_DEVICES'], time.time(), flush=True); "
            "time.sleep(float(sys.argv[1])); print(time.time())")
     logs = [tmp_path / f"{i}.log" for i in range(3)]
-    study.run_commands([(f"job {i}", [sys.executable, "-c", job, str(t)], log)
+    run_commands([(f"job {i}", [sys.executable, "-c", job, str(t)], log)
                         for i, (t, log) in enumerate(zip((3.0, 0.2, 0.2), logs, strict=True))], devices=2, poll=0.05)
     dev0, _, end0 = logs[0].read_text().split()
     dev2, start2, _ = logs[2].read_text().split()
     assert (dev0, logs[1].read_text().split()[0], dev2) == ("0", "1", "1")
     assert float(start2) < float(end0)  # job 2 ran on GPU 1 while GPU 0 was still busy with job 0
     with pytest.raises(SystemExit, match="job 1 failed"):
-        study.run_commands([("job 0", [sys.executable, "-c", job, "30"], logs[0]),
+        run_commands([("job 0", [sys.executable, "-c", job, "30"], logs[0]),
                             ("job 1", [sys.executable, "-c", "raise SystemExit(3)"], logs[1])], devices=2, poll=0.05)
 
 
 def test_length_buckets_from_sentence_statistics_are_test_pys_scores_by_length() -> None:
     """The report's buckets sum each seed's sentence statistics; test.py's table scores the bucket's sentences
     with sacreBLEU: the same numbers, an empty bucket included."""
-    from bench.study_analysis import metric_for
-    from bench.study_report import bucket_index, length_buckets
-    from bench.study_stats import sentence_stats
+    from utils.study.analysis import metric_for
+    from utils.study.report import bucket_index, length_buckets
+    from utils.study.stats import sentence_stats
     from utils.translation.scoring import scores_by_length
 
     refs = ["the cat is on the mat", "a dog barks at noon", "it rains", "we walked home late last night", "yes"]
@@ -301,20 +319,20 @@ def test_length_buckets_from_sentence_statistics_are_test_pys_scores_by_length()
 def test_a_study_budget_can_be_raised_never_lowered_and_the_raise_is_recorded(tmp_path: Path) -> None:
     base = {"variants": [{"label": "a", "overrides": ["x=1"]}], "config": "c.yaml", "tokens": None,
             "overrides": [], "steps": 900}
-    raised = study.merge_spec(base, {**base, "steps": 1350}, tmp_path)
+    raised = merge_spec(base, {**base, "steps": 1350}, tmp_path)
     assert raised["steps"] == 1350 and raised["budget_history"] == [900, 1350]
-    again = study.merge_spec(raised, {**base, "steps": 1800}, tmp_path)
+    again = merge_spec(raised, {**base, "steps": 1800}, tmp_path)
     assert again["budget_history"] == [900, 1350, 1800]
-    assert study.merge_spec(again, {**base, "steps": 1800}, tmp_path)["budget_history"] == [900, 1350, 1800]
+    assert merge_spec(again, {**base, "steps": 1800}, tmp_path)["budget_history"] == [900, 1350, 1800]
     with pytest.raises(ConfigError, match="can only be raised"):
-        study.merge_spec(again, {**base, "steps": 900}, tmp_path)
+        merge_spec(again, {**base, "steps": 900}, tmp_path)
     with pytest.raises(ConfigError, match="another overrides"):
-        study.merge_spec(base, {**base, "overrides": ["y=2"]}, tmp_path)
+        merge_spec(base, {**base, "overrides": ["y=2"]}, tmp_path)
 
 
 def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
     """The pre-registration page and the preset say the same: systems, family, test sets, precision."""
-    preset = study.presets()["train-short-test-long"]
+    preset = presets()["train-short-test-long"]
     cfg = load_config(preset.config, preset.overrides)
     assert cfg.data.max_train_len == 16 and cfg.train.amp == "none" and not cfg.train.amp_cpu
     assert cfg.train.num_threads == 1
@@ -332,16 +350,16 @@ def test_the_extrapolation_preset_is_the_pre_registered_design() -> None:
 
 def test_variants_select_part_of_a_preset_and_its_family() -> None:
     """--variants: the pre-registered report keeps its five trained systems when newer variants joined the preset."""
-    preset = study.presets()["train-short-test-long"]
-    variants, family = study.select_variants(preset, "learnable, rope,alibi")
+    preset = presets()["train-short-test-long"]
+    variants, family = select_variants(preset, "learnable, rope,alibi")
     assert [v.label for v in variants] == ["sinusoidal", "learnable", "alibi", "rope"]  # the baseline always kept
     assert family["systems"] == ["learnable", "rope", "rope+ntk", "rope+yarn", "alibi"]
     assert family["metric"] == preset.family["metric"] and len(preset.family["systems"]) == 6  # preset untouched
-    newcomers = study.select_variants(preset, "sinusoidal+shape,kerple_log,fire,decoder-nope")[1]
+    newcomers = select_variants(preset, "sinusoidal+shape,kerple_log,fire,decoder-nope")[1]
     assert newcomers["systems"] == [] and newcomers["declared"].startswith("exploratory: none of the preset's")
     assert family["declared"] == preset.family["declared"]  # the pre-registered selection keeps its declaration
     with pytest.raises(ConfigError, match=r"^--variants rpoe: not a variant; variants: sinusoidal, learnable, "):
-        study.select_variants(preset, "rope,rpoe")
+        select_variants(preset, "rope,rpoe")
     res = run_script("bench/study.py", "--preset", "seed-table", "--steps", "10", "--variants", "nope")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
         "--variants nope: not a variant; variants: sinusoidal, learnable, rope (preset seed-table)")
@@ -383,7 +401,7 @@ def test_cpu_jobs_run_side_by_side_each_with_its_share_of_the_cores(tmp_path: Pa
     job = ("import os, sys, time; print(os.environ.get('OMP_NUM_THREADS'), time.time(), flush=True); "
            "time.sleep(float(sys.argv[1])); print(time.time())")
     logs = [tmp_path / f"{i}.log" for i in range(3)]
-    study.run_commands([(f"job {i}", [sys.executable, "-c", job, str(t)], log)
+    run_commands([(f"job {i}", [sys.executable, "-c", job, str(t)], log)
                         for i, (t, log) in enumerate(zip((3.0, 0.2, 0.2), logs, strict=True))], devices=0, poll=0.05,
                        jobs=2)
     threads0, _, end0 = logs[0].read_text().split()
@@ -429,37 +447,37 @@ def test_linked_runs_keep_the_family_of_the_study_they_come_from(tmp_path: Path)
     (seed_table / "results.json").write_text(json.dumps({"primary": {"tests": tests}}))
     for label in labels:
         for seed in (1, 2):
-            (seed_table / "runs" / study.slug(label) / f"seed{seed}").mkdir(parents=True)
+            (seed_table / "runs" / slug(label) / f"seed{seed}").mkdir(parents=True)
     here = tmp_path / "study_all"
-    variants = {"sinusoidal": study.Variant("sinusoidal", []),
-                "learnable": study.Variant("learnable", [], {"ntk": ntk}), "alibi": study.Variant("alibi", [])}
-    jobs = [study.Job(v, seed, here / "runs" / study.slug(label) / f"seed{seed}")
+    variants = {"sinusoidal": Variant("sinusoidal", []),
+                "learnable": Variant("learnable", [], {"ntk": ntk}), "alibi": Variant("alibi", [])}
+    jobs = [Job(v, seed, here / "runs" / slug(label) / f"seed{seed}")
             for label, v in variants.items() for seed in (1, 2)]
     for job in jobs:
         job.root.parent.mkdir(parents=True, exist_ok=True)
         if job.variant.label == "alibi":
             job.root.mkdir()
         else:
-            target = seed_table / "runs" / study.slug(job.variant.label) / f"seed{job.seed}"
+            target = seed_table / "runs" / slug(job.variant.label) / f"seed{job.seed}"
             job.root.symlink_to(os.path.relpath(target, job.root.parent), target_is_directory=True)
     scoring = {"checkpoint": "best", "max_sentences": None}
-    assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {
+    assert linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {
         "learnable": "seed-table", "learnable+ntk": "seed-table"}
-    assert study.linked_elsewhere(jobs, "sinusoidal", {"metric": "BLEU"}, scoring) == {}  # another endpoint
-    assert study.linked_elsewhere(jobs, "sinusoidal", {}, {**scoring, "checkpoint": "last"}) == {}  # another model
+    assert linked_elsewhere(jobs, "sinusoidal", {"metric": "BLEU"}, scoring) == {}  # another endpoint
+    assert linked_elsewhere(jobs, "sinusoidal", {}, {**scoring, "checkpoint": "last"}) == {}  # another model
     variants["learnable"].tests["ntk"] = ["model.rope.scaling=yarn"]  # other settings under the same tag
-    assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {"learnable": "seed-table"}
-    own_base = [study.Job(j.variant, j.seed, tmp_path / "x" / str(i)) if j.variant.label == "sinusoidal" else j
+    assert linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {"learnable": "seed-table"}
+    own_base = [Job(j.variant, j.seed, tmp_path / "x" / str(i)) if j.variant.label == "sinusoidal" else j
                 for i, j in enumerate(jobs)]
-    assert study.linked_elsewhere(own_base, "sinusoidal", {}, scoring) == {}  # the baseline trained here
+    assert linked_elsewhere(own_base, "sinusoidal", {}, scoring) == {}  # the baseline trained here
     (seed_table / "results.json").write_text(json.dumps({"primary": {"tests": tests[2:]}}))
-    assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}  # seed-table did not test learnable
+    assert linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}  # seed-table did not test learnable
     for broken in ("[]", "{", json.dumps({"variants": "x"})):
         (seed_table / "study.json").write_text(broken)
-        assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}
+        assert linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}
     (seed_table / "study.json").write_text(json.dumps(spec))
     (seed_table / "results.json").unlink()  # trained, never scored: nothing was tested there
-    assert study.linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}
+    assert linked_elsewhere(jobs, "sinusoidal", {}, scoring) == {}
 
 
 @pytest.mark.filterwarnings("ignore:No artists with labels found")  # no validation curves or attention here
@@ -467,7 +485,7 @@ def test_figures_give_every_system_its_own_colour_and_marker_and_drop_small_buck
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """13 systems: 13 distinct (colour, marker) pairs; a bucket under MIN_BUCKET sentences is left out; the caption
     says the error-bar convention."""
-    import bench.study_figures as report
+    import utils.study.figures as report
 
     figures = {}
     monkeypatch.setattr(report, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
@@ -494,7 +512,7 @@ def test_the_primary_contrasts_figure_draws_each_tests_seeds_mean_and_interval(
     the smallest effect around 0."""
     import matplotlib.colors
 
-    import bench.study_figures as report
+    import utils.study.figures as report
 
     figures = {}
     monkeypatch.setattr(report, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)

@@ -14,19 +14,23 @@ from typing import Any
 import pytest
 from conftest import ROOT, make_tiny_config
 
-from bench import study, study_analysis, study_report
-from bench.study_decoders import DECODERS, LENGTH_DECODER
-from bench.study_files import StudyFileError, hypotheses_checksums
-from bench.study_length_control import (
+from utils.config import ConfigError, load_config, save_config
+from utils.study import analysis, cli, report
+from utils.study.decoders import DECODERS, LENGTH_DECODER
+from utils.study.files import StudyFileError, hypotheses_checksums
+from utils.study.length_control import (
     LengthRule,
     add_length_results,
     length_control_lines,
     reanalyse_length,
     score_length,
 )
-from bench.study_runs import eval_file
-from bench.study_stats import holm
-from utils.config import ConfigError, load_config, save_config
+from utils.study.plan import Job
+from utils.study.presets import EXTRAPOLATION_FAMILY, LENGTH_SHIFTED, presets
+from utils.study.report import publish_hypotheses, read_hypotheses
+from utils.study.runs import eval_file
+from utils.study.spec import Variant
+from utils.study.stats import holm
 
 
 def _test_py() -> Any:
@@ -41,7 +45,7 @@ test_py = _test_py()
 
 
 def test_the_decoder_table_is_said_once() -> None:
-    assert study.DECODERS is study_report.DECODERS is study_analysis.DECODERS is DECODERS
+    assert cli.DECODERS is report.DECODERS is analysis.DECODERS is DECODERS  # one table, imported
     assert DECODERS == {"beam5": 5, "greedy": 1}  # what every published study was scored with
     assert LENGTH_DECODER not in DECODERS  # scored only when --decoders names it
 
@@ -58,7 +62,7 @@ def test_the_rule_takes_the_smallest_floor_of_its_grid_reaching_the_target() -> 
 
 def test_the_rule_is_declared_on_the_long_validation_split_for_the_familys_systems() -> None:
     systems = ["sinusoidal", "learnable", "rope", "rope+ntk", "rope+linear", "alibi"]
-    rule = LengthRule.declare(study.EXTRAPOLATION_FAMILY, study.LENGTH_SHIFTED, systems, "sinusoidal")
+    rule = LengthRule.declare(EXTRAPOLATION_FAMILY, LENGTH_SHIFTED, systems, "sinusoidal")
     assert rule.validation == "validation.x4"
     assert rule.splits == ("test.tatoeba", "test.tatoeba.x4", "test.multi30k-2016", "test.multi30k-2016.x4")
     assert rule.systems == ("sinusoidal", "learnable", "rope", "rope+ntk", "alibi")  # those of the family present
@@ -90,7 +94,7 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     jobs, runs = [], {}
     for label in KEEP:
         for seed in (1, 2):
-            job = study.Job(study.Variant(label, []), seed, tmp / label / f"seed{seed}")
+            job = Job(Variant(label, []), seed, tmp / label / f"seed{seed}")
             runs[job.key] = job.root / "run"
             (runs[job.key] / "checkpoints").mkdir(parents=True)
             (runs[job.key] / "checkpoints" / "best.pt").write_bytes(b"")
@@ -188,13 +192,13 @@ def test_the_secondary_family_is_its_own_reported_apart_and_recomputed_from_the_
     assert lines[-2] == f"**{fam['resolved']} of 2 resolved** (secondary; against base)."
     assert length_control_lines({"baseline": "base"}) == []  # a study without it: no section
     # Recomputed from results.json and the published hypotheses alone, as bench/study_report.py does.
-    study_report.publish_hypotheses(tmp_path / "hypotheses", results.pop("_hypotheses"), [1, 2])
+    publish_hypotheses(tmp_path / "hypotheses", results.pop("_hypotheses"), [1, 2])
     old = json.loads(json.dumps({**results, "checksums": hypotheses_checksums(tmp_path), "spec": {"family": {}}}))
-    again = reanalyse_length(old, tmp_path, references, 200, False, study_report.read_hypotheses)
+    again = reanalyse_length(old, tmp_path, references, 200, False, read_hypotheses)
     assert json.dumps(again, sort_keys=True) == json.dumps(old["length_control"], sort_keys=True)
     old["length_control"]["choice"]["long"]["min_len_a"] = 0.25
     with pytest.raises(StudyFileError) as e:
-        reanalyse_length(old, tmp_path, references, 200, False, study_report.read_hypotheses)
+        reanalyse_length(old, tmp_path, references, 200, False, read_hypotheses)
     assert str(e.value) == (f"{tmp_path / 'results.json'}: long's recorded min_len_a 0.25 is not the rule's on its "
                             "recorded validation ratios: changed since the study wrote it")
 
@@ -204,7 +208,7 @@ def test_the_secondary_family_is_its_own_reported_apart_and_recomputed_from_the_
 
 def test_the_natural_length_arm_trains_the_same_systems_on_every_length_and_tests_the_same_sets(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    short, natural = study.presets()["train-short-test-long"], study.presets()["train-natural-test-long"]
+    short, natural = presets()["train-short-test-long"], presets()["train-natural-test-long"]
     own = {v.label: v.overrides for v in short.variants}
     assert [v.label for v in natural.variants] == list(own)  # today: every system of the short arm, in its order
     assert all(v.overrides == own[v.label] and not v.tests for v in natural.variants)  # no RoPE stretch of 16 tokens
@@ -213,14 +217,14 @@ def test_the_natural_length_arm_trains_the_same_systems_on_every_length_and_test
     cfg_short = load_config(short.config, short.overrides)
     cfg = load_config(natural.config, natural.overrides)
     assert (cfg_short.data.max_train_len, cfg.data.max_train_len) == (16, None)
-    assert cfg.data.test == study.LENGTH_SHIFTED  # x1, x2, x4, x8 and TED
+    assert cfg.data.test == LENGTH_SHIFTED  # x1, x2, x4, x8 and TED
     fam = natural.family
     assert {k: fam[k] for k in ("metric", "decoder", "splits", "drops", "smallest_effect", "alpha")} == \
-        {k: study.EXTRAPOLATION_FAMILY[k] for k in ("metric", "decoder", "splits", "drops", "smallest_effect", "alpha")}
+        {k: EXTRAPOLATION_FAMILY[k] for k in ("metric", "decoder", "splits", "drops", "smallest_effect", "alpha")}
     assert fam["systems"] == ["learnable", "rope", "alibi", "t5"]
     # An encoding registered later joins neither arm: the presets name their encodings one by one.
     from models.positional import REGISTRY
 
     monkeypatch.setitem(REGISTRY["attention"], "later", type("Later", (), {"causal_only": False}))
-    assert [v.label for v in study.presets()["train-short-test-long"].variants] == list(own)
-    assert [v.label for v in study.presets()["train-natural-test-long"].variants] == list(own)
+    assert [v.label for v in presets()["train-short-test-long"].variants] == list(own)
+    assert [v.label for v in presets()["train-natural-test-long"].variants] == list(own)

@@ -7,26 +7,23 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ROOT, run_script, run_study
 
-sys.path.insert(0, str(ROOT / "bench"))
-
-import study  # noqa: E402
-
 from utils.config import ConfigError  # noqa: E402
 from utils.run.checkpoint import load_checkpoint  # noqa: E402
+from utils.study.files import slug
+from utils.study.runs import scored_step
 
 
 def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> None:
     root = tmp_path / "study_t"
     # A run stopped after its first checkpoint, 4 of the 8 steps done: what a study killed mid-run leaves
     # (train.py writes last.pt when a signal stops it; tests/test_training.py checks that).
-    killed = root / "runs" / study.slug("attention_pe=rope") / "seed2"
+    killed = root / "runs" / slug("attention_pe=rope") / "seed2"
     pre = run_script("train.py", "--config", "configs/demo.yaml", "--runs", str(killed), "--set",
                      "model.attention_pe=rope", "--set", "model.input_pe=none", "--set", "seed=2", "--set",
                      f"data.cache_dir={tmp_path / 'c'}", "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set",
@@ -70,9 +67,9 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     scored = next(p for p in runs if "rope" in str(p) and "seed1" in str(p))
     assert one["step"] == load_checkpoint(scored / "checkpoints" / "best.pt")["trainer"]["iteration"]
     # --checkpoint last scores exactly the budget's model: a run past it (or short of it) is refused.
-    assert study.scored_step(scored, "last", 8) == 8 and study.scored_step(scored, "best", 4) == one["step"]
+    assert scored_step(scored, "last", 8) == 8 and scored_step(scored, "best", 4) == one["step"]
     with pytest.raises(ConfigError, match=r"last.pt is at step 8, not the study's budget of 4: not the model"):
-        study.scored_step(scored, "last", 4)
+        scored_step(scored, "last", 4)
     # The primary family (the default: every system against the baseline, chrF, beam 5), seeds as blocks.
     primary = results["primary"]
     tests = {t["system"]: t for t in primary["tests"]}
@@ -113,8 +110,8 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     # from sacreBLEU's chrF of each seed's published output, and the whole report by study_report.py.
     from sacrebleu.metrics import BLEU, CHRF
 
-    from bench.study_report import read_hypotheses
-    from bench.study_stats import blocked_anova
+    from utils.study.report import read_hypotheses
+    from utils.study.stats import blocked_anova
 
     names = list(results["systems"])
     hyps = read_hypotheses(root / "hypotheses", names, [1, 2])
@@ -143,7 +140,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     for heading in ("## chrF by source length, beam 5 (exploratory", "## BLEU by source length, beam 5 (exploratory",
                     "## BLEU, beam 5 (secondary, exploratory; each seed)"):
         assert heading in report, heading
-    from bench.study_sections import primary_lines
+    from utils.study.sections import primary_lines
 
     newcomers = {**results, "primary": {**primary, "family": {**primary["family"], "declared": "exploratory: x"}}}
     assert primary_lines(newcomers)[0] == "## Main analysis (exploratory)"
@@ -213,9 +210,9 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert other.returncode == 0, other.stdout + other.stderr
     assert "4 runs, 2 trained, 2 to train" in other.stdout and "train type=bpe" not in other.stdout
     for seed in (1, 2):
-        linked = tmp_path / "study_u" / "runs" / study.slug("type=bpe") / f"seed{seed}"
+        linked = tmp_path / "study_u" / "runs" / slug("type=bpe") / f"seed{seed}"
         assert linked.is_symlink()
-        assert linked.resolve() == (root / "runs" / study.slug("attention_pe=none") / f"seed{seed}").resolve()
+        assert linked.resolve() == (root / "runs" / slug("attention_pe=none") / f"seed{seed}").resolve()
     results = json.loads((tmp_path / "study_u" / "results.json").read_text())
     assert results["baseline"] == "type=bpe" and results["length_unit"] == "bpe tokens of type=bpe's tokenizer"
     # BLEU by length buckets the same sentences for every system, whatever its own tokenizer counts.
@@ -233,7 +230,7 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
                       grid="tokenizer.type=bpe", name="v")
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
     assert "1 runs, 0 trained, 1 to train" in fresh.stdout and "linked" not in fresh.stdout
-    own = tmp_path / "study_v" / "runs" / study.slug("type=bpe") / "seed1"
+    own = tmp_path / "study_v" / "runs" / slug("type=bpe") / "seed1"
     assert not own.is_symlink() and len(list(own.glob("demo_2*/checkpoints/last.pt"))) == 1
 
     # A run trained past the budget is not the model the study declares: refused before anything is written.

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from bench import study, study_report
-from bench.study_files import (
+from utils.cli import run_main
+from utils.config import ConfigError
+from utils.study import cli, report
+from utils.study.files import (
     Ledger,
     StudyFileError,
     hypotheses_checksums,
@@ -31,11 +33,11 @@ from bench.study_files import (
     read_spec,
     with_sha256,
 )
-from bench.study_lock import StudyLockedError, lock_study, study_locked_by, unlock_study
-from bench.study_report import aggregate, publish_hypotheses, read_hypotheses, reanalyse
-from bench.study_runs import eval_current, eval_file, read_attention, read_scores
-from utils.cli import run_main
-from utils.config import ConfigError
+from utils.study.lock import StudyLockedError, lock_study, study_locked_by, unlock_study
+from utils.study.plan import Job
+from utils.study.report import aggregate, publish_hypotheses, read_hypotheses, reanalyse
+from utils.study.runs import eval_current, eval_file, read_attention, read_scores
+from utils.study.spec import Variant, check_sets, grid_variants
 
 
 def _test_py():
@@ -82,7 +84,7 @@ def test_a_second_start_of_a_running_study_is_refused_in_one_line_and_the_lock_d
     folder.mkdir()
     (folder / "study.json").write_text('{"variants": []}')
     holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
-                               "from bench.study_lock import lock_study; lock_study(Path(sys.argv[1])); "
+                               "from utils.study.lock import lock_study; lock_study(Path(sys.argv[1])); "
                                "print('locked', flush=True); sys.stdin.read()", str(folder)],
                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -93,7 +95,7 @@ def test_a_second_start_of_a_running_study_is_refused_in_one_line_and_the_lock_d
                                           "model.attention_pe=none,rope", "--seeds", "2", "--steps", "8", "--name",
                                           "t", "--runs", str(tmp_path), "--score-only"])
         with pytest.raises(SystemExit) as exit_code:
-            run_main(study.main)
+            run_main(cli.main)
         line = (f"error: {folder} is in use: another bench/study.py runs this study (pid {holder.pid}, host "
                 f"{socket.gethostname()}, started DATE); nothing was trained or written: wait for it to end (or stop "
                 "it), then run the command again")
@@ -135,7 +137,7 @@ def test_a_damaged_study_json_is_refused_in_one_line(tmp_path: Path, monkeypatch
     monkeypatch.setattr(sys, "argv", ["bench/study.py", "--config", "configs/demo.yaml", "--grid",
                                       "model.attention_pe=none,rope", "--steps", "8", "--name", "t", "--runs",
                                       str(tmp_path)])
-    assert refused(study.main).startswith(f"{spec}: truncated (Expecting value: line 1 column 15)")
+    assert refused(cli.main).startswith(f"{spec}: truncated (Expecting value: line 1 column 15)")
     assert sorted(p.name for p in spec.parent.iterdir()) == ["study.json"]
 
 
@@ -169,7 +171,7 @@ def test_an_edited_hyp_is_refused_by_its_checksum_and_a_damaged_score_file_in_on
     assert refused(eval_current, path, 3, [], 8).endswith(": not test.py's scores")
 
     # The report's reading (aggregate) refuses before any number is computed.
-    jobs = [study.Job(study.Variant("a", []), s, tmp_path / "runs" / "a" / f"seed{s}") for s in (1, 2)]
+    jobs = [Job(Variant("a", []), s, tmp_path / "runs" / "a" / f"seed{s}") for s in (1, 2)]
     runs = {job.key: job.root / "demo_1" for job in jobs}
     for job in jobs:
         scored(runs[job.key])
@@ -267,7 +269,7 @@ def test_published_hypotheses_and_results_are_checked_and_refused_in_one_line(
     (folder / "results.json").write_text(json.dumps(results)[:-30])
     monkeypatch.setattr(sys, "argv", ["bench/study_report.py", str(folder)])  # its command line, in this process
     with pytest.raises(SystemExit) as exit_code:
-        run_main(study_report.main)
+        run_main(report.main)
     err = capsys.readouterr().err
     assert exit_code.value.code == 2 and err.startswith(f"error: {folder / 'results.json'}: truncated (")
     assert len(err.splitlines()) == 1 and err.rstrip().endswith("not a study's results")
@@ -296,7 +298,7 @@ def _main(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> str:
     monkeypatch.setattr(sys, "argv", ["bench/study.py", "--steps", "8", "--runs", str(tmp_path / "runs"),
                                       "--score-only", *args])
     with pytest.raises(ConfigError) as e:
-        study.main()
+        cli.main()
     assert not (tmp_path / "runs").exists()  # refused before anything ran
     return str(e.value)
 
@@ -313,7 +315,7 @@ def test_duplicate_variants_and_a_set_a_variant_overrides_are_refused_before_any
         "--set model.attention_pe=rope: --grid model.attention_pe sets it too, and would silently win in its runs; "
         "set each key in one place")
     with pytest.raises(ConfigError, match=r"^--set model.rope=\{theta: 5\}: --grid model.rope.theta sets it too"):
-        study.check_sets(["model.rope={theta: 5}"], study.grid_variants(["model.rope.theta=1e4,5e4"]), grid=True)
+        check_sets(["model.rope={theta: 5}"], grid_variants(["model.rope.theta=1e4,5e4"]), grid=True)
     assert _main(tmp_path, monkeypatch, "--preset", "tokenization", "--set", "data.max_tokens=8000") == (
         "--set data.max_tokens=8000: the preset's variant unigram (data.max_tokens) sets it too, and would silently "
         "win in its runs; set each key in one place")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from bench.study_stats import bootstrap_quantity, sentence_stats
+from utils.study.stats import bootstrap_quantity, sentence_stats
 
 
 def test_identical_systems_are_no_difference() -> None:

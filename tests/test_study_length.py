@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from bench.study_analysis import Family
-from bench.study_report import analyse
-from bench.study_sections import design_lines, length_lines
 from utils.schema import ConfigError
+from utils.study.analysis import Family
 from utils.study.looks import Design, look_fractions
+from utils.study.report import analyse
+from utils.study.sections import design_lines, length_lines
 from utils.study.sequential import efficacy_bounds, futility_bounds, nominal_p, spent
 
 WORDS = ("the cat sat on a mat while his old dog slept near the warm fire and "

@@ -17,9 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
-
-from study_runs import Progress, duration  # noqa: E402
+from utils.study.runs import Progress, duration
 
 VALID = "2026-01-01 00:00:00,000 INFO train: epoch 1 step {step} | valid loss 5.1 ppl 160.2 acc 0.120 BLEU {bleu} " \
         "chrF 20.1 | 'Le chat.'\n"

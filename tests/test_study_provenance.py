@@ -16,17 +16,18 @@ import pytest
 import torch
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
-
-import study  # noqa: E402
-
-from bench.study_lock import unlock_study  # noqa: E402
-from bench.study_report import run_provenance  # noqa: E402
-from bench.study_sections import provenance_lines  # noqa: E402
-from utils.cli import run_main  # noqa: E402
-from utils.config import load_config, save_config  # noqa: E402
-from utils.run.layout import RunDir  # noqa: E402
-from utils.study.provenance import config_sha256, first_difference, git_commit  # noqa: E402
+from utils.cli import run_main
+from utils.config import load_config, save_config
+from utils.run.layout import RunDir
+from utils.study import cli
+from utils.study.cli import main
+from utils.study.files import slug
+from utils.study.lock import unlock_study
+from utils.study.plan import Job
+from utils.study.provenance import config_sha256, first_difference, git_commit
+from utils.study.report import run_provenance
+from utils.study.sections import provenance_lines
+from utils.study.spec import Variant
 
 HEAD = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
@@ -57,18 +58,18 @@ def study_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., 
     ``folder/study_t``; returns the labels of the commands it ran."""
     used: list[Path] = []
 
-    def cli(runs: Path, *flags: str, seeds: int = 2) -> list[str]:
+    def run(runs: Path, *flags: str, seeds: int = 2) -> list[str]:
         trained: list[str] = []
-        monkeypatch.setattr(study, "run_commands", _stand_in(trained))
+        monkeypatch.setattr(cli, "run_commands", _stand_in(trained))
         monkeypatch.setattr(sys, "argv", ["bench/study.py", "--config", "configs/demo.yaml", "--grid",
                                           "model.attention_pe=none,rope", "--set", "model.input_pe=none",
                                           "--seeds", str(seeds), "--steps", "8", "--name", "t", "--runs", str(runs),
                                           "--train-only", *flags])
         used.append(runs / "study_t")
-        study.main()
+        main()
         return trained
 
-    yield cli
+    yield run
     for folder in used:
         unlock_study(folder)
 
@@ -134,7 +135,7 @@ def test_merge_takes_matching_runs_and_refuses_another_config_in_one_line(
     assert [p.name for p in merged] == [p.name for p in sorted((there / "study_t" / "runs").glob("*/seed3/demo_*"))]
     assert all(RunDir(p).last.is_file() and RunDir(p).provenance.is_file() for p in merged)
     # The report lists the commits; two commits are said plainly.
-    jobs = [study.Job(study.Variant(pe, []), k, here / "study_t" / "runs" / study.slug(pe) / f"seed{k}")
+    jobs = [Job(Variant(pe, []), k, here / "study_t" / "runs" / slug(pe) / f"seed{k}")
             for pe in ("attention_pe=none", "attention_pe=rope") for k in (1, 2, 3)]
     found = {j.key: sorted(j.root.glob("demo_*"))[-1] for j in jobs}
     provenance = run_provenance(jobs, found)

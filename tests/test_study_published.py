@@ -22,7 +22,7 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
     table's family (one verdict per contrast on the same runs)."""
     from conftest import SHARED_DATA
 
-    from bench.study_report import reanalyse
+    from utils.study.report import reanalyse
 
     published = ROOT / "bench" / "studies" / name
     copy = tmp_path / name
@@ -75,7 +75,7 @@ def test_the_study_pages_show_the_published_reports() -> None:
     """Each study's page on the site (docs/pages/studies/<name>.md, generated) shows the report's per-seed tables
     digit for digit and the primary tests of its declared family with their verdicts; its robustness check (each
     contrast's own paired t over seeds, Holm over the family) keeps what the page says it keeps."""
-    from bench.study_stats import holm
+    from utils.study.stats import holm
 
     # study, "±" rows, then for a declared family: its size, resolved, and (paired-t Holm kept, the page's text)
     extrapolation_2250 = ([("alibi", "test.tatoeba.x4", 0.0066), ("t5", "drop", 0.0418)],

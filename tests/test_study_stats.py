@@ -7,7 +7,7 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF
 from scipy import stats
 
-from bench.study_stats import (
+from utils.study.stats import (
     blocked_anova,
     bootstrap_quantity,
     holm,
@@ -145,7 +145,7 @@ def test_bootstrap_resamples_the_mean_of_the_per_seed_differences_not_a_pooled_c
 def test_a_memo_resamples_a_shared_baseline_once_with_the_same_numbers(monkeypatch):
     """Several systems against one baseline: with a memo the baseline's side is resampled once, and every result
     is the one computed without it (the same draws, the same floats)."""
-    import bench.study_stats as study_stats
+    import utils.study.stats as study_stats
 
     metric = CHRF()
     base = [[sentence_stats(metric, HYP_A, REFS)]]
@@ -197,8 +197,8 @@ def test_a_drop_uses_the_xk_pairs_whose_x1_sentences_were_scored():
     drop is computed over those pairs (a full study scores every x1 sentence: every pair counts)."""
     from sacrebleu.metrics import CHRF
 
-    from bench.study_analysis import Analysis, Quantity
     from data.sources import concatenate_pairs
+    from utils.study.analysis import Analysis, Quantity
 
     metric = CHRF()
     x4_hyp, x4_ref = concatenate_pairs(HYP_A, REFS, 4)
@@ -216,7 +216,7 @@ def test_a_drop_uses_the_xk_pairs_whose_x1_sentences_were_scored():
 def test_a_contrast_another_studys_family_tests_is_neither_in_this_family_nor_tested_again_on_its_endpoint():
     """``Family.elsewhere``: one family per contrast. The linked system leaves this family and its exploratory
     re-test of the family's endpoint; its other quantities (BLEU, greedy) stay exploratory."""
-    from bench.study_analysis import Analysis, Family, exploratory, primary
+    from utils.study.analysis import Analysis, Family, exploratory, primary
 
     rng = np.random.default_rng(0)
     scores = {name: {"test": {d: {"chrF": list(50 + shift + rng.normal(0, 0.3, 3)),
@@ -234,7 +234,7 @@ def test_a_contrast_another_studys_family_tests_is_neither_in_this_family_nor_te
     assert [t["system"] for t in plain["tests"]] == ["old", "new"]
     empty = primary(analysis, Family(elsewhere={"old": "s", "new": "s"}), ["base", "old", "new"], ["test"])
     assert empty["size"] == 0 and empty["tests"] == [] and empty["power"]["power_at_smallest_effect"] is None
-    from bench.study_sections import primary_lines
+    from utils.study.sections import primary_lines
 
     lines = primary_lines({"primary": empty, "baseline": "base", "bootstrap_samples": 10})
     assert "No contrast is left in this family" in lines[-2] and "old, new against base" in lines[4]
@@ -245,7 +245,7 @@ def test_a_contrast_another_studys_family_tests_is_neither_in_this_family_nor_te
 def test_the_vectorized_chrf_is_sacrebleus_to_the_last_bit(options):
     """Every row of summed statistics, zero counts (an empty hypothesis, no match, an empty reference) included,
     scores exactly as sacreBLEU's CHRF scores it one row at a time: the bootstrap's p-values cannot move."""
-    from bench.study_stats import corpus_scores
+    from utils.study.stats import corpus_scores
 
     metric = CHRF(**options)
     hyps = ["the cat sat on the mat", "", "a dog", "xyz", "the the the", "Le chat."]
@@ -264,7 +264,7 @@ def test_the_vectorized_chrf_is_sacrebleus_to_the_last_bit(options):
 def test_the_vectorized_bleu_is_sacrebleus_to_the_last_bit(options):
     """As for chrF: every row, with no match at some orders, no n-gram of an order at all (short hypotheses), an
     empty hypothesis and a hypothesis longer than its reference, scores exactly as sacreBLEU's BLEU does."""
-    from bench.study_stats import corpus_scores
+    from utils.study.stats import corpus_scores
 
     metric = BLEU(**options)
     hyps = ["the cat sat on the mat today", "", "a dog barks at night", "xyz", "The the the", "cat", "a b c d e f g h"]
@@ -295,7 +295,7 @@ def test_resample_counts_are_sacrebleus_draws_counted_per_sample_and_made_once()
     """The bootstrap's resamples: row b counts how often each unit is drawn in sacreBLEU's b-th resample (the
     draws of ``np.random.default_rng(seed).choice``), every row sums to the number of units, and one test set's
     draws are made once and shared read-only."""
-    from bench.study_stats import resample_counts
+    from utils.study.stats import resample_counts
 
     counts = resample_counts(7, 50, 3)
     idx = np.random.default_rng(3).choice(7, size=(50, 7), replace=True)
@@ -309,7 +309,7 @@ def test_resample_counts_are_sacrebleus_draws_counted_per_sample_and_made_once()
 def test_resampled_sums_are_the_float64_matrix_product_to_the_last_bit() -> None:
     """Summed in float32 where every sum is an integer below 2^24, in float64 otherwise: the values of
     ``counts @ stats`` in float64, exactly, either way."""
-    from bench.study_stats import resample_counts, resampled_sums
+    from utils.study.stats import resample_counts, resampled_sums
 
     rng = np.random.default_rng(0)
     for units, high in ((300, 50), (300, 2**20)):  # the second bound is over 2^24: float64

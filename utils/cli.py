@@ -10,13 +10,30 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 LOG_FORMAT = logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
 class StopError(RuntimeError):
     """A command stopped for a reason its message states in one line (e.g. training diverged)."""
+
+
+#: The repository root: the project's scripts (train.py, test.py, ...) are named relative to it.
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def set_flags(overrides: Iterable[str]) -> list[str]:
+    """``["a=1", "b=2"]`` -> ``["--set", "a=1", "--set", "b=2"]``: overrides as the project's scripts take them."""
+    return [x for o in overrides for x in ("--set", o)]
+
+
+def project_command(script: str, *args: str | Path, overrides: Iterable[str] = (), python: str | None = None
+                    ) -> list[str]:
+    """``python SCRIPT ARGS --set O ...`` for one of the project's own scripts (train.py, test.py, inference.py),
+    named relative to ``ROOT``: run it with ``cwd=ROOT``."""
+    return [python or sys.executable, script, *map(str, args), *set_flags(overrides)]
 
 
 def setup_logging(log_file: str | None = None, buffer: bool = False) -> None:

@@ -44,7 +44,7 @@ class JobFailed(LaunchError):
 
 
 class Reporter(Protocol):
-    """What the study shows of its commands (bench/study_runs.py's ``Progress``)."""
+    """What the study shows of its commands (utils/study/runs.py's ``Progress``)."""
 
     def say(self, line: str) -> None: ...
 

@@ -4,7 +4,7 @@ Input: every system's per-seed corpus scores (``scores[system][split][decoder][m
 and, where the hypotheses are at hand, each seed's per-sentence sufficient statistics
 (``stats[system][split][decoder][metric] = [array [sentences, statistics], ...]``). Without statistics (a
 study published before its hypotheses were) only the seed-level test can be computed, and nothing is
-called resolved. bench/study_stats.py holds the tests; this module decides what is tested.
+called resolved. utils/study/stats.py holds the tests; this module decides what is tested.
 
 A quantity is a corpus score of one split (``score``), or a run's drop from a split to its length-shifted
 ``xK`` version (``drop``: score(x1 over the sentences the xK pairs join) - score(xK)), or a score over one
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.study_decoders import DECODERS
-from bench.study_stats import (
+from utils.study.decoders import DECODERS
+from utils.study.stats import (
     blocked_anova,
     bootstrap_quantity,
     brevity_penalty,

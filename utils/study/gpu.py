@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT
+from utils.cli import ROOT
 
 GPU_BASE = ROOT / "configs" / "gpu_base.yaml"
 GPU_STUDY = ROOT / "configs" / "gpu_study.yaml"

@@ -6,7 +6,7 @@ Checksums (sha256), recorded when a file is written:
 - test.py's score file ``eval/<split>.<checkpoint>.beam<N>[.<tag>].json`` records ``hyp_sha256``, that of its
   hypotheses (the ``.hyp`` beside it), and ``sha256``, its own: that of the compact JSON of its other keys
   (``json_sha256``);
-- the attention statistics ``eval/attention_stats.*.json`` (bench/study_runs.py) and ``results.json`` record their
+- the attention statistics ``eval/attention_stats.*.json`` (utils/study/runs.py) and ``results.json`` record their
   own ``sha256`` the same way; ``results.json`` also records each published ``hypotheses/*.json.xz`` file's
   (``checksums``).
 

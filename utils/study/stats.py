@@ -34,6 +34,19 @@ from typing import Any
 import numpy as np
 
 
+def fmt_mean_std(ms: tuple[float, float] | list[float] | None) -> str:
+    """A table cell: ``mean ± std`` to two decimals; "-" where it is missing."""
+    return "-" if ms is None else f"{ms[0]:.2f} ± {ms[1]:.2f}"
+
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (0 for one value)."""
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's (1979) step-down adjusted p-values: sort ascending, p_(i) * (m - i + 1), running maximum,
     capped at 1. Rejecting where the adjusted p < alpha controls the family-wise error rate at alpha."""
@@ -310,7 +323,7 @@ def corpus_scores(metric: Any, summed: np.ndarray) -> np.ndarray:
     for row in (0, len(summed) - 1):
         if scores[row] != metric._compute_score_from_stats(summed[row].tolist()).score:
             raise RuntimeError(f"the vectorized {type(metric).__name__} differs from sacreBLEU's: update "
-                               f"bench/study_stats.{fast.__name__}")
+                               f"utils/study/stats.{fast.__name__}")
     return scores
 
 

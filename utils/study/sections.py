@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.common import fmt_mean_std
+from utils.study.stats import fmt_mean_std
 
 
 def _cell(row: dict[str, Any], metric: str) -> str:
@@ -21,6 +21,19 @@ def _cell(row: dict[str, Any], metric: str) -> str:
 
 def _p(x: float | None) -> str:
     return "-" if x is None else ("< 0.0001" if x < 1e-4 else f"{x:.4f}")
+
+
+def result_row(t: dict[str, Any], paired: str | None = None, length: str | None = None) -> str:
+    """One row of a table of tests: system, quantity, Δ per seed, Δ mean, the seed test's p and Holm p, ``paired``
+    (the paired t p, where the table has that column), the bootstrap's 95 % interval, p and Holm p, ``length`` (the
+    len cell, where it has one) and whether the difference is resolved."""
+    b = t["bootstrap"]
+    cells = [t["system"], t["label"], ", ".join(f"{d:+.2f}" for d in t["per_seed_delta"]), f"{t['delta']:+.2f}",
+             _p(t["seed_test"]["p_value"]), _p(t["seed_test"]["p_holm"]), *([paired] if paired is not None else []),
+             f"[{b['ci95'][0]:+.2f}, {b['ci95'][1]:+.2f}]" if b else "-", _p(b["p_value"]) if b else "-",
+             _p(b.get("p_holm")) if b else "-", *([length] if length is not None else []),
+             "**yes**" if t["resolved"] else "no"]
+    return "| " + " | ".join(cells) + " |"
 
 
 def _len(results: dict[str, Any], test: dict[str, Any]) -> str:
@@ -146,7 +159,7 @@ def provenance_lines(results: dict[str, Any]) -> list[str]:
 
 
 def primary_lines(results: dict[str, Any]) -> list[str]:
-    from bench.study_analysis import Family
+    from utils.study.analysis import Family
 
     pr = results["primary"]
     fam, pw = pr["family"], pr["power"]
@@ -188,13 +201,7 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p | bootstrap 95 % CI "
             "| bootstrap p | p Holm | len | resolved |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in pr["tests"]:
-        b = t["bootstrap"]
-        ci = f"[{b['ci95'][0]:+.2f}, {b['ci95'][1]:+.2f}]" if b else "-"
-        out.append(f"| {t['system']} | {t['label']} | {', '.join(f'{d:+.2f}' for d in t['per_seed_delta'])} | "
-                   f"{t['delta']:+.2f} | {_p(t['seed_test']['p_value'])} | {_p(t['seed_test']['p_holm'])} | "
-                   f"{_p(t.get('paired_t', {}).get('p_value'))} | {ci} | {_p(b['p_value']) if b else '-'} | "
-                   f"{_p(b.get('p_holm')) if b else '-'} | {_len(results, t)} | "
-                   f"{'**yes**' if t['resolved'] else 'no'} |")
+        out.append(result_row(t, _p(t.get("paired_t", {}).get("p_value")), _len(results, t)))
     out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**", "", *boundary_lines(results), *length_lines(results)]
     if pw["power_at_smallest_effect"] is not None:
         out += [f"Power (noncentral t, from the pooled residual standard deviation {pw['pooled_residual_sd']:.2f} "

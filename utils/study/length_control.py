@@ -1,6 +1,6 @@
 """The declared secondary decoder of a study: beam 5 with an output length floor chosen on validation data.
 
-``LENGTH_DECODER`` (``beam5-minlen``, bench/study_decoders.py), scored when ``--decoders`` names it: beam 5 with an
+``LENGTH_DECODER`` (``beam5-minlen``, utils/study/decoders.py), scored when ``--decoders`` names it: beam 5 with an
 output length floor (``decode.min_len_a``: end-of-sentence blocked until a hypothesis has a * source length tokens;
 models.decoding) whose ``a`` is chosen for each system on validation data before any test set is decoded with it,
 by the rule the study's spec records (``LengthRule``): the smallest ``a`` of a fixed grid whose validation length
@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.study_decoders import LENGTH_DECODER
+from utils.study.decoders import LENGTH_DECODER
+from utils.study.sections import result_row
 
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 TARGET_RATIO = 0.95
@@ -47,8 +48,8 @@ class LengthRule:
     @classmethod
     def declare(cls, family: dict[str, Any], splits: list[str], systems: list[str], baseline: str) -> LengthRule:
         """The rule for a study of ``systems`` (every trained and test variant) whose primary ``family`` (a
-        ``bench.study_analysis.Family`` as a dict; ``{}``: the default) tests on ``splits``."""
-        from bench.study_analysis import Family, shift_factor
+        ``utils.study.analysis.Family`` as a dict; ``{}``: the default) tests on ``splits``."""
+        from utils.study.analysis import Family, shift_factor
 
         fam = Family(**family)
         needed = {s for q in fam.quantities(splits) for s in (q.base_split, q.split) if s}
@@ -80,15 +81,15 @@ class LengthRule:
 
 
 def floor_tag(tag: str | None, a: float) -> str | None:
-    """test.py's ``--tag`` for a system's files (``tag``: bench.study_runs.file_tag's) decoded with floor ``a``; with
+    """test.py's ``--tag`` for a system's files (``tag``: utils.study.runs.file_tag's) decoded with floor ``a``; with
     no floor, the files of beam 5 itself."""
     return ".".join(x for x in (tag, f"minlen{a:g}" if a else None) if x) or None
 
 
 def length_ratio(hypotheses: list[str], references: list[str], lowercase: bool) -> float:
     """Corpus hypothesis/reference length in sacreBLEU's 13a words, as the report's ``len`` counts it."""
-    from bench.study_analysis import metric_for
-    from bench.study_stats import sentence_stats
+    from utils.study.analysis import metric_for
+    from utils.study.stats import sentence_stats
 
     x = sentence_stats(metric_for("BLEU", lowercase), hypotheses, references)
     return float(x[:, 0].sum() / max(x[:, 1].sum(), 1))
@@ -99,7 +100,7 @@ class _System:
     name: str
     tag: str | None  # test variant
     extra: list[str]  # its inference-only overrides
-    jobs: list[Any]  # bench.study.Job, one per seed
+    jobs: list[Any]  # utils.study.plan.Job, one per seed
 
 
 def _systems(rule: LengthRule, jobs: list[Any]) -> list[_System]:
@@ -115,7 +116,7 @@ def _systems(rule: LengthRule, jobs: list[Any]) -> list[_System]:
 
 def _lowercase(rule: LengthRule, jobs: list[Any], runs: dict[str, Path]) -> bool:
     """Whether the baseline's first run scores case-insensitively (its tokenizer lowercases), as the report does."""
-    from bench.study_runs import run_cfg
+    from utils.study.runs import run_cfg
 
     return bool(run_cfg(runs[next(j.key for j in jobs if j.variant.label == rule.systems[0])]).tokenizer.lowercase)
 
@@ -128,11 +129,11 @@ def score_length(rule: LengthRule, jobs: list[Any], runs: dict[str, Path], steps
     runs test.py commands. -> ``{system: {"min_len_a": a, "validation_ratio": {"a": [each seed's]}}}``. ``data``:
     the study's data config (its validation split); ConfigError, one line, for a run whose checkpoint is gone
     when something is still to decode."""
-    from bench.common import project_command
-    from bench.study_runs import eval_current, eval_file, file_tag, read_scores
     from data.sources import concatenate_pairs, length_shifted, load_corpus
+    from utils.cli import project_command
     from utils.config import ConfigError
     from utils.run.layout import RunDir
+    from utils.study.runs import eval_current, eval_file, file_tag, read_scores
 
     corpus = load_corpus(data)
     shifted = length_shifted(rule.validation)
@@ -192,9 +193,9 @@ def add_length_results(results: dict[str, Any], rule: LengthRule, choice: dict[s
                        runs: dict[str, Path], checkpoint: str, max_sentences: int | None,
                        references: dict[str, list[str]], samples: int, family: dict[str, Any],
                        ledger: Any = None) -> None:
-    """``results`` (bench.study_report.aggregate's) with ``LENGTH_DECODER``'s hypotheses among those it publishes
-    and its analysis as ``results["length_control"]``: each file checked before use (bench.study_runs.read_scores)."""
-    from bench.study_runs import eval_file, file_tag, read_scores
+    """``results`` (utils.study.report.aggregate's) with ``LENGTH_DECODER``'s hypotheses among those it publishes
+    and its analysis as ``results["length_control"]``: each file checked before use (utils.study.runs.read_scores)."""
+    from utils.study.runs import eval_file, file_tag, read_scores
 
     hypotheses: dict[str, dict[str, list[list[str]]]] = {}
     for s in _systems(rule, jobs):
@@ -213,10 +214,10 @@ def analyse_length(rule: LengthRule, choice: dict[str, Any], hypotheses: dict[st
                    references: dict[str, list[str]], baseline: str, samples: int, lowercase: bool,
                    family: dict[str, Any]) -> dict[str, Any]:
     """The secondary analysis: each system's scores with its chosen floor (``hypotheses[system][split]``, one list
-    per seed) and the primary family's endpoint tested on them as a family of its own (bench.study_analysis.primary:
+    per seed) and the primary family's endpoint tested on them as a family of its own (utils.study.analysis.primary:
     Holm within it)."""
-    from bench.study_analysis import Analysis, Family, metric_for, primary
-    from bench.study_stats import corpus_score, sentence_stats
+    from utils.study.analysis import Analysis, Family, metric_for, primary
+    from utils.study.stats import corpus_score, sentence_stats
 
     metrics = {"chrF": metric_for("chrF", lowercase), "BLEU": metric_for("BLEU", lowercase)}
     scores: dict[str, Any] = {}
@@ -243,9 +244,9 @@ def reanalyse_length(old: dict[str, Any], folder: Path, references: dict[str, li
                      read_hypotheses: Callable[..., dict[str, Any]]) -> dict[str, Any] | None:
     """A published study's secondary analysis again, from its ``results.json`` (``old``) and ``hypotheses/``
     (``references``: its test splits' targets; None when not published: the recorded analysis is kept), read by
-    ``read_hypotheses`` (bench.study_report's); None for a study without one. The recorded choice must be the
+    ``read_hypotheses`` (utils.study.report's); None for a study without one. The recorded choice must be the
     rule's on the recorded validation ratios."""
-    from bench.study_files import StudyFileError
+    from utils.study.files import StudyFileError
 
     recorded = old.get("length_control")
     if recorded is None or references is None:
@@ -260,10 +261,6 @@ def reanalyse_length(old: dict[str, Any], folder: Path, references: dict[str, li
     hypotheses = {name: {split: per[LENGTH_DECODER] for split, per in splits.items()} for name, splits in read.items()}
     return analyse_length(rule, recorded["choice"], hypotheses, references, old["baseline"], samples, lowercase,
                           old["spec"].get("family") or {})
-
-
-def _p(x: float | None) -> str:
-    return "-" if x is None else ("< 0.0001" if x < 1e-4 else f"{x:.4f}")
 
 
 def length_control_lines(results: dict[str, Any]) -> list[str]:
@@ -294,11 +291,5 @@ def length_control_lines(results: dict[str, Any]) -> list[str]:
         out.append(f"| {name} | {c['min_len_a']:g} | {tried} | " + " | ".join(cells) + " |")
     out += ["", "| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | bootstrap 95 % CI | bootstrap p "
             "| p Holm | resolved |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for t in fam["tests"]:
-        b = t["bootstrap"]
-        ci = f"[{b['ci95'][0]:+.2f}, {b['ci95'][1]:+.2f}]" if b else "-"
-        out.append(f"| {t['system']} | {t['label']} | {', '.join(f'{d:+.2f}' for d in t['per_seed_delta'])} | "
-                   f"{t['delta']:+.2f} | {_p(t['seed_test']['p_value'])} | {_p(t['seed_test']['p_holm'])} | {ci} | "
-                   f"{_p(b['p_value']) if b else '-'} | {_p(b.get('p_holm')) if b else '-'} | "
-                   f"{'**yes**' if t['resolved'] else 'no'} |")
+    out += [result_row(t) for t in fam["tests"]]
     return [*out, "", f"**{fam['resolved']} of {fam['size']} resolved** (secondary; against {base}).", ""]

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from utils.config import ConfigError
 from utils.run.layout import RunDir
 
 if TYPE_CHECKING:
-    from bench.study_files import Ledger
+    from utils.study.files import Ledger
 
 
 def run_cfg(run: Path) -> Any:
@@ -40,7 +42,7 @@ def eval_current(path: Path, sentences: int, overrides: list[str], step: int) ->
     """Whether test.py's scores at ``path`` exist and are what this study asks for: ``sentences`` scored
     under the inference ``overrides`` (a test variant whose settings changed is scored again) from the checkpoint
     of training step ``step`` (a run trained on after it was scored, or scores that do not say, are scored again)."""
-    from bench.study_files import read_json, rescore_hint, verify_own
+    from utils.study.files import read_json, rescore_hint, verify_own
 
     if not path.is_file():
         return False
@@ -55,7 +57,7 @@ def read_scores(path: Path, sentences: int, ledger: Ledger | None = None) -> tup
     ``sentences`` hypotheses, and each unchanged since test.py wrote it (the checksums the score file records, or,
     for a file an older test.py wrote without them, those ``ledger`` recorded at its first read); StudyFileError,
     one line naming the file and how to score it again, otherwise."""
-    from bench.study_files import (
+    from utils.study.files import (
         StudyFileError,
         check_hypotheses,
         file_sha256,
@@ -91,7 +93,7 @@ def read_attention(run: Path, checkpoint: str, sentences: int, ledger: Ledger | 
     """The cached attention statistics of a run on its first ``sentences`` validation pairs, if computed, checked
     before use: unchanged since written (the checksum the file records, or, for one an older study wrote without,
     the one ``ledger`` recorded at its first read); StudyFileError, one line naming the file, otherwise."""
-    from bench.study_files import StudyFileError, parse_json, read_bytes, verify_own
+    from utils.study.files import StudyFileError, parse_json, read_bytes, verify_own
 
     out = attention_file(run, checkpoint, sentences)
     if not out.is_file():
@@ -112,11 +114,11 @@ def compute_attention(run: Path, checkpoint: str, sentences: int, step: int | No
     cached = read_attention(run, checkpoint, sentences)
     if cached is not None and (step is None or cached.get("step") == step):
         return cached
-    from bench.study_files import with_sha256
     from data.sources import load_corpus
     from utils.figures.attention_stats import attention_statistics
     from utils.io import atomic_write_text
     from utils.run.load import load_run
+    from utils.study.files import with_sha256
     from utils.translation.translate import encode_sources
 
     loaded = load_run(RunDir(run).checkpoint(checkpoint), device="cpu")
@@ -272,3 +274,101 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+# ---------------------------------------------------------------------------------------------- run folders
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """The run directories in a seed folder (not the ``*_latest`` link, nor its views in ``.latest/``), oldest first;
+    none if it does not exist."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")) \
+        if root.is_dir() else []
+
+
+def find_run(root: Path, poll: float = 2.0) -> Path | None:
+    """The run directory under ``root`` that has a checkpoint (runs killed before their first are removed).
+    A run another process still trains in (its lock is held: e.g. the child of a study just killed, finishing
+    its step) is waited for, never removed or trained at the same time."""
+    import time
+
+    from utils.run.store import discard_if_untrained, has_results, run_locked_by
+
+    runs = run_dirs(root)
+    for run in runs:
+        said = False
+        while (pid := run_locked_by(run)) is not None:
+            if not said:
+                print(f"  waiting for pid {pid}, which still trains in {run}", flush=True)
+                said = True
+            time.sleep(poll)
+    for run in runs:
+        if not discard_if_untrained(run) and not RunDir(run).last.is_file() and not has_results(run):
+            shutil.rmtree(run)  # killed between a periodic checkpoint and its last.pt: nothing to resume from
+    runs = [p for p in runs if p.is_dir()]
+    return runs[-1] if runs else None
+
+
+def training_elsewhere(root: Path) -> int | None:
+    """The pid of another process training a run under ``root`` (a seed folder), else None."""
+    from utils.run.store import run_locked_by
+
+    return next((pid for run in run_dirs(root) if (pid := run_locked_by(run)) is not None), None)
+
+
+def training_done(run: Path, steps: int | None, tokens: int | None) -> bool:
+    from utils.run.checkpoint import load_checkpoint
+
+    if not RunDir(run).last.is_file():  # scored, then its checkpoints removed: what its closing summary says
+        try:
+            done = json.loads(RunDir(run).summary_json.read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        return bool(steps and done.get("run_steps", 0) >= steps
+                    or tokens and done.get("run_target_tokens", 0) >= tokens)
+    state = load_checkpoint(RunDir(run).last)
+    accumulate = run_cfg(run).train.accumulate
+    if steps and state["trainer"]["iteration"] >= steps * accumulate:
+        return True
+    return bool(tokens) and int(state.get("tokens_seen", {}).get("tokens", 0)) >= tokens
+
+
+def recorded_step(run: Path, checkpoint: str) -> int | None:
+    """The training step that every score file of ``checkpoint`` in the run records (test.py writes it), when
+    there is at least one and they agree; else None. The step of a scored run whose checkpoint is gone (deleted
+    to save disk, or the run fetched from another machine without its weights)."""
+    steps = set()
+    for path in RunDir(run).eval_dir.glob(f"*.{checkpoint}.beam*.json"):
+        if path.name.startswith("all."):  # test.py's summary of several splits: each split's own file says
+            continue
+        try:
+            steps.add(json.loads(path.read_text()).get("step"))
+        except (OSError, json.JSONDecodeError):
+            return None
+    return steps.pop() if len(steps) == 1 and isinstance(next(iter(steps)), int) else None
+
+
+def checkpoint_step(run: Path, checkpoint: str) -> int:
+    """The training step (iterations, as test.py records them) of the run's ``checkpoint``, read from the file,
+    or, where the file is gone, the step its score files record; ConfigError if neither says."""
+    from utils.run.checkpoint import load_checkpoint
+
+    path = RunDir(run).checkpoint(checkpoint)
+    if not path.is_file():
+        step = recorded_step(run, checkpoint)
+        if step is None:
+            raise ConfigError(f"{path}: no such checkpoint, and no score file of it records its step")
+        return step
+    trainer = load_checkpoint(path).get("trainer")
+    return int(trainer.get("iteration", 0)) if isinstance(trainer, dict) else 0
+
+
+def scored_step(run: Path, checkpoint: str, steps: int | None) -> int:
+    """The training step of the checkpoint a study scores; ConfigError if it is ``last`` and not exactly the
+    step budget (a run trained past it, or stopped short, is not the model the study declares)."""
+    step = checkpoint_step(run, checkpoint)
+    accumulate = run_cfg(run).train.accumulate
+    if checkpoint == "last" and steps and step != steps * accumulate:
+        raise ConfigError(f"{RunDir(run).checkpoint(checkpoint)} is at step {step // accumulate}, not the study's "
+                          f"budget of {steps}: not the model this study scores")
+    return step

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.common import mean_std
-from bench.study_decoders import DECODERS
+from utils.study.decoders import DECODERS
+from utils.study.stats import mean_std
 
 MIN_BUCKET = 30
 

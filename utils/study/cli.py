@@ -1,0 +1,452 @@
+"""The study this toolkit exists for: a grid of configurations x seeds trained at an equal budget, every run
+scored on every test split (beam 5 and greedy), attention quantified, and a report that says which
+differences are significant.
+
+    python bench/study.py --config configs/bench_small_rope.yaml --grid model.attention_pe=none,rope,alibi,t5,shaw \\
+        --grid model.input_pe=sinusoidal,none --seeds 3 --steps 1500 --name pe
+    python bench/study.py --preset seed-table --seeds 3 --steps 1500          # sinusoidal / learnable / RoPE
+    python bench/study.py --preset all-encodings --seeds 3 --steps 1500
+    python bench/study.py --preset train-short-test-long --seeds 3 --steps 1500
+    python bench/study.py --preset tokenization --seeds 3 --steps 1500
+
+Budget: ``--steps`` optimizer steps or ``--tokens`` target tokens per run, never wall time, so a busy
+machine cannot bias the comparison. Each (variant, seed) is a normal run directory under
+``runs/study_<name>/runs/<variant>/seed<k>/`` that train.py, test.py and visualize.py understand. The
+study is resumable and idempotent: run the same command again and finished runs and evaluations are
+skipped, a run killed mid-training is resumed from its last checkpoint. A run that another study in the
+same ``--runs`` folder already finished with exactly the same config (seed and budget included) is linked,
+not trained again: ``all-encodings`` reuses ``seed-table``'s sinusoidal, learnable and RoPE runs (``--no-link``
+trains them again: a config does not pin the code, e.g. runs from another commit whose loss sums in another
+order; comparisons are exactly paired only among runs trained by the same code). With
+several GPUs, one process per device. Writes ``results.json`` (every number), ``report.md`` (tables,
+figures, significance in words), ``figures/*.png`` and ``tb/`` (TensorBoard HParams: compare the runs in
+the HParams tab).
+
+Test-time variants: ``--test-variant rope+linear:model.rope.scaling=linear,model.rope.factor=8`` scores the
+trained models of variant ``rope`` again under inference-only overrides, as the system ``rope+linear``
+(``train-short-test-long`` does this for the RoPE length extensions), compared with its baseline and with
+its own trained variant (paired over seeds: the same models).
+
+Statistics (utils/study/analysis.py, utils/study/stats.py): seeds are blocks (seed k gives every variant the
+same tokenizer and batch order). Every difference with the baseline is the mean over seeds of the per-seed
+difference, tested across seeds (the contrast of a blocked two-way ANOVA) and across test sentences (a paired
+bootstrap of that same quantity, 10,000 resamples); a preset's primary family (chrF by default) is
+Holm-corrected and a difference is resolved when both tests reject and agree in sign; power comes from a
+smallest effect fixed in advance (1 chrF). Everything else is labelled exploratory. Every system's hypotheses
+are published with the report (``hypotheses/``), and ``python bench/study_report.py STUDY_DIR`` recomputes
+the report from the published files alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from utils.cli import ROOT, add_set_arg, project_command
+from utils.config import ConfigError
+from utils.run.layout import RunDir
+from utils.study.decoders import DECODERS, LENGTH_DECODER
+from utils.study.files import slug
+from utils.study.gpu import study_defaults
+from utils.study.launch import LAUNCHERS, Launcher, LaunchError, Resources
+from utils.study.length_control import LengthRule, add_length_results, score_length
+from utils.study.linking import linked_elsewhere, shared_run
+from utils.study.looks import Design, look_fractions
+from utils.study.plan import STUDY_KEYS, Job, budget_overrides, run_commands, train_command
+from utils.study.presets import presets
+from utils.study.provenance import Target, merge, record_runs
+from utils.study.runs import (
+    Progress,
+    compute_attention,
+    eval_current,
+    eval_file,
+    file_tag,
+    find_run,
+    read_attention,
+    scored_step,
+    training_done,
+    training_elsewhere,
+)
+from utils.study.spec import (
+    add_test_variants,
+    check_distinct,
+    check_sets,
+    grid_variants,
+    inference_only,
+    merge_spec,
+    recorded_labels,
+    select_variants,
+)
+
+
+def study_launcher(parser: argparse.ArgumentParser, args: argparse.Namespace, study: Path) -> Launcher | None:
+    """The launcher ``--launcher`` names (None: local, the study's own processes), checked before the study
+    writes anything: a ``--slurm-*`` flag without ``--launcher slurm``, submitit missing, or SLURM absent or
+    refusing the resources is one line and exit 2."""
+    slurm = {"--slurm-partition": args.slurm_partition, "--slurm-time": args.slurm_time,
+             "--slurm-gpus-per-job": args.slurm_gpus_per_job, "--slurm-cpus-per-job": args.slurm_cpus_per_job,
+             "--slurm-mem-gb": args.slurm_mem_gb, "--slurm-array-parallelism": args.slurm_array_parallelism}
+    given = [flag for flag, value in slurm.items() if value is not None]
+    if given and args.launcher != "slurm":
+        parser.error(f"{', '.join(given)}: for --launcher slurm only")
+    if args.launcher == "local":
+        return None
+    if args.launcher == "slurm" and args.jobs != 1:
+        parser.error("--jobs: runs at a time on this machine; on SLURM give --slurm-array-parallelism")
+    for flag, value in slurm.items():
+        if flag == "--slurm-mem-gb" and value is not None and not value > 0:
+            parser.error(f"{flag} must be > 0, got {value}")
+        elif isinstance(value, int) and value < (low := 0 if flag == "--slurm-gpus-per-job" else 1):
+            parser.error(f"{flag} must be >= {low}, got {value}")
+    defaults = Resources()
+    resources = Resources(args.slurm_partition, args.slurm_time or defaults.time_min,
+                          defaults.gpus if args.slurm_gpus_per_job is None else args.slurm_gpus_per_job,
+                          args.slurm_cpus_per_job, args.slurm_mem_gb, args.slurm_array_parallelism)
+    try:
+        return Launcher(args.launcher, study / "submitit", resources)
+    except LaunchError as e:
+        parser.error(str(e))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/study.py."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(presets()), help="a ready-made study (sets config and grid)")
+    parser.add_argument("--config", help="the base config every variant starts from")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                        help="a grid axis (repeatable: the cross product of all axes)")
+    add_set_arg(parser, help="a config value applied to every run (repeatable)")
+    parser.add_argument("--test-variant", action="append", default=[], metavar="[LABEL+]TAG:KEY=V,...",
+                        help="also score the trained models under inference-only overrides, e.g. a RoPE scaling: "
+                             "rope+linear:model.rope.scaling=linear,model.rope.factor=8 (repeatable)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant: 1..N (default 3)")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--steps", type=int, help="optimizer steps per run")
+    budget.add_argument("--tokens", type=int, help="target tokens per run")
+    parser.add_argument("--eval-every", type=int, help="validation every N iterations (default: a fifth of --steps)")
+    parser.add_argument("--name", help="study name: runs/study_<name>/ (default: the preset's name)")
+    parser.add_argument("--baseline", help="variant label the others are compared with (default: the first)")
+    parser.add_argument("--variants", metavar="LABEL,...",
+                        help="with --preset: only these of its variants (and its baseline), e.g. the ones a study was "
+                             "pre-registered with after others joined the preset")
+    parser.add_argument("--checkpoint", choices=["best", "last"], default="best",
+                        help="checkpoint scored (default best: the best validation BLEU within the budget)")
+    parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap samples (default 10000)")
+    parser.add_argument("--attention-sentences", type=int, default=200, help="validation pairs for attention stats")
+    parser.add_argument("--max-sentences", type=int, help="score only the first N sentences of each split (quick)")
+    parser.add_argument("--decoders", default=",".join(DECODERS), metavar="NAME,...",
+                        help=f"decoders scored and reported, of {', '.join(DECODERS)} (default all) and "
+                             f"{LENGTH_DECODER} (a declared secondary: beam 5 with a length floor chosen per system "
+                             "on validation data, reported in a section of its own); the primary family's must be "
+                             "among them")
+    parser.add_argument("--splits", metavar="SPLIT,...",
+                        help="test splits scored and reported (default: every one of the config's data.test); the "
+                             "primary family's, and the x1 split of each of its drops, must be among them")
+    parser.add_argument("--runs", default="runs", help="folder for the study (default runs)")
+    parser.add_argument("--jobs", type=int,
+                        help="runs (and scorings) at a time on this machine, each with its share of the CPU cores "
+                             "(default 1; with a CUDA GPU, 16 runs sharing it, each with the train keys of "
+                             "configs/gpu_study.yaml: static shapes, CUDA graphs; a --jobs given keeps the runs' "
+                             "config as it is)")
+    parser.add_argument("--merge", action="append", default=[], metavar="STUDY_DIR",
+                        help="first copy in the runs another folder of this study holds (e.g. more seeds trained on "
+                             "another machine) whose config is this study's for their variant and seed; a different "
+                             "config is refused, naming the key")
+    parser.add_argument("--no-link", action="store_true",
+                        help="train every run of this study, even one another study in --runs finished with the "
+                             "same config (its code may differ: e.g. a baseline trained by an older commit)")
+    stage = parser.add_mutually_exclusive_group()
+    stage.add_argument("--train-only", action="store_true",
+                       help="train (or resume) every run, then stop: a pilot, or scoring left to later")
+    stage.add_argument("--score-only", action="store_true",
+                       help="score and report runs already trained to the budget (e.g. by another checkout "
+                            "of the code); refuse, training nothing, if one is not")
+    launch = parser.add_argument_group("launcher")
+    launch.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                        help="where the train.py and test.py commands run (the study itself runs here): local, "
+                             "processes of this machine (default); slurm, each command one SLURM job, submitted "
+                             "through submitit (pip install '.[cluster]'), its files in <study>/submitit/; "
+                             "submitit-local, the same jobs as processes of this machine, in --jobs slots (a "
+                             "check before a cluster)")
+    launch.add_argument("--slurm-partition", metavar="NAME", help="partition of the jobs (default: the cluster's)")
+    launch.add_argument("--slurm-time", type=int, metavar="MINUTES",
+                        help=f"time limit of each job in minutes (default {Resources().time_min}); a job past it "
+                             "fails the study, whose rerun resumes the run")
+    launch.add_argument("--slurm-gpus-per-job", type=int, metavar="N",
+                        help=f"GPUs of each job (default {Resources().gpus}; 0 on a cluster without GPUs)")
+    launch.add_argument("--slurm-cpus-per-job", type=int, metavar="N",
+                        help="CPUs of each job, also its OMP_NUM_THREADS (default: the cluster's)")
+    launch.add_argument("--slurm-mem-gb", type=float, metavar="GB", help="memory of each job (default: the cluster's)")
+    launch.add_argument("--slurm-array-parallelism", type=int, metavar="N",
+                        help="jobs of the study running at a time (default: submitit's, 256)")
+    return parser
+
+
+def main() -> int:
+    """bench/study.py's command line (``command``); the study folder's lock is released when it returns, as at process
+    exit, so one Python process can run a study again."""
+    from utils.study.lock import unlock_all
+
+    try:
+        return command()
+    finally:
+        unlock_all()
+
+
+def command() -> int:
+    """Plan, train, score and report the study the command line describes."""
+    parser = build_parser()
+    args = parser.parse_args()
+    gpu_sets: list[str] = []  # no --jobs with a CUDA GPU here: its preset (utils/study/gpu.py)
+    if args.jobs is None:
+        args.jobs, gpu_sets = study_defaults(args.launcher)
+        if gpu_sets:
+            print(f"study: a CUDA GPU: {args.jobs} runs at a time, each with {' '.join(gpu_sets)} "
+                  "(configs/gpu_study.yaml; --jobs N to choose)", flush=True)
+
+    family: dict[str, Any] = {}
+    user_sets = list(args.overrides)
+    if args.preset:
+        preset = presets()[args.preset]
+        config, variants, baseline = args.config or preset.config, preset.variants, preset.baseline
+        args.overrides = [*preset.overrides, *args.overrides]
+        family = preset.family
+        if args.grid:
+            parser.error("--grid and --preset exclude each other")
+        if args.variants:
+            try:
+                variants, family = select_variants(preset, args.variants)
+            except ConfigError as e:
+                parser.error(f"{e} (preset {args.preset})")
+    elif args.variants:
+        parser.error("--variants selects among a --preset's variants")
+    elif args.config and args.grid:
+        config, variants, baseline = args.config, grid_variants(args.grid), None
+    else:
+        parser.error("give --preset NAME, or --config CONFIG with at least one --grid")
+    name = args.name or args.preset
+    if not name:
+        parser.error("--name is required without --preset")
+    study = Path(args.runs) / f"study_{slug(name)}"
+    launcher = study_launcher(parser, args, study)  # checked before anything is read or written
+    from utils.study.files import read_spec
+    from utils.study.lock import check_free, lock_study
+
+    check_free(study)  # another process runs this study: refused at once, nothing read or written
+    spec_file = study / "study.json"
+    recorded = read_spec(spec_file) if spec_file.is_file() else None  # this study's, when resumed
+    if args.grid and recorded is not None:
+        variants = recorded_labels(variants, recorded)
+    for value, flag in ((args.seeds, "--seeds"), (args.steps, "--steps"), (args.tokens, "--tokens"),
+                        (args.bootstrap, "--bootstrap"), (args.attention_sentences, "--attention-sentences"),
+                        (args.eval_every, "--eval-every"), (args.max_sentences, "--max-sentences"),
+                        (args.jobs, "--jobs")):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if args.seeds < 2 and not args.train_only:  # refused before anything runs, not at the report after the scoring
+        parser.error("scoring and the report need --seeds 2 or more (seeds are the blocks of every test); "
+                     "train a pilot with --train-only")
+    for flag, items in (("--set", args.overrides), ("--grid", args.grid)):  # what the study decides per run
+        for item in items:
+            key = item.partition("=")[0].strip()
+            if key in STUDY_KEYS:
+                parser.error(f"{flag} {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
+    check_sets(user_sets, variants, grid=bool(args.grid))
+    if args.tokens and any(o.startswith("tokenizer.") for v in variants for o in v.overrides):
+        parser.error("--tokens counts each tokenizer's own tokens, not an equal budget across tokenizations; "
+                     "use --steps")
+    add_test_variants(variants, args.test_variant)
+    for v in variants:
+        for extra in v.tests.values():
+            for key in (x.partition("=")[0].strip() for x in extra):
+                if key in STUDY_KEYS:
+                    parser.error(f"--test-variant {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
+    asked = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    if not asked or any(d not in [*DECODERS, LENGTH_DECODER] for d in asked):
+        parser.error(f"--decoders {args.decoders}: give some of {', '.join([*DECODERS, LENGTH_DECODER])}")
+    decoders = {d: beam for d, beam in DECODERS.items() if d in asked}  # in the report's order, whatever was asked
+    if "beam5" not in decoders or (family or {}).get("decoder", "beam5") not in decoders:
+        parser.error(f"--decoders {args.decoders}: beam5 is needed (the primary family and the report's tables)")
+    labels = [v.label for v in variants]
+    baseline = args.baseline or baseline or labels[0]
+    if baseline not in labels:
+        parser.error(f"--baseline {baseline!r} is not a variant; variants: {', '.join(labels)}")
+
+    from models.memory import check as check_memory
+    from utils.config import load_config
+
+    eval_every = args.eval_every or max(1, (args.steps or 1000) // 5)
+    budget_sets = budget_overrides(args.steps, args.tokens, eval_every)  # in every load: keys may need the budget
+    base_cfg = load_config(config, [*gpu_sets, *args.overrides, *budget_sets])
+    splits = list(base_cfg.data.test)
+    if args.splits:
+        splits = [x.strip() for x in args.splits.split(",") if x.strip()]
+        unknown = [x for x in splits if x not in base_cfg.data.test]
+        if unknown or not splits:
+            parser.error(f"--splits {args.splits}: not among the config's test splits "
+                         f"({', '.join(base_cfg.data.test)})")
+        needed = [*(family.get("splits") or []), *(family.get("drops") or {}).values(), *(family.get("drops") or {})]
+        if family and (missing := [x for x in dict.fromkeys(needed) if x not in splits]):
+            parser.error(f"--splits {args.splits}: the primary family needs {', '.join(missing)} too")
+    accumulate: dict[str, int] = {}  # iterations per optimizer step, where not 1 (the progress lines' steps)
+    configs: dict[str, dict[str, Any]] = {}
+    for v in variants:  # every variant must load, and fit the machine's memory in training, before anything runs
+        trained = load_config(config, [*args.overrides, *v.overrides, *budget_sets])
+        if not args.score_only:
+            check_memory(trained)
+        configs[v.label] = trained.to_dict()
+        if trained.train.accumulate != 1:
+            accumulate |= {f"{v.label} seed {seed}": trained.train.accumulate for seed in range(1, args.seeds + 1)}
+        tested = {v.label: configs[v.label]}
+        for tag, extra in v.tests.items():
+            cfg = load_config(config, [*args.overrides, *v.overrides, *budget_sets, *extra])
+            inference_only(trained, cfg, f"{v.label}+{tag}")
+            tested[f"{v.label}+{tag}"] = cfg.to_dict()
+        check_distinct(tested, "--test-variant")
+    check_distinct(configs, "--grid" if args.grid else f"--preset {args.preset}")
+    from utils.io import ensure_dir
+
+    ensure_dir(study, "the study folder")
+    lock_study(study)  # held to the end; a second start of this study is refused in one line
+    seeds = list(range(1, args.seeds + 1))
+    jobs = [Job(v, seed, study / "runs" / slug(v.label) / f"seed{seed}") for v in variants for seed in seeds]
+    import torch
+
+    devices = torch.cuda.device_count()
+    spec = {"command": " ".join(sys.argv), "config": config, "variants": [v.__dict__ for v in variants],
+            "baseline": baseline, "seeds": seeds, "steps": args.steps, "tokens": args.tokens,
+            "overrides": args.overrides, "checkpoint": args.checkpoint, "max_sentences": args.max_sentences,
+            "attention_sentences": args.attention_sentences, "family": family}
+    if args.splits or list(decoders) != list(DECODERS):  # a study scored on part of its sets or decoders says so
+        spec |= {"splits": splits, "decoders": list(decoders)}
+    length = LengthRule.declare(family, splits, [*configs, *(f"{v.label}+{t}" for v in variants for t in v.tests)],
+                                baseline) if LENGTH_DECODER in asked else None
+    if length is not None:  # the rule is recorded before anything is scored with it
+        spec["length_control"] = length.to_dict()
+    if recorded is not None:
+        spec = merge_spec(recorded, spec, study)
+    if family.get("sequential"):  # seeds past the declared design's last look: refused before anything runs
+        look_fractions(Design.from_dict(family["sequential"]), args.seeds)
+    trains = {v.label: load_config(config, [*args.overrides, *gpu_sets, *v.overrides, *budget_sets]).to_dict()
+              for v in variants} if args.merge else {}  # what this study's runs train, to merge the same only
+    for other in args.merge:  # runs trained elsewhere (more seeds, another machine) join this study first
+        print("\n".join(merge(Path(other), study, [Target(j.key, j.seed, j.root, trains[j.variant.label])
+                                                    for j in jobs])) or f"  --merge {other}: nothing to merge",
+              flush=True)
+    # 1. Train what is not trained yet (resuming killed runs).
+    todo = []
+    steps: dict[str, int] = {}  # job -> training step of the checkpoint it is scored at
+    for job in jobs:
+        if args.score_only and (pid := training_elsewhere(job.root)) is not None:  # refused below, without waiting
+            todo.append((f"train {job.key} (pid {pid} trains it)", [], job.root / "study.log"))
+            continue
+        run = find_run(job.root)
+        if run is None and not job.root.exists() and not args.no_link:
+            expected = load_config(config, [*args.overrides, *job.variant.overrides, f"seed={job.seed}",
+                                            *budget_sets]).to_dict()
+            other = shared_run(job, study, expected, args.steps, args.tokens)
+            if other is not None:
+                print(f"  {job.key}: the same run is in {other}, linked", flush=True)
+                continue
+        if run is not None and training_done(run, args.steps, args.tokens):
+            if not args.train_only:  # a run past the budget is refused now, not after the others trained
+                steps[job.key] = scored_step(run, args.checkpoint, args.steps)
+            continue
+        if run is not None and not RunDir(run).last.is_file():
+            raise ConfigError(f"{run}: its checkpoints are gone and it is short of the budget: it cannot be trained "
+                              "on; nothing was trained or scored")
+        todo.append((f"train {job.key}", train_command(job, config, [*gpu_sets, *args.overrides], budget_sets),
+                     job.root / "study.log"))
+    elsewhere = linked_elsewhere(jobs, baseline, family, {"checkpoint": args.checkpoint,
+                                                          "max_sentences": args.max_sentences})
+    was = ((recorded or {}).get("family") or {}).get("elsewhere")
+    if was is not None and was != elsewhere:
+        raise ConfigError(f"{study}: the contrasts tested in another study's family were "
+                          f"{was or 'none'} and would now be {elsewhere or 'none'} (a linked study "
+                          "was scored, removed or changed since): the family of these runs cannot change; use another "
+                          "--name")
+    family = {**family, "elsewhere": elsewhere}  # contrasts another study's family tests on these very runs stay there
+    spec["family"] = family
+    if elsewhere:
+        print(f"study {name}: tested in the family of the study their runs are linked from, not here: "
+              + ", ".join(f"{label} ({where})" for label, where in elsewhere.items()), flush=True)
+    if args.score_only and todo:
+        raise ConfigError(f"--score-only: {len(todo)} of {len(jobs)} runs are not trained to the budget "
+                          f"({', '.join(key.removeprefix('train ') for key, _, _ in todo)}); nothing was trained "
+                          "or scored: train them first (--train-only)")
+    from utils.io import atomic_write_text
+
+    atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
+    print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
+    training = [job.root for job in jobs if f"train {job.key}" in {label for label, _, _ in todo}]
+    record_runs(training, ROOT)  # a run resumed now: this commit trains it on (utils.study.provenance)
+    run_commands(todo, devices, jobs=args.jobs, progress=Progress([label for label, _, _ in todo], args.steps,
+                                                                  accumulate), launcher=launcher)
+    record_runs(training, ROOT)
+    if args.train_only:
+        print(f"study {name}: every run trained to the budget (--train-only: not scored)")
+        return 0
+
+    # 2. Score every run on every test split (--splits), beam 5 and greedy (--decoders), and each inference-only
+    # test variant. A run whose checkpoint is gone is scored from its score files, which must all be there.
+    from data.sources import load_corpus
+
+    corpus = load_corpus(base_cfg.data)
+    sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in splits}
+    todo = []
+    runs = {job.key: find_run(job.root) for job in jobs}
+    for job in jobs:
+        run = runs[job.key]
+        assert run is not None
+        if job.key not in steps:  # trained (or linked) just now
+            steps[job.key] = scored_step(run, args.checkpoint, args.steps)
+        step = steps[job.key]
+        for tag, extra in [(None, []), *job.variant.tests.items()]:
+            files = file_tag(tag, args.max_sentences)
+            beams = [str(beam) for beam in decoders.values()  # the decoders not yet scored, in one test.py
+                     if not all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra, step)
+                                for split, n in sizes.items())]
+            if not beams:
+                continue
+            if not RunDir(run).checkpoint(args.checkpoint).is_file():
+                raise ConfigError(f"{run}: its {args.checkpoint} checkpoint is gone and beam {' '.join(beams)} "
+                                  f"{'(' + tag + ') ' if tag else ''}is not scored on every one of "
+                                  f"{', '.join(sizes)}: nothing was scored")
+            flags = ["--tag", files] if files else []
+            flags += [f for split in (splits if args.splits else []) for f in ("--split", split)]
+            flags += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
+            cmd = project_command("test.py", "--model_path", RunDir(run).checkpoint(args.checkpoint),
+                                  "--beam", *beams, *flags, overrides=extra)
+            todo.append((f"test {job.key} beam {' '.join(beams)}{' ' + tag if tag else ''}", cmd,
+                         job.root / "study.log"))
+    run_commands(todo, devices, jobs=args.jobs, launcher=launcher)
+    choice = score_length(length, jobs, runs, steps, args.checkpoint, args.max_sentences, sizes, base_cfg.data,
+                          lambda todo: run_commands(todo, devices, jobs=args.jobs, launcher=launcher)) if length else {}
+
+    # 3. Attention statistics, aggregation, report.
+    for job in jobs:
+        if RunDir(runs[job.key]).checkpoint(args.checkpoint).is_file():
+            compute_attention(runs[job.key], args.checkpoint, args.attention_sentences, steps[job.key])
+        elif (read_attention(runs[job.key], args.checkpoint, args.attention_sentences) or {}).get(
+                "step") != steps[job.key]:  # none, or of another step: not this model's
+            print(f"  {job.key}: no checkpoint, so no attention statistics (the report leaves its system's out)",
+                  flush=True)
+    from utils.study.files import Ledger
+    from utils.study.report import aggregate, write_report
+
+    print(f"study {name}: statistics and report", flush=True)
+    ledger = Ledger(study)
+    results = aggregate(jobs, runs, corpus, splits, baseline, args.checkpoint, args.bootstrap,
+                        args.attention_sentences, args.max_sentences, family, list(decoders), steps, ledger)
+    if length is not None:
+        add_length_results(results, length, choice, jobs, runs, args.checkpoint, args.max_sentences,
+                           {s: list(corpus[s]["tgt"]) for s in length.splits}, args.bootstrap, family, ledger)
+    if recorded_now := ledger.save():
+        print(f"study {name}: {recorded_now} files record no checksum (written by an older test.py or study): "
+              f"recorded in {ledger.path} at this first read; a later change to them is refused", flush=True)
+    write_report(study, spec, results)
+    print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
+    return 0
