@@ -242,3 +242,22 @@ def test_a_recursive_yaml_alias_is_one_line(tmp_path: Path) -> None:
                          cwd=root, capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [f"error: {path}: data.test refers to itself (a recursive YAML alias)"]
+
+
+def test_values_are_read_by_pydantics_lax_mode_plus_what_yaml_needs() -> None:
+    """pydantic coerces (``"1_000"`` and ``3.0`` in an integer key, ``1`` and ``"yes"`` in a true/false key, a number
+    in a text key); the schema adds exponent notation in integer keys (YAML 1.1 reads ``1.5e6`` as text), one value
+    where a list is expected, and refuses a number that is not finite with every bound of its key."""
+    cfg = load_config(Path("configs/demo.yaml"), ["model.d_model=1_024", "model.n_heads=4.0", "name=5",
+                                                   "model.tie_embeddings=0", "train.warmup_tokens=2e5",
+                                                   "data.test=test"])
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.name, cfg.model.tie_embeddings) == (1024, 4, "5", False)
+    assert (cfg.train.warmup_tokens, cfg.data.test) == (200_000, ["test"])
+    assert isinstance(cfg.model.n_heads, int) and isinstance(cfg.train.warmup_tokens, int)
+    for sets, message in ((["model.d_model=2.5e0"], "model.d_model: expected an integer, got 2.5"),
+                          (["model.tie_embeddings=maybe"], "model.tie_embeddings: expected true or false, got 'maybe'"),
+                          (["train.lr=1e400"], "train.lr: must be >= 0, got inf"),
+                          (["train.betas=[0.9, .inf]"], "train.betas[1]: must be a finite number, got inf")):
+        with pytest.raises(ConfigError) as err:
+            load_config(Path("configs/demo.yaml"), sets)
+        assert str(err.value) == message

@@ -286,7 +286,7 @@ def test_an_encodings_own_settings_live_beside_it_and_become_one_model_section()
     from pydantic import Field, ValidationError
 
     from models.config import TransformerConfig, model_config_class
-    from utils.schema import Section
+    from utils.schema import Section, config_error
 
     for level in REGISTRY.values():
         for enc in (c for c in level.values() if c is not None and c.settings is not None):
@@ -305,8 +305,10 @@ def test_an_encodings_own_settings_live_beside_it_and_become_one_model_section()
     built = model_config_class(registry)  # what models/config.py does with the registry at import
     assert built().distance.init == 0.1 and built(distance={"init": "2e-1"}).distance.init == 0.2
     assert built(attention_pe="rope").rope == ModelConfig().rope
-    with pytest.raises(ValidationError, match="must be > 0, got 0.0"):  # the schema's one-line wording
+    with pytest.raises(ValidationError) as err:
         built(distance={"init": 0})
+    assert str(config_error(err.value, built, {"distance": {"init": 0}}, "model.")) == \
+        "model.distance.init: must be > 0, got 0.0"  # the schema's one-line wording
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         built(distance={"slope": 1})
 
