@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -310,3 +311,35 @@ def run_study(tmp: Path, *extra: str, grid: str = "model.attention_pe=none,rope"
     if process:  # its own process (e.g. to see a run this one locks as another's)
         return subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=900)
     return run_script(*cmd)
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 15.0) -> None:
+    """Poll ``condition`` every 10 ms until it is true; AssertionError after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@contextmanager
+def serving_app(app: Any, config: Callable[[Any], Any] | None = None) -> Iterator[int]:
+    """``app`` (``utils.serve.app.create_app``) behind uvicorn in a thread of this process, on a free port of
+    127.0.0.1 -> the port. ``config``: the app -> its ``uvicorn.Config`` (default: uvicorn's, quiet)."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(config(app) if config else uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)

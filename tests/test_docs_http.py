@@ -8,17 +8,13 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, serving_app
 
 from docs import reference_http
 from utils.config import from_dict
@@ -57,23 +53,9 @@ class FakeEngine:
         return [1, 2, 3], [4, 5], target or "T4 T5", torch.full((3, 3), 1 / 3)
 
 
-@contextmanager
-def serving(engine: Any, model_path: str = "") -> Iterator[int]:
+def serving(engine: Any, model_path: str = "") -> AbstractContextManager[int]:
     """The app on a free port in a thread of this process (uvicorn, as --serve runs it) -> the port."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, LIMITS, model_path), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    return serving_app(create_app(engine, LIMITS, model_path))
 
 
 def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:

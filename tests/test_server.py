@@ -1,7 +1,7 @@
 """inference.py --serve: one real uvicorn process on 127.0.0.1 shared by the tests (PyTorch run), answers equal to
 ``inference.py --input``, 200 requests from 8 clients, every bad request as a 4xx JSON line, slow and vanished
 clients, the attention maps visualize.py computes, the demo page in headless Chromium, a CTranslate2 export
-served, and (in-process, with an engine that blocks) the bounded queue's 503 and the micro-batches."""
+served, and bench/serve_load.py (the load benchmark) on that run."""
 
 from __future__ import annotations
 
@@ -17,15 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, once, train_tiny_run
+from conftest import ROOT, once, train_tiny_run, wait_for
 
 from bench.demo_page import drive_page
-from bench.serve_load import Load, Server, get, load, post, start_server, table
-from utils.config import from_dict
+from bench.serve_load import Load, Server, get, load, start_server, table
 
 SOURCE = ROOT / "data" / "demo" / "test.fr"
 LINES = SOURCE.read_text(encoding="utf-8").splitlines()
@@ -563,168 +561,6 @@ def test_serve_command_line_errors_are_one_line(run_dir: Path, server: Server) -
     res = cli("--model_path", str(run_dir), "--serve", "--port", "0", "--join", "-1")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         "inference.py: error: argument --join: must be a finite number >= 0, got -1")
-
-
-# ---------------------------------------------------------------------------------------------- in-process
-
-
-class BlockingEngine:
-    """An engine whose ``translate`` records each call and waits until released: the queue can be filled."""
-
-    def __init__(self) -> None:
-        self.cfg = from_dict({"decode": {"beam": 2}})
-        self.calls: list[tuple[list[str], int]] = []
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def translate(self, texts: list[str], decode: object, on_done: object = None) -> list[list[object]]:
-        """Reports nothing to ``on_done`` (as an engine that cannot): the batch is answered at its end."""
-        from utils.translation.translate import Translation
-
-        self.calls.append((list(texts), decode.beam))  # type: ignore[attr-defined]
-        self.entered.set()
-        assert self.release.wait(30)
-        return [[Translation(t.upper(), -1.0, -2.0, [])] for t in texts]
-
-
-class EarlyEngine(BlockingEngine):
-    """Reports a batch's first text as finished at once, the others when that call's gate opens (long sentences)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gates = [threading.Event() for _ in range(4)]  # one per call
-        self.started = [threading.Event() for _ in range(4)]
-
-    def translate(self, texts: list[str], decode: object, on_done: object = None) -> list[list[object]]:
-        from utils.translation.translate import Translation
-
-        call = len(self.calls)
-        result = [[Translation(t.upper(), -1.0, -2.0, [])] for t in texts]
-        self.calls.append((list(texts), decode.beam))  # type: ignore[attr-defined]
-        on_done(0, result[0])  # type: ignore[operator]
-        self.started[call].set()
-        assert self.gates[call].wait(30)
-        for i in range(1, len(texts)):
-            on_done(i, result[i])  # type: ignore[operator]
-        return result
-
-
-@contextmanager
-def serving(engine: BlockingEngine, **limits: float) -> Iterator[Server]:
-    """The app on a free port in a thread of this process (uvicorn, as --serve runs it)."""
-    import uvicorn
-
-    from utils.serve.app import Limits, create_app
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, Limits(**limits)), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield Server(None, "127.0.0.1", sock.getsockname()[1], Path(os.devnull))  # type: ignore[arg-type]
-    finally:
-        engine.release.set()
-        server.should_exit = True
-        thread.join(10)
-
-
-def in_thread(fn, *args) -> tuple[threading.Thread, list]:  # noqa: ANN001
-    out: list = []
-    thread = threading.Thread(target=lambda: out.append(fn(*args)))
-    thread.start()
-    return thread, out
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-def send(server: Server, body: dict) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
-    try:
-        return post(conn, "/translate", body)
-    finally:
-        conn.close()
-
-
-def test_a_full_queue_answers_503_while_health_stays_responsive() -> None:
-    engine = BlockingEngine()
-    with serving(engine, max_queue=2, max_batch=1, max_wait_ms=0) as srv:
-        first = in_thread(send, srv, {"text": "un"})
-        assert engine.entered.wait(10)  # the worker holds "un"; the event loop still answers
-        waiting = [in_thread(send, srv, {"text": t}) for t in ("deux", "trois")]
-        wait_for(lambda: get(srv.url, "/health")[1]["waiting"] == 2)
-        status, answer = send(srv, {"text": "quatre"})
-        assert status == 503 and answer == {"error": "the server is busy (2 requests waiting); try again shortly"}
-        engine.release.set()
-        for thread, out in [first, *waiting]:
-            thread.join(10)
-            assert out[0][0] == 200
-        assert [out[0][1]["translations"][0]["translation"] for _, out in [first, *waiting]] == ["UN", "DEUX", "TROIS"]
-        health = get(srv.url, "/health")[1]
-        assert (health["rejected"], health["requests"], health["batches"]) == (1, 3, 3)
-
-
-def test_requests_waiting_together_are_decoded_together_by_decoding_settings() -> None:
-    engine = BlockingEngine()
-    with serving(engine, max_batch=4, max_wait_ms=0) as srv:
-        first = in_thread(send, srv, {"text": "un"})
-        assert engine.entered.wait(10)
-        bodies = [{"text": ["a", "b"]}, {"text": "c", "beam": 3}, {"text": "d"}, {"text": ["e", "f"]}]
-        threads = []
-        for body in bodies:  # queued in this order while "un" decodes
-            threads.append(in_thread(send, srv, body))
-            n = len(threads)
-            wait_for(lambda n=n: get(srv.url, "/health")[1]["waiting"] == n)
-        engine.release.set()
-        for thread, out in [first, *threads]:
-            thread.join(10)
-            assert out[0][0] == 200
-    # a batch takes waiting requests up to 4 sentences (a b, c, d; then e f), one translate call per beam size
-    assert engine.calls == [(["un"], 2), (["a", "b", "d"], 2), (["c"], 3), (["e", "f"], 2)]
-    assert [out[0][1]["translations"][0]["translation"] for _, out in threads] == ["A", "C", "D", "E"]
-
-
-def test_a_request_is_answered_when_its_sentences_are_done_while_the_batch_goes_on() -> None:
-    engine = EarlyEngine()
-    with serving(engine, max_batch=8, max_wait_ms=0) as srv:
-        blocker = in_thread(send, srv, {"text": "zéro"})
-        assert engine.started[0].wait(10)  # the worker holds "zéro" (reported, its call still running)
-        short = in_thread(send, srv, {"text": "un"})
-        wait_for(lambda: get(srv.url, "/health")[1]["waiting"] == 1)
-        long = in_thread(send, srv, {"text": ["deux", "trois"]})
-        wait_for(lambda: get(srv.url, "/health")[1]["waiting"] == 2)
-        engine.gates[0].set()  # "un" and "deux trois" make the next batch, where "un" finishes first
-        assert engine.started[1].wait(10)
-        short[0].join(10)  # answered while its batch still decodes "deux trois"
-        assert short[1][0][0] == 200 and short[1][0][1]["translations"][0]["translation"] == "UN"
-        assert long[0].is_alive() and get(srv.url, "/health")[1]["requests"] == 2
-        busy = get(srv.url, "/health")[1]["busy_s"]
-        time.sleep(0.2)  # the call in progress counts in busy_s up to now, its answered requests or not
-        assert 0.2 <= get(srv.url, "/health")[1]["busy_s"] - busy < 5
-        engine.gates[1].set()
-        for thread, _ in (long, blocker):
-            thread.join(10)
-        assert [t["translation"] for t in long[1][0][1]["translations"]] == ["DEUX", "TROIS"]
-        assert blocker[1][0][0] == 200 and get(srv.url, "/health")[1]["requests"] == 3
-    assert engine.calls == [(["zéro"], 2), (["un", "deux", "trois"], 2)]
-
-
-def test_an_export_without_attention_answers_501_and_the_model_says_so() -> None:
-    engine = BlockingEngine()  # like an export made before exports kept attention: no run, no attention layers
-    with serving(engine) as srv:
-        conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
-        status, answer = post(conn, "/attention", {"text": "un"})
-        conn.close()
-    assert status == 501 and answer["error"].startswith("this CTranslate2 export was made before exports kept "
-                                                        "attention: export the run again")
-    assert engine.calls == []
 
 
 def test_the_load_benchmark_runs_every_engine_and_checks_each_answer(run_dir: Path, tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, train_tiny_run
+from conftest import ROOT, serving_app, train_tiny_run, wait_for
 from test_docs_http import FakeEngine
 
 from utils.config import from_dict
@@ -59,23 +59,11 @@ def quick(run_dir: Path) -> Any:
     return load_run(run_dir, None, QUICK, "cpu")
 
 
-@contextmanager
-def serving(engine: Any, limits: Limits, access: Access | None = None, parser: str = "auto") -> Iterator[int]:
+def serving(engine: Any, limits: Limits, access: Access | None = None,
+            parser: str = "auto") -> AbstractContextManager[int]:
     """``engine`` behind uvicorn with the server's connection layer (``parser``: its HTTP parser), on a free port of
     127.0.0.1 -> the port."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn_config(create_app(engine, limits, "", access), limits, parser))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    return serving_app(create_app(engine, limits, "", access), lambda app: uvicorn_config(app, limits, parser))
 
 
 @pytest.fixture(scope="module")
@@ -111,13 +99,6 @@ def call(port: int, method: str, path: str, body: Any = None, headers: dict[str,
         return res.status, {k.lower(): v for k, v in res.getheaders()}, answer
     finally:
         conn.close()
-
-
-def wait_for(condition: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def health(port: int) -> dict[str, Any]:

@@ -9,16 +9,15 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, train_tiny_run
+from conftest import ROOT, serving_app, train_tiny_run
 
 from utils.serve.app import Limits, create_app
 from utils.serve.modes import MODES, NOT_HERE
@@ -63,23 +62,9 @@ class Recording:
         return self.inner.translate(texts, decode, on_done, guides=guides)
 
 
-@contextmanager
-def serving(engine: Any, limits: Limits = LIMITS) -> Iterator[int]:
+def serving(engine: Any, limits: Limits = LIMITS) -> AbstractContextManager[int]:
     """``engine`` behind uvicorn in a thread of this process, on a free port of 127.0.0.1 -> the port."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, limits), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    return serving_app(create_app(engine, limits))
 
 
 @pytest.fixture(scope="module")
