@@ -14,9 +14,9 @@ from conftest import ROOT
 SCRIPT = (ROOT / "bench" / "study_queue.sh").read_text()
 
 
-def _function(name: str) -> str:
-    """The text of one of the queue's functions (defined inside ``main``, four spaces in)."""
-    match = re.search(rf"^    {name}\(\) \{{.*?^    \}}$", SCRIPT, re.S | re.M)
+def _function(name: str, script: str = SCRIPT) -> str:
+    """The text of one of a script's functions (defined inside ``main``, four spaces in)."""
+    match = re.search(rf"^    {name}\(\) \{{.*?^    \}}$", script, re.S | re.M)
     assert match, name
     return match.group(0)
 
@@ -103,3 +103,27 @@ def test_the_steps_at_2250_and_the_continuation_are_run_once() -> None:
     chain = SCRIPT[SCRIPT.index('worktree "$TRAIN_WT" "$TRAIN_COMMIT" &&'):]
     steps = [line.strip() for line in chain.splitlines() if " step " in f" {line.strip()}" or "continued" in line]
     assert [line.split()[:2] for line in steps] == [["once", "study-trained-2250"], ["once", "continuation-scored"]]
+
+
+def test_the_noise_pilot_trains_both_arms_two_seeds_at_a_time_then_scores_both(tmp_path: Path) -> None:
+    """bench/pilot_noise.sh: the declared arms (the published training, and a cool-down with an EMA) are trained side
+    by side two seeds at a time, so an interrupted pilot stays balanced, then scored; a failed step stops it."""
+    pilot = (ROOT / "bench" / "pilot_noise.sh").read_text()
+    assert "PILOT_COMMIT=7186bb6" in pilot and "--set train.cooldown=0.2 --set train.ema_decay=0.99" in pilot
+
+    def arms(fail_at: int | None = None) -> tuple[int, list[str]]:
+        log = tmp_path / f"log{fail_at}"
+        stub = (f'n=0; step() {{ n=$((n + 1)); echo "$*" >> {log}; [ "$n" != "{fail_at}" ]; }}\n'
+                'WT=W; COMMON="--preset p"; PLAIN="--name plain"; COOL="--name cool --set k=v"\n')
+        res = subprocess.run(["bash", "-c", stub + _function("arms", pilot) + "\narms"], capture_output=True,
+                             text=True, timeout=60)
+        return res.returncode, log.read_text().splitlines()
+
+    rc, log = arms()
+    trained = [f"W noise pilot: {arm} arm, seeds 1-{k} --preset p --name {name} --seeds {k} --train-only"
+               for k in (2, 4, 6) for arm, name in (("plain", "plain"), ("cool", "cool --set k=v"))]
+    scored = [f"W noise pilot: {arm} arm, scoring --preset p --name {name} --seeds 6 --score-only"
+              for arm, name in (("plain", "plain"), ("cool", "cool --set k=v"))]
+    assert rc == 0 and log == [*trained, *scored]
+    rc, log = arms(fail_at=3)
+    assert rc == 1 and log == trained[:3]

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The noise pilot of the extrapolation question: does a run that ends (a learning-rate cool-down to zero) and an
+# endpoint that averages (an EMA of the weights) leave less seed-to-seed noise than the published design
+# (inverse-sqrt schedule, the last checkpoint)? Declared on 2026-11-29, before any of its runs:
+#
+# - Arms: "plain", the published study's training exactly (bench/studies/extrapolation: the train-short-test-long
+#   preset, --checkpoint last); "cool", the same with train.cooldown=0.2 (the learning rate falls linearly to zero
+#   over the last 20 % of the steps) and train.ema_decay=0.99 (the checkpoint scored holds the weights' EMA).
+# - Systems: sinusoidal (the baseline) and rope, with the preset's RoPE test variants; seeds 1-6 in each arm, the
+#   same seed giving both arms the same tokenizer, initialisation and batch order; 900 optimizer steps (the
+#   published study's first budget), validation every 300, one CPU thread per run, two runs at a time; both arms
+#   trained two seeds at a time (an interrupted pilot stays balanced), then scored.
+# - Scored: chrF and BLEU, beam 5, on test.tatoeba and test.multi30k-2016 at x1 and x4 (the published family's
+#   splits and drops), every sentence; 1,000 bootstrap resamples (the pilot's p-values are not its question).
+# - Endpoint: for each arm, the pooled residual standard deviation of the family's chrF quantities (the x4 scores
+#   and the x1-to-x4 drops; results.json, "primary" -> "power"), and its ratio cool / plain, with a 95 % interval
+#   from the F distribution on the residual degrees of freedom. Goal (issue 55): a ratio of 0.5 or less, a quarter
+#   of the seeds for the same power. Secondary: the x1 chrF and validation BLEU of each arm (an arm that lowers
+#   noise by lowering quality is said so).
+# - Nothing of the pilot is a finding about encodings: it decides the design of the next pre-registration.
+#
+#   bash bench/pilot_noise.sh [RUNS_DIR]       # default ../pilot-runs; returns at once, log: RUNS_DIR/pilot.log
+#
+# Resumable: run it again after any interruption; each study skips what is done. It trains from a worktree pinned
+# at PILOT_COMMIT (../pilot-wt, made beside this checkout when missing), in a session of its own, at low priority.
+set -u
+# The whole script is one function, read before it runs: an edit to this file while the pilot runs cannot change it.
+main() {
+    ROOT=$(cd "$(dirname "$0")/.." && pwd)
+    RUNS=$(realpath -m "${1:-$ROOT/../pilot-runs}")
+    if [ "$(ps -o sid= -p $$ | tr -d ' ')" != "$$" ]; then  # not yet in a session of its own
+        mkdir -p "$RUNS" || exit 1
+        setsid nice -n 10 bash "$0" "$RUNS" < /dev/null >> "$RUNS/pilot.log" 2>&1 &
+        echo "noise pilot started in the background (pid $!); log: $RUNS/pilot.log"
+        exit 0
+    fi
+    PILOT_COMMIT=7186bb6  # trains and scores both arms
+    COMMON="--preset train-short-test-long --variants sinusoidal,rope --steps 900 --eval-every 300
+        --checkpoint last --runs $RUNS --jobs 2 --bootstrap 1000 --decoders beam5 --no-link
+        --splits test.tatoeba,test.tatoeba.x4,test.multi30k-2016,test.multi30k-2016.x4"
+    PLAIN="--name pilot-plain"
+    COOL="--name pilot-cool --set train.cooldown=0.2 --set train.ema_decay=0.99"
+    mkdir -p "$RUNS" && exec >> "$RUNS/pilot.log" 2>&1 < /dev/null || exit 1
+    # shellcheck source=bench/worktree.sh
+    source "$ROOT/bench/worktree.sh"  # worktree DIR COMMIT, step DIR WHAT ARGS...
+    WT=$(realpath -m "$ROOT/../pilot-wt")
+    worktree "$WT" "$PILOT_COMMIT" || exit 1
+    arms() {  # both arms trained two seeds at a time (an interrupted pilot stays balanced), then scored
+        local seeds
+        for seeds in 2 4 6; do
+            # shellcheck disable=SC2086  # the option strings split into words on purpose
+            step "$WT" "noise pilot: plain arm, seeds 1-$seeds" $COMMON $PLAIN --seeds "$seeds" --train-only &&
+                step "$WT" "noise pilot: cool arm, seeds 1-$seeds" $COMMON $COOL --seeds "$seeds" --train-only ||
+                return 1
+        done
+        # shellcheck disable=SC2086
+        step "$WT" "noise pilot: plain arm, scoring" $COMMON $PLAIN --seeds 6 --score-only &&
+            step "$WT" "noise pilot: cool arm, scoring" $COMMON $COOL --seeds 6 --score-only
+    }
+
+    arms &&
+        echo "== $(date -Is) pilot done"
+}
+main "$@"; exit $?
