@@ -28,12 +28,9 @@ set -u
 main() {
     ROOT=$(cd "$(dirname "$0")/.." && pwd)
     RUNS=$(realpath -m "${1:-$ROOT/../pilot-runs}")
-    if [ "$(ps -o sid= -p $$ | tr -d ' ')" != "$$" ]; then  # not yet in a session of its own
-        mkdir -p "$RUNS" || exit 1
-        setsid nice -n 10 bash "$0" "$RUNS" < /dev/null >> "$RUNS/pilot.log" 2>&1 &
-        echo "noise pilot started in the background (pid $!); log: $RUNS/pilot.log"
-        exit 0
-    fi
+    # shellcheck source=bench/worktree.sh
+    source "$ROOT/bench/worktree.sh"  # in_background, worktree DIR COMMIT, step DIR WHAT ARGS...
+    in_background "$0" "$RUNS" pilot.log "noise pilot" 10
     PILOT_COMMIT=7186bb6  # trains and scores both arms
     COMMON="--preset train-short-test-long --variants sinusoidal,rope --steps 900 --eval-every 300
         --checkpoint last --runs $RUNS --jobs 2 --bootstrap 1000 --decoders beam5 --no-link
@@ -41,8 +38,6 @@ main() {
     PLAIN="--name pilot-plain"
     COOL="--name pilot-cool --set train.cooldown=0.2 --set train.ema_decay=0.99"
     mkdir -p "$RUNS" && exec >> "$RUNS/pilot.log" 2>&1 < /dev/null || exit 1
-    # shellcheck source=bench/worktree.sh
-    source "$ROOT/bench/worktree.sh"  # worktree DIR COMMIT, step DIR WHAT ARGS...
     WT=$(realpath -m "$ROOT/../pilot-wt")
     worktree "$WT" "$PILOT_COMMIT" || exit 1
     arms() {  # both arms trained two seeds at a time (an interrupted pilot stays balanced), then scored

@@ -21,12 +21,9 @@ set -u
 main() {
     ROOT=$(cd "$(dirname "$0")/.." && pwd)
     RUNS=$(realpath -m "${1:-$ROOT/../study-runs}")
-    if [ "$(ps -o sid= -p $$ | tr -d ' ')" != "$$" ]; then  # not yet in a session of its own
-        mkdir -p "$RUNS" || exit 1
-        setsid bash "$0" "$RUNS" < /dev/null >> "$RUNS/queue.log" 2>&1 &
-        echo "study queue started in the background (pid $!); log: $RUNS/queue.log"
-        exit 0
-    fi
+    # shellcheck source=bench/worktree.sh
+    source "$ROOT/bench/worktree.sh"  # in_background, worktree DIR COMMIT [movable], step DIR WHAT ARGS...
+    in_background "$0" "$RUNS" queue.log "study queue"
     TRAIN_COMMIT=44dd6fe   # trains every run of both studies (README: the amendment of 2026-11-26)
     SCORE_COMMIT=2b7045d   # scores them (README: "Scoring, once every run is at 2,250 steps")
     RULE_COMMIT=139ce20    # reads only: the continuation's budget rule (bench/pilot_rule.py --seed 1,2,3), bench/study_replay.py
@@ -37,9 +34,6 @@ main() {
     # Above other work on the machine (training results do not depend on timing; this only keeps the study moving).
     echo -10 > /proc/self/autogroup 2>/dev/null || true
     mkdir -p "$RUNS" && exec >> "$RUNS/queue.log" 2>&1 < /dev/null || exit 1
-
-    # shellcheck source=bench/worktree.sh
-    source "$ROOT/bench/worktree.sh"  # worktree DIR COMMIT [movable], step DIR WHAT ARGS...
 
     replayed() {  # replayed STUDY_DIR...: do the retrained runs repeat the published study's? Logged, and kept in
         # the first study folder's replay.txt for its report (it stops nothing: a difference is reported, not hidden)

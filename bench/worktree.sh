@@ -1,5 +1,16 @@
 # Sourced by bench/study_queue.sh and bench/pilot_noise.sh (with ROOT set to this checkout): a study's commands run
-# from a worktree pinned at one commit, with a virtual environment of its own.
+# in the background, from a worktree pinned at one commit with a virtual environment of its own.
+
+in_background() {  # in_background SCRIPT RUNS LOG WHAT [NICENESS]: unless this shell leads a session of its own,
+    # SCRIPT RUNS again in one (setsid: no terminal's hangup stops it), its output appended to RUNS/LOG; then exit
+    if [ "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" ]; then
+        return 0
+    fi
+    mkdir -p "$2" || exit 1
+    setsid nice -n "${5:-0}" bash "$1" "$2" < /dev/null >> "$2/$3" 2>&1 &
+    echo "$4 started in the background (pid $!); log: $2/$3"
+    exit 0
+}
 
 worktree() {  # worktree DIR COMMIT [movable]: the pinned checkout, unchanged, and its virtual environment
     local dir=$1 commit=$2

@@ -127,3 +127,25 @@ def test_the_noise_pilot_trains_both_arms_two_seeds_at_a_time_then_scores_both(t
     assert rc == 0 and log == [*trained, *scored]
     rc, log = arms(fail_at=3)
     assert rc == 1 and log == trained[:3]
+
+
+def test_a_queue_goes_on_in_a_session_of_its_own_at_its_niceness_appending_to_its_log(tmp_path: Path) -> None:
+    """bench/worktree.sh's in_background, as the study queue and the noise pilot start: the call returns at once
+    with one line, and the script runs again as the leader of a new session (no terminal's hangup stops it)."""
+    import os
+    import time
+
+    script = tmp_path / "queue.sh"
+    script.write_text(f'source {ROOT}/bench/worktree.sh\nin_background "$0" "$1" q.log "the queue" 7\n'
+                      'echo "sid=$(ps -o sid= -p $$ | tr -d " ") pid=$$ nice=$(ps -o ni= -p $$ | tr -d " ") runs=$1"\n')
+    runs = tmp_path / "runs"
+    res = subprocess.run(["bash", str(script), str(runs)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and re.fullmatch(rf"the queue started in the background \(pid \d+\); log: "
+                                                rf"{re.escape(str(runs))}/q.log\n", res.stdout), res
+    deadline = time.monotonic() + 20
+    while not ((runs / "q.log").is_file() and "runs=" in (runs / "q.log").read_text()):
+        assert time.monotonic() < deadline, "the background run wrote nothing"
+        time.sleep(0.05)
+    fields = dict(f.split("=", 1) for f in (runs / "q.log").read_text().split())
+    assert fields["sid"] == fields["pid"] and fields["runs"] == str(runs)
+    assert int(fields["nice"]) == min(19, os.nice(0) + 7)  # 7 above the caller's
