@@ -49,6 +49,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("sequential_design", "bench/sequential_design.py", SECTIONS[1],
             "A group-sequential design: the looks at a study's seeds, the error each spends, their boundaries "
             "and the seeds its power needs."),
+    Command("noise_ratio", "bench/noise_ratio.py", SECTIONS[1],
+            "The noise pilot's endpoint: two studies' residual standard deviations, their ratio and its F interval."),
     Command("length_study", "bench/length_study.py", SECTIONS[1]),
     Command("peers", "bench/peers.py", SECTIONS[2]),
     Command("speed", "bench/speed.py", SECTIONS[2]),

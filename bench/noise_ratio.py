@@ -1,0 +1,106 @@
+"""The noise pilot's endpoint: how much seed-to-seed noise one study's training leaves against another's.
+
+    python bench/noise_ratio.py RUNS/study_pilot-cool RUNS/study_pilot-plain [--level 0.95]
+
+Both folders are scored studies of the same systems and seeds (``bench/pilot_noise.sh`` runs two such arms). For
+each quantity of their primary family (``results.json``: ``primary`` -> ``power`` -> ``per_quantity``), and for the
+family's pooled value, it prints each arm's residual standard deviation (the square root of the blocked ANOVA's
+residual mean square: what is left of the scores once system and seed are accounted for), their ratio (first / second)
+and its interval from the F distribution on the two residual degrees of freedom (for independent arms, the variance
+ratio ``s1^2 / s2^2`` over ``sigma1^2 / sigma2^2`` has ``F(df1, df2)``; arms that share their seeds, as the pilot's
+do, are positively correlated if anything, which only makes this interval wider than it need be); then each arm's
+power at the declared smallest effect and the seeds it needs for 80 % power (the study's own figures). A ratio of
+0.5 halves the noise: a quarter of the seeds for the same power.
+
+The pooled value averages the family's quantities, which share their runs: its interval takes one quantity's degrees
+of freedom, not their sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/noise_ratio.py: the repository root first
+
+from utils.study.files import read_results  # noqa: E402
+
+
+def sd_ratio(first: float, second: float, df1: int, df2: int, level: float = 0.95) -> tuple[float, float, float]:
+    """(``first / second``, and the ``level`` interval of that ratio of standard deviations): the variance ratio
+    ``F = first^2 / second^2`` divided by the F(df1, df2) quantiles, square-rooted."""
+    from scipy.stats import f
+
+    ratio = first / second
+    tail = (1 - level) / 2
+    return ratio, ratio / math.sqrt(f.ppf(1 - tail, df1, df2)), ratio / math.sqrt(f.ppf(tail, df1, df2))
+
+
+def rows(first: dict[str, Any], second: dict[str, Any], level: float) -> list[dict[str, Any]]:
+    """One row per quantity both families hold, then the pooled row: each arm's residual SD, the ratio, its interval."""
+    if not all((r.get("primary") or {}).get("power", {}).get("per_quantity") for r in (first, second)):
+        raise ValueError("a study without a primary family's power figures (results.json: primary -> power)")
+    a, b = first["primary"]["power"], second["primary"]["power"]
+    theirs = {q["label"]: q for q in b["per_quantity"]}
+    missing = [q["label"] for q in a["per_quantity"] if q["label"] not in theirs]
+    if missing or len(theirs) != len(a["per_quantity"]):
+        raise ValueError(f"the two studies' families test different quantities ({', '.join(missing) or 'more'})")
+    out = []
+    for q in a["per_quantity"]:
+        sd1, sd2 = q["residual_sd"], theirs[q["label"]]["residual_sd"]
+        out.append({"label": q["label"], "first": sd1, "second": sd2,
+                    "ci": sd_ratio(sd1, sd2, a["df"], b["df"], level)})
+    pooled = sd_ratio(a["pooled_residual_sd"], b["pooled_residual_sd"], a["df"], b["df"], level)
+    out.append({"label": "pooled (the family)", "first": a["pooled_residual_sd"], "second": b["pooled_residual_sd"],
+                "ci": pooled})
+    return out
+
+
+def table(first: Path, second: Path, level: float = 0.95) -> str:
+    """The Markdown report of ``first`` against ``second`` (two scored study folders)."""
+    a, b = read_results(first), read_results(second)
+    lines = [f"Residual SD of {first.name} (first) against {second.name} (second), {level:.0%} interval of the ratio "
+             f"(F on {a['primary']['power']['df']} and {b['primary']['power']['df']} degrees of freedom)", "",
+             "| quantity | first | second | first / second | interval |", "|---|---|---|---|---|"]
+    for r in rows(a, b, level):
+        ratio, low, high = r["ci"]
+        lines.append(f"| {r['label']} | {r['first']:.3f} | {r['second']:.3f} | {ratio:.2f} | {low:.2f}-{high:.2f} |")
+    lines += ["", "| arm | seeds | power at the smallest effect | seeds for 80 % |", "|---|---|---|---|"]
+    for name, res in ((first.name, a), (second.name, b)):
+        p = res["primary"]["power"]
+        lines.append(f"| {name} | {p['seeds']} | {p['power_at_smallest_effect']:.3f} | "
+                     f"{p['seeds_for_80_at_smallest_effect']} |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/noise_ratio.py."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("first", type=Path, help="a scored study folder (e.g. the pilot's cool arm)")
+    parser.add_argument("second", type=Path, help="the study it is compared with (e.g. the plain arm)")
+    parser.add_argument("--level", type=float, default=0.95, help="the interval's coverage (default 0.95)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
+    args = parser.parse_args()
+    if not 0 < args.level < 1:
+        parser.error(f"--level must be in (0, 1), got {args.level}")
+    for folder in (args.first, args.second):
+        if not (folder / "results.json").is_file():
+            parser.error(f"{folder}: no results.json (score the study first)")
+    try:
+        print(table(args.first, args.second, args.level))
+    except ValueError as e:
+        parser.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    from utils.cli import run_main
+
+    run_main(main)

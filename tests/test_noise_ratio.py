@@ -1,0 +1,60 @@
+"""bench/noise_ratio.py, the noise pilot's endpoint: the ratio of two studies' residual standard deviations with its
+F interval, per quantity and pooled, against the F table; two studies whose families differ are refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_script
+
+from bench.noise_ratio import sd_ratio, table
+
+
+def _study(folder: Path, sds: list[float], pooled: float, df: int = 12, seeds: int = 3) -> Path:
+    folder.mkdir(parents=True)
+    labels = [f"chrF q{i}" for i in range(len(sds))]
+    power = {"pooled_residual_sd": pooled, "df": df, "seeds": seeds, "power_at_smallest_effect": 0.02,
+             "seeds_for_80_at_smallest_effect": 40,
+             "per_quantity": [{"label": label, "residual_sd": sd} for label, sd in zip(labels, sds, strict=True)]}
+    results = {"spec": {}, "systems": {}, "primary": {"power": power, "tests": []}}
+    from utils.study.files import RESULTS_KEYS
+
+    results |= {k: results.get(k, {}) for k in RESULTS_KEYS}
+    (folder / "results.json").write_text(json.dumps(results))
+    return folder
+
+
+def test_the_interval_is_the_f_tables():
+    """F(0.975; 12, 12) = 3.277 and F(0.975; 5, 5) = 7.146 (the F table): a ratio of SDs r has the interval
+    r / sqrt(F) to r * sqrt(F) when both arms have the same degrees of freedom."""
+    ratio, low, high = sd_ratio(0.5, 1.0, 12, 12)
+    assert ratio == 0.5
+    assert low == pytest.approx(0.5 / 3.277 ** 0.5, rel=1e-3) and high == pytest.approx(0.5 * 3.277 ** 0.5, rel=1e-3)
+    _, low, high = sd_ratio(1.0, 1.0, 5, 5, level=0.95)
+    assert (low, high) == (pytest.approx(1 / 7.146 ** 0.5, rel=1e-3), pytest.approx(7.146 ** 0.5, rel=1e-3))
+    _, narrow_low, narrow_high = sd_ratio(1.0, 1.0, 5, 5, level=0.5)
+    assert low < narrow_low < 1 < narrow_high < high
+
+
+def test_the_table_holds_every_quantity_and_the_pooled_ratio(tmp_path: Path):
+    cool = _study(tmp_path / "study_cool", [0.5, 1.2], 0.9, df=5, seeds=6)
+    plain = _study(tmp_path / "study_plain", [1.0, 1.2], 1.1, df=5, seeds=6)
+    out = table(cool, plain).splitlines()
+    assert out[0].startswith("Residual SD of study_cool (first) against study_plain (second), 95% interval")
+    assert out[4] == "| chrF q0 | 0.500 | 1.000 | 0.50 | 0.19-1.34 |"  # F(0.975; 5, 5) = 7.146
+    assert out[5] == "| chrF q1 | 1.200 | 1.200 | 1.00 | 0.37-2.67 |"
+    assert out[6].startswith("| pooled (the family) | 0.900 | 1.100 | 0.82 |")
+    assert out[-2:] == ["| study_cool | 6 | 0.020 | 40 |", "| study_plain | 6 | 0.020 | 40 |"]
+
+
+def test_studies_of_other_quantities_or_unscored_are_refused_in_one_line(tmp_path: Path):
+    three = _study(tmp_path / "a", [1.0, 1.0, 1.0], 1.0)
+    two = _study(tmp_path / "b", [1.0, 1.0], 1.0)
+    res = run_script("bench/noise_ratio.py", str(three), str(two))
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "noise_ratio.py: error: the two studies' families test different quantities (chrF q2)")
+    res = run_script("bench/noise_ratio.py", str(three), str(tmp_path / "none"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
+        "none: no results.json (score the study first)")
