@@ -488,7 +488,7 @@ def test_figures_give_every_system_its_own_colour_and_marker_and_drop_small_buck
     import utils.study.figures as report
 
     figures = {}
-    monkeypatch.setattr(report, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.setdefault(path.name, fig) and path)
     names = [f"system{i}" for i in range(13)]
     buckets = [("0-10", 50), ("10-20", report.MIN_BUCKET - 1), ("20+", report.MIN_BUCKET)]
     results = {"seeds": [1, 2], "splits": ["test"], "systems": {name: {"splits": {"test": {"beam5": {
@@ -515,7 +515,7 @@ def test_the_primary_contrasts_figure_draws_each_tests_seeds_mean_and_interval(
     import utils.study.figures as report
 
     figures = {}
-    monkeypatch.setattr(report, "_save", lambda fig, path: figures.setdefault(path.name, fig) and path)
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: figures.setdefault(path.name, fig) and path)
     deltas = {("b", "q1"): [1.0, 2.0, 4.0], ("a", "q1"): [-1.0, 0.5, 0.0], ("b", "q2"): [3.0, 3.5, 2.5],
               ("a", "q2"): [0.2, 0.1, 0.3]}
     tests = [{"system": s, "label": q, "per_seed_delta": d, "resolved": (s, q) == ("b", "q2")}

@@ -18,7 +18,7 @@ from tokenizer import (
     load_tokenizer,
     train_tokenizer,
 )
-from tokenizer.joint import _subsample
+from tokenizer.joint import subsample
 from utils.config import TokenizerConfig
 
 MARIAN_DIR = "opus-mt-tc-big-fr-en"
@@ -172,14 +172,14 @@ def test_joint_lowercase(kind: str) -> None:
 def test_subsample_is_seeded_parallel_and_ordered() -> None:
     src = [f"s{i}" for i in range(100)]
     tgt = [f"t{i}" for i in range(100)]
-    a_src, a_tgt = _subsample(src, tgt, 10, seed=3)
-    b_src, b_tgt = _subsample(iter(src), iter(tgt), 10, seed=3)
+    a_src, a_tgt = subsample(src, tgt, 10, seed=3)
+    b_src, b_tgt = subsample(iter(src), iter(tgt), 10, seed=3)
     assert list(a_src) == list(b_src) and list(a_tgt) == list(b_tgt)
     assert len(list(a_src)) == 10 and [s[1:] for s in a_src] == [t[1:] for t in a_tgt]
     assert [int(s[1:]) for s in a_src] == sorted(int(s[1:]) for s in a_src)
-    assert list(_subsample(src, tgt, 10, seed=4)[0]) != list(a_src)
-    assert _subsample(src, tgt, None, seed=0) == (src, tgt)
-    assert list(_subsample(src, tgt, 1000, seed=0)[0]) == src
+    assert list(subsample(src, tgt, 10, seed=4)[0]) != list(a_src)
+    assert subsample(src, tgt, None, seed=0) == (src, tgt)
+    assert list(subsample(src, tgt, 1000, seed=0)[0]) == src
 
 
 def test_train_max_sentences() -> None:

@@ -36,7 +36,7 @@ JOINT_TYPES = ("bpe", "unigram", "char", "word")
 _PENALTY_STEP = 1e-4  # score step of characters the Unigram trainer appends (tokenizers trainer.rs)
 
 
-def _subsample(src: Iterable[str], tgt: Iterable[str], n: int | None, seed: int) -> tuple[Iterable[str], Iterable[str]]:
+def subsample(src: Iterable[str], tgt: Iterable[str], n: int | None, seed: int) -> tuple[Iterable[str], Iterable[str]]:
     """Deterministic (seeded) subsample of at most ``n`` sentences per side, in corpus order.
 
     Sides of equal length are treated as parallel and keep the same indices.
@@ -128,7 +128,7 @@ class JointSubwordTokenizer(Tokenizer):
         if cfg.vocab_size <= len(reserved):
             why = " (256 byte tokens with tokenizer.byte_fallback)" if cfg.byte_fallback else ""
             raise TokenizerError(f"tokenizer.vocab_size must be > {len(reserved)}{why}, got {cfg.vocab_size}")
-        src, tgt = _subsample(src_texts, tgt_texts, cfg.train_max_sentences, seed)
+        src, tgt = subsample(src_texts, tgt_texts, cfg.train_max_sentences, seed)
         count = 0
 
         def sentences() -> Iterable[str]:

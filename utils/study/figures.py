@@ -77,7 +77,7 @@ def write_figures(results: dict[str, Any], out: Path) -> list[Path]:
         ax.set(xlabel=f"source length ({results.get('length_unit', 'source tokens')})", ylabel="chrF (beam 5)",
                title=f"{split}: {caption}")
         ax.legend(fontsize=7, ncol=2)
-        paths.append(_save(fig, out / f"chrf_by_length_{split}.png"))
+        paths.append(save_figure(fig, out / f"chrf_by_length_{split}.png"))
     groups: dict[str, list[tuple[int, str]]] = {}
     for split in results["splits"]:
         shifted = length_shifted(split)
@@ -95,7 +95,7 @@ def write_figures(results: dict[str, Any], out: Path) -> list[Path]:
             ax.set_xticks([f for f, _ in members], [f"x{f}" for f, _ in members])
             ax.set(xlabel="pairs joined per sentence (length x k)", ylabel="chrF (beam 5)", title=f"{base}: {caption}")
         axes[0][0].legend(fontsize=7, ncol=2)
-        paths.append(_save(fig, out / "chrf_by_concatenation.png"))
+        paths.append(save_figure(fig, out / "chrf_by_concatenation.png"))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for k, name in enumerate(names):
         curves = [c for c in results["systems"][name].get("valid_bleu", []) if c]
@@ -111,7 +111,7 @@ def write_figures(results: dict[str, Any], out: Path) -> list[Path]:
     ax.set(xlabel="optimizer step", ylabel="validation BLEU (greedy)",
            title=f"validation: {caption.replace('bars', 'band')}")
     ax.legend(fontsize=7, ncol=2)
-    paths.append(_save(fig, out / "valid_bleu.png"))
+    paths.append(save_figure(fig, out / "valid_bleu.png"))
     if not any("attention" in results["systems"][name] for name in names):  # none computed: no empty figures
         return paths
     for kind, stats_names in (("encoder", ("distance", "entropy")), ("decoder", ("distance", "entropy")),
@@ -131,7 +131,7 @@ def write_figures(results: dict[str, Any], out: Path) -> list[Path]:
                 ax.set_xticks(list(xs))
         axes[0].legend(fontsize=6, ncol=2)
         fig.suptitle(f"mean over heads; {caption}", fontsize=9)
-        paths.append(_save(fig, out / f"attention_{kind}.png"))
+        paths.append(save_figure(fig, out / f"attention_{kind}.png"))
     return paths
 
 
@@ -164,10 +164,11 @@ def contrasts_figure(results: dict[str, Any], names: list[str], caption: str, pa
     axes[0][0].set_ylim(len(systems) - 0.5, -0.5)  # the family's order, top down
     fig.suptitle(f"primary family: {caption}; dots: each seed; filled: resolved; grey band: ±{effect:g}, the "
                  "smallest effect of interest", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (PNG, 110 dpi, tight layout) and close it: every figure of a report is written here."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
