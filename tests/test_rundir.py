@@ -55,7 +55,7 @@ def test_summary_prefers_summary_json_and_falls_back_to_the_log(tmp_path: Path) 
 LAYOUT_LITERALS = ['"checkpoints"', '"last.pt"', '"best.pt"', '"config.yaml"', '"train.log"', '"train.lock"',
                    '"summary.json"', '/ "eval"', '/ "tb"', '_latest"']
 # Not run directories: bench/peers.py's own work folder holds the captured output of train.py and of Eole's
-# training; bench/study_figures.py writes a study-level TensorBoard folder.
+# training; utils/study/figures.py writes a study-level TensorBoard folder.
 ALLOWED = {("bench/peers.py", '"train.log"'), ("utils/study/figures.py", '/ "tb"')}
 
 

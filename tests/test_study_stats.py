@@ -1,4 +1,4 @@
-"""The study's statistics (bench/study_stats.py) against scipy, sacreBLEU and hand computations."""
+"""The study's statistics (utils/study/stats.py) against scipy, sacreBLEU and hand computations."""
 
 import math
 
