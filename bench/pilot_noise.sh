@@ -14,7 +14,7 @@
 #   splits and drops), every sentence; 1,000 bootstrap resamples (the pilot's p-values are not its question).
 # - Endpoint: for each arm, the pooled residual standard deviation of the family's chrF quantities (the x4 scores
 #   and the x1-to-x4 drops; results.json, "primary" -> "power"), and its ratio cool / plain, with a 95 % interval
-#   from the F distribution on the residual degrees of freedom. Goal (issue 55): a ratio of 0.5 or less, a quarter
+#   from the F distribution on the residual degrees of freedom. Goal: a ratio of 0.5 or less, a quarter
 #   of the seeds for the same power. Secondary: the x1 chrF and validation BLEU of each arm (an arm that lowers
 #   noise by lowering quality is said so).
 # - Nothing of the pilot is a finding about encodings: it decides the design of the next pre-registration.
