@@ -51,6 +51,9 @@ COMMANDS: tuple[Command, ...] = (
             "and the seeds its power needs."),
     Command("noise_ratio", "bench/noise_ratio.py", SECTIONS[1],
             "The noise pilot's endpoint: two studies' residual standard deviations, their ratio and its F interval."),
+    Command("pilot_design", "bench/pilot_design.py", SECTIONS[1],
+            "The second extrapolation study's design from its noise pilot: training arm, seeds, looks and the "
+            "family file, by the rule fixed before the pilot was scored."),
     Command("length_study", "bench/length_study.py", SECTIONS[1]),
     Command("peers", "bench/peers.py", SECTIONS[2]),
     Command("speed", "bench/speed.py", SECTIONS[2]),

@@ -190,6 +190,36 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     assert "Scored on part of the study's sets or decoders: test; beam5." in text and "greedy" not in text
     assert "Attention statistics: not computed for attention_pe=none, attention_pe=rope" in text
     assert not list((bare / "study_t" / "figures").glob("attention_*.png"))
+    # A family declared in a file (--family, as a pre-registration commits it) replaces the default one: here a
+    # group-sequential design, reported at the look 2 seeds make with the alpha spent so far.
+    declared = tmp_path / "family.json"
+    family = {"splits": ["test"], "systems": ["attention_pe=rope"], "smallest_effect": 2.0,
+              "declared": "declared in this test before scoring",
+              "sequential": {"looks": [2, 4], "spending": "obf", "futility": True, "residual_sd": 1.0}}
+    declared.write_text(json.dumps(family))
+    looked = run_study(bare, *LINEAR, "--score-only", "--decoders", "beam5", "--splits", "test", "--family",
+                       str(declared), cache=tmp_path / "c")
+    assert looked.returncode == 0, looked.stdout + looked.stderr
+    seq = json.loads((bare / "study_t" / "results.json").read_text())["primary"]
+    assert seq["family"]["declared"] == "declared in this test before scoring" and seq["size"] == 1
+    assert seq["family"]["sequential"]["looks"] == [2, 4] and seq["family"]["smallest_effect"] == 2.0
+    assert (seq["design"]["kind"], seq["design"]["look"], seq["design"]["of"]) == ("group-sequential", 1, 2)
+    assert 0 < seq["design"]["alpha_spent"] < 0.05 / 4  # O'Brien-Fleming spends little at half the information
+    (test,) = seq["tests"]
+    assert test["system"] == "attention_pe=rope" and test["sequential"]["step"] == 1
+    assert test["sequential"]["crossed"] == (test["seed_test"]["p_value"] <= test["sequential"]["boundary_p"])
+    assert "**This is look 1 of 2**, at 2 seeds per system" in (bare / "study_t" / "report.md").read_text()
+    for wrong, said in ((family | {"systems": ["attention_pe=alibi"]}, "system 'attention_pe=alibi' is not a variant"),
+                        (family | {"systems": ["attention_pe=none"]}, "system 'attention_pe=none' is the baseline"),
+                        ({k: v for k, v in family.items() if k != "declared"}, "'declared' is required"),
+                        (family | {"power": 0.8}, "unknown key 'power'"), (family | {"splits": ["dev"]},
+                                                                         "the primary family needs dev too")):
+        declared.write_text(json.dumps(wrong))
+        refused = run_study(bare, *LINEAR, "--score-only", "--decoders", "beam5", "--splits", "test", "--family",
+                            str(declared), cache=tmp_path / "c")
+        assert refused.returncode == 2 and said in refused.stderr.strip().splitlines()[-1], refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert json.loads((bare / "study_t" / "results.json").read_text())["primary"] == seq  # nothing rewritten
     for greedy in bare.glob("study_t/runs/attention_pe_none/seed1/demo_2*/eval/test.best.beam1.n12.json"):
         greedy.unlink()
     lacking = run_study(bare, *LINEAR, "--score-only", cache=tmp_path / "c")

@@ -30,11 +30,11 @@ its own trained variant (paired over seeds: the same models).
 Statistics (utils/study/analysis.py, utils/study/stats.py): seeds are blocks (seed k gives every variant the
 same tokenizer and batch order). Every difference with the baseline is the mean over seeds of the per-seed
 difference, tested across seeds (the contrast of a blocked two-way ANOVA) and across test sentences (a paired
-bootstrap of that same quantity, 10,000 resamples); a preset's primary family (chrF by default) is
-Holm-corrected and a difference is resolved when both tests reject and agree in sign; power comes from a
-smallest effect fixed in advance (1 chrF). Everything else is labelled exploratory. Every system's hypotheses
-are published with the report (``hypotheses/``), and ``python bench/study_report.py STUDY_DIR`` recomputes
-the report from the published files alone.
+bootstrap of that same quantity, 10,000 resamples); the primary family (a preset's, or one declared in a file
+with ``--family``, e.g. committed with a pre-registration) is Holm-corrected and a difference is resolved when
+both tests reject and agree in sign; power comes from a smallest effect fixed in advance (1 chrF). Everything
+else is labelled exploratory. Every system's hypotheses are published with the report (``hypotheses/``), and
+``python bench/study_report.py STUDY_DIR`` recomputes the report from the published files alone.
 """
 
 from __future__ import annotations
@@ -73,10 +73,12 @@ from utils.study.runs import (
 from utils.study.spec import (
     add_test_variants,
     check_distinct,
+    check_family,
     check_sets,
     grid_variants,
     inference_only,
     merge_spec,
+    read_family,
     recorded_labels,
     select_variants,
 )
@@ -155,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="first copy in the runs another folder of this study holds (e.g. more seeds trained on "
                              "another machine) whose config is this study's for their variant and seed; a different "
                              "config is refused, naming the key")
+    parser.add_argument("--family", type=Path, metavar="FILE",
+                        help="the primary family, declared in a JSON file before the runs (keys: metric, decoder, "
+                             "splits, drops, systems, smallest_effect, alpha, declared, sequential): it replaces the "
+                             "preset's; every system it names must be a variant of the study")
     parser.add_argument("--no-link", action="store_true",
                         help="train every run of this study, even one another study in --runs finished with the "
                              "same config (its code may differ: e.g. a baseline trained by an older commit)")
@@ -259,6 +265,10 @@ def command() -> int:
         parser.error("--tokens counts each tokenizer's own tokens, not an equal budget across tokenizations; "
                      "use --steps")
     add_test_variants(variants, args.test_variant)
+    if args.family is not None:  # declared in a file: it replaces the preset's, and must fit the study as it is
+        family = read_family(args.family)
+        check_family(family, [*(v.label for v in variants), *(f"{v.label}+{t}" for v in variants for t in v.tests)],
+                     args.baseline or baseline or variants[0].label, f"--family {args.family}")
     for v in variants:
         for extra in v.tests.values():
             for key in (x.partition("=")[0].strip() for x in extra):
@@ -288,9 +298,10 @@ def command() -> int:
         if unknown or not splits:
             parser.error(f"--splits {args.splits}: not among the config's test splits "
                          f"({', '.join(base_cfg.data.test)})")
-        needed = [*(family.get("splits") or []), *(family.get("drops") or {}).values(), *(family.get("drops") or {})]
-        if family and (missing := [x for x in dict.fromkeys(needed) if x not in splits]):
-            parser.error(f"--splits {args.splits}: the primary family needs {', '.join(missing)} too")
+    needed = [*(family.get("splits") or []), *(family.get("drops") or {}).values(), *(family.get("drops") or {})]
+    if family and (missing := [x for x in dict.fromkeys(needed) if x not in splits]):
+        where = f"--splits {args.splits}" if args.splits else f"the config's test splits ({', '.join(splits)})"
+        parser.error(f"{where}: the primary family needs {', '.join(missing)} too")
     accumulate: dict[str, int] = {}  # iterations per optimizer step, where not 1 (the progress lines' steps)
     configs: dict[str, dict[str, Any]] = {}
     for v in variants:  # every variant must load, and fit the machine's memory in training, before anything runs

@@ -187,3 +187,66 @@ def merge_spec(old: dict[str, Any], spec: dict[str, Any], study: Path) -> dict[s
         print(f"study {study.name}: budget raised from {old['steps']} to {spec['steps']} steps", flush=True)
         history = [*history, spec["steps"]]
     return {**spec, "budget_history": history}
+
+
+def read_family(path: Path) -> dict[str, Any]:
+    """The primary family a study declares in a JSON file (``--family FILE``, committed with its pre-registration):
+    the keys of ``utils.study.analysis.Family`` but ``elsewhere`` (the study finds that itself); ``declared``, saying
+    when and where it was declared, is required, and a ``sequential`` design is checked as ``Design.from_dict``
+    checks it. ConfigError, one line, for a file that cannot be read or a key out of place."""
+    from dataclasses import fields
+
+    from utils.study.analysis import METRICS, Family
+    from utils.study.decoders import DECODERS
+    from utils.study.looks import Design
+
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).split("\n")[0]
+        raise ConfigError(f"--family {path}: cannot read it as JSON ({reason})") from None
+    where = f"--family {path}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: a JSON object of the family's keys, not {type(raw).__name__}")
+    known = sorted(f.name for f in fields(Family) if f.name != "elsewhere")
+    if unknown := sorted(set(raw) - set(known)):
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(known)})")
+    if not isinstance(raw.get("declared"), str) or not raw["declared"].strip():
+        raise ConfigError(f"{where}: 'declared' is required: when and where the family was declared (e.g. "
+                          "\"pre-registered on 2026-11-29, before any run\")")
+    checks = {"metric": (lambda v: v in METRICS, f"one of {', '.join(METRICS)}"),
+              "decoder": (lambda v: v in DECODERS, f"one of {', '.join(DECODERS)}"),
+              "splits": (lambda v: _strings(v) and len(v) > 0, "a list of test splits"),
+              "drops": (lambda v: isinstance(v, dict) and _strings(list(v)) and _strings(list(v.values())),
+                        "an object: a length-shifted split -> its x1 split"),
+              "systems": (lambda v: _strings(v) and len(v) > 0, "a list of system labels"),
+              "smallest_effect": (lambda v: _number(v) and v > 0, "a number > 0, in the metric's points"),
+              "alpha": (lambda v: _number(v) and 0 < v < 1, "a number within (0, 1)"),
+              "sequential": (lambda v: v is None or isinstance(v, dict), "an object: looks, spending, futility, "
+                                                                        "beta, residual_sd")}
+    for key, (ok, what) in checks.items():
+        if key in raw and not ok(raw[key]):
+            raise ConfigError(f"{where}: {key}: {json.dumps(raw[key])} is not {what}")
+    if raw.get("sequential") is not None:
+        Design.from_dict(raw["sequential"])
+    return Family(**raw).to_dict()
+
+
+def check_family(family: dict[str, Any], labels: Sequence[str], baseline: str, source: str) -> None:
+    """Every system a family declares is one of the study's (a trained variant or a test variant's
+    ``label+tag``) other than its baseline: ConfigError, one line, naming the first that is not."""
+    for system in family.get("systems") or []:
+        if system == baseline:
+            raise ConfigError(f"{source}: system {system!r} is the baseline; the family tests the others against it")
+        if system not in labels:
+            raise ConfigError(f"{source}: system {system!r} is not a variant of this study (variants: "
+                              f"{', '.join(labels)}); a declared family does not shrink to fit")
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) and x for x in value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+        and abs(value) != float("inf")
