@@ -8,6 +8,9 @@
 - ``studies/preregistration-extrapolation.md``: the pre-registration exactly as the commit that fixed it holds it
   (read from the git history), then the later amendments and notes, kept in
   ``bench/studies/extrapolation/amendments.md``.
+- ``studies/preregistration-extrapolation-sequential.md``: the second study's pre-registration, a file of its own
+  that is never edited (``bench/studies/extrapolation-sequential/preregistration.md``), then what was decided
+  after it (``amendments.md`` beside it, when there is one).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ PREREGISTRATION_HEADING = ("### Pre-registration: does an attention-level encodi
 PREREGISTRATION_COMMIT = "f29c768d66fdd9410fc9410065baca000bdf6cc5"
 PREREGISTRATION_DATE = "2026-11-25"
 FROZEN_BEGIN, FROZEN_END = "<!-- frozen text: begin -->", "<!-- frozen text: end -->"
+#: The second study's pre-registration: its folder and the commit that added its file.
+SEQUENTIAL = "extrapolation-sequential"
+SEQUENTIAL_COMMIT = "62ede59f02dec80b759d8e0c5ae8a8c20de7e8bf"
+SEQUENTIAL_DATE = "2026-11-29"
 
 DECODER_NAMES = {"beam5": "beam 5", "greedy": "greedy"}
 
@@ -39,6 +46,7 @@ def pages() -> dict[str, str]:
     """Every generated page of the Studies section, path relative to ``docs/pages/`` -> markdown."""
     out = {f"studies/{name}.md": results_page(name) for name in published()}
     out["studies/preregistration-extrapolation.md"] = preregistration_page()
+    out[f"studies/preregistration-{SEQUENTIAL}.md"] = sequential_preregistration_page()
     return out
 
 
@@ -368,4 +376,25 @@ def preregistration_page() -> str:
            "[Extrapolation continued (2,700 steps)](extrapolation-2700.md), a second look: its budget was decided "
            "after the 2,250-step results were published, so it is not pre-registered.", "",
            "---", "", FROZEN_BEGIN, "", frozen, "", FROZEN_END, "", "---", "", amendments, ""]
+    return "\n".join(out)
+
+
+def sequential_preregistration_page() -> str:
+    """The second extrapolation study's pre-registration, as fixed, then what was decided after it."""
+    folder = STUDIES / SEQUENTIAL
+    frozen = (folder / "preregistration.md").read_text(encoding="utf-8").strip("\n")
+    amendments = folder / "amendments.md"
+    after = (amendments.read_text(encoding="utf-8").strip("\n") if amendments.is_file()
+             else "Nothing has been decided after it yet.")
+    short, path = SEQUENTIAL_COMMIT[:7], f"bench/studies/{SEQUENTIAL}/preregistration.md"
+    out = ["# Pre-registration: the second extrapolation study, group-sequential "
+           f"(fixed {SEQUENTIAL_DATE}, before any of its runs)", "",
+           f'!!! info "Fixed on {SEQUENTIAL_DATE}, in commit {short}"', "",
+           f"    The text between the two rules below is `{path}` as commit `{short}` ({SEQUENTIAL_DATE}) added it, "
+           "before any run of the study and before any test set of its pilot was decoded; the file is never "
+           "edited, and the test suite checks both. Everything decided later is under "
+           "[After the pre-registration](#after-the-pre-registration), each item with its date. The first "
+           "study: [its pre-registration](preregistration-extrapolation.md) and [its results](extrapolation.md).",
+           "", "---", "", FROZEN_BEGIN, "", frozen, "", FROZEN_END, "", "---", "",
+           "## After the pre-registration", "", after, ""]
     return "\n".join(out)

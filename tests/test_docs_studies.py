@@ -118,7 +118,7 @@ def test_one_results_page_per_published_study_and_the_pre_registration() -> None
     assert {"all-encodings", "extrapolation", "extrapolation-2700", "extrapolation-candidates", "seed-table"} <= set(
         PUBLISHED)
     assert set(study_pages.pages()) == {f"studies/{n}.md" for n in PUBLISHED} | {
-        "studies/preregistration-extrapolation.md"}
+        "studies/preregistration-extrapolation.md", "studies/preregistration-extrapolation-sequential.md"}
     for name in PUBLISHED:  # the facts results.json does not record are kept beside it, for every study
         about = json.loads((STUDIES / name / "about.json").read_text(encoding="utf-8"))
         assert {"title", "question", "established", "setup", "machine", "date", "trained_by", "scored_by"} <= set(
@@ -205,3 +205,21 @@ def test_the_findings_power_table_is_results_json() -> None:
         pw = _results(re.search(r"\(([^)]+)\.md\)", study)[1])["primary"]["power"]
         assert _same(sd, pw["pooled_residual_sd"]) and _same(power, pw["power_at_smallest_effect"]), study
         assert _same(needed, pw["detectable_at_80"]) and int(seeds) == pw["seeds_for_80_at_smallest_effect"], study
+
+
+def test_the_second_pre_registration_is_never_edited_and_its_page_holds_it() -> None:
+    """Its file was added by the commit the page names and no commit changed it since; the page's frozen block is
+    that file, dated by that commit."""
+    path = f"bench/studies/{study_pages.SEQUENTIAL}/preregistration.md"
+    commits = _git("log", "--format=%H", "--", path).split()
+    assert commits == [study_pages.SEQUENTIAL_COMMIT]  # added once, never changed
+    fixed = _git("show", f"{commits[0]}:{path}").strip("\n")
+    assert fixed == (ROOT / path).read_text(encoding="utf-8").strip("\n")  # nor changed in the working tree
+    page = (PAGES / f"preregistration-{study_pages.SEQUENTIAL}.md").read_text(encoding="utf-8")
+    before, rest = page.split(study_pages.FROZEN_BEGIN)
+    body, after = rest.split(study_pages.FROZEN_END)
+    assert body.strip("\n") == fixed and "- **Looks and spending.**" in fixed and "- **Compute plan.**" in fixed
+    date = _git("log", "-1", "--format=%ad", "--date=short", commits[0]).strip()
+    assert date == study_pages.SEQUENTIAL_DATE and f"Fixed on {date}, in commit {commits[0][:7]}" in before
+    assert "## After the pre-registration" in after
+    assert all(re.match(r"20\d\d-\d\d-\d\d — ", a) for a in re.findall(r"^### (.*)$", after, flags=re.M))
