@@ -54,6 +54,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("pilot_design", "bench/pilot_design.py", SECTIONS[1],
             "The second extrapolation study's design from its noise pilot: training arm, seeds, looks and the "
             "family file, by the rule fixed before the pilot was scored."),
+    Command("study_stop", "bench/study_stop.py", SECTIONS[1],
+            "Whether a group-sequential study has reached its declared stopping rule, from each look's results."),
     Command("length_study", "bench/length_study.py", SECTIONS[1]),
     Command("peers", "bench/peers.py", SECTIONS[2]),
     Command("speed", "bench/speed.py", SECTIONS[2]),

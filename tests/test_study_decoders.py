@@ -191,6 +191,11 @@ def test_the_secondary_family_is_its_own_reported_apart_and_recomputed_from_the_
     assert fam["tests"][0]["delta"] < 0  # long's wrong words
     assert lines[-2] == f"**{fam['resolved']} of 2 resolved** (secondary; against base)."
     assert length_control_lines({"baseline": "base"}) == []  # a study without it: no section
+    assert not any(line.startswith("At look") for line in lines)  # a fixed design: one look
+    design = {"kind": "group-sequential", "look": 1, "of": 3}
+    interim = length_control_lines(results | {"primary": {"design": design}})
+    assert interim == [*lines[:4], interim[4], "", *lines[4:]]
+    assert interim[4].startswith("At look 1 of 3 of the primary design: this family is tested once, at the look ")
     # Recomputed from results.json and the published hypotheses alone, as bench/study_report.py does.
     publish_hypotheses(tmp_path / "hypotheses", results.pop("_hypotheses"), [1, 2])
     old = json.loads(json.dumps({**results, "checksums": hypotheses_checksums(tmp_path), "spec": {"family": {}}}))

@@ -149,3 +149,96 @@ def test_a_queue_goes_on_in_a_session_of_its_own_at_its_niceness_appending_to_it
     fields = dict(f.split("=", 1) for f in (runs / "q.log").read_text().split())
     assert fields["sid"] == fields["pid"] and fields["runs"] == str(runs)
     assert int(fields["nice"]) == min(19, os.nice(0) + 7)  # 7 above the caller's
+
+
+SEQUENTIAL = (ROOT / "bench" / "study_sequential.sh").read_text()
+
+
+def _looks(tmp: Path, looks: str, verdicts: list[str], fail: str = "") -> tuple[int, list[str]]:
+    """bench/study_sequential.sh's ``looks`` with ``step`` and ``kept`` logging their arguments (``kept`` makes the
+    look's results.json) and the scoring worktree's python printing the next of ``verdicts`` (bench/study_stop.py's
+    first line); a step whose description holds ``fail`` fails."""
+    score = tmp / "score-wt"
+    (score / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    for i, verdict in enumerate(verdicts):
+        (tmp / f"verdict{i}").write_text(f"{verdict}\nresolved (0): -\n")
+    python = score / ".venv" / "bin" / "python"
+    python.write_text(f'#!/usr/bin/env bash\necho "stop-rule $*" >> {tmp}/log\n'
+                      f'n=$(cat {tmp}/n 2>/dev/null || echo 0)\necho $((n + 1)) > {tmp}/n\ncat {tmp}/verdict$n\n')
+    python.chmod(0o755)
+    stubs = (f'step() {{ echo "step $1 $2 | ${{*:3}}" >> {tmp}/log; [ -z "{fail}" ] || [[ "$2" != *"{fail}"* ]]; }}\n'
+             f'kept() {{ echo "kept $1 $2" >> {tmp}/log; mkdir -p "$2" && touch "$2/results.json"; }}\n')
+    script = (f'RUNS={tmp}/runs; PILOT=P; TRAIN_WT=T; SCORE_WT={score}; STUDY_DIR=D; ARM=cool; LOOKS="{looks}"\n'
+              'SHORT="--name s"; NATURAL="--name n --seeds 3"; SCORING="--score-only"\n'
+              + stubs + _function("looks", SEQUENTIAL) + "\nlooks\n")
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    log = tmp / "log"
+    return res.returncode, log.read_text().replace(str(tmp), "TMP").splitlines() if log.is_file() else []
+
+
+def test_the_sequential_study_takes_its_looks_in_turn_until_the_stopping_rule_says_stop(tmp_path: Path) -> None:
+    """Each look trains every system to its seeds (the chosen arm's pilot runs merged in), scores it with the
+    family file and the three decoders and keeps its files; the natural-length arm follows the first look; the
+    stopping rule reads every look taken so far, and a stop ends the study before its last planned look."""
+    def look(k: int, n: int) -> list[str]:
+        return [f"step T look {k}: training to {n} seeds per system | --name s --seeds {n} --train-only --merge "
+                "P/study_pilot-cool",
+                f"step TMP/score-wt look {k}: scoring at {n} seeds per system | --name s --seeds {n} --score-only "
+                "--family TMP/score-wt/D/family.json --decoders beam5,greedy,beam5-minlen",
+                f"kept TMP/runs/study_extrapolation-sequential TMP/runs/looks/look-{k}"]
+
+    natural = ["step T natural-length arm: training | --name n --seeds 3 --train-only",
+               "step TMP/score-wt natural-length arm: scoring | --name n --seeds 3 --score-only "
+               "--decoders beam5,greedy",
+               "kept TMP/runs/study_extrapolation-sequential-natural TMP/runs/looks/natural"]
+
+    def rule(k: int) -> str:
+        return "stop-rule bench/study_stop.py " + " ".join(f"TMP/runs/looks/look-{i}" for i in range(1, k + 1))
+
+    rc, log = _looks(tmp_path, "5 10 14", ["continue: 20 of 24 tests are open at look 1 of 3",
+                                           "stop: every test is resolved or futile"])
+    assert rc == 0 and log == [*look(1, 5), *natural, rule(1), *look(2, 10), rule(2)]
+    # Started again (a new machine, a killed queue): the looks and the arm already kept are not run again.
+    (tmp_path / "log").unlink()
+    (tmp_path / "n").unlink()
+    (tmp_path / "verdict1").write_text("continue: 2 of 24 tests are open at look 2 of 3\n")
+    (tmp_path / "verdict2").write_text("stop: the last planned look (14 seeds per system)\n")
+    rc, log = _looks(tmp_path, "5 10 14", [])
+    assert rc == 0 and log == [rule(1), rule(2), *look(3, 14), rule(3)]
+
+
+def test_a_failed_step_stops_the_sequential_study_before_the_stopping_rule(tmp_path: Path) -> None:
+    rc, log = _looks(tmp_path, "5 10 14", ["continue: x"], fail="natural-length arm: scoring")
+    assert rc == 1 and log[-1].startswith("step TMP/score-wt natural-length arm: scoring")
+    assert not any(line.startswith("stop-rule") for line in log)
+
+
+def test_a_look_is_kept_whole_or_not_at_all(tmp_path: Path) -> None:
+    study = tmp_path / "study"
+    for part in ("figures", "hypotheses", "tb"):
+        (study / part).mkdir(parents=True)
+        (study / part / "x").write_text(part)
+    (study / "results.json").write_text("{}")
+    call = _function("kept", SEQUENTIAL) + f'\nkept {study} {tmp_path}/look-1'
+    missing = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
+    assert missing.returncode != 0 and not (tmp_path / "look-1").exists()  # report.md missing: nothing kept
+    (study / "report.md").write_text("# report")
+    res = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and sorted(p.name for p in (tmp_path / "look-1").iterdir()) == [
+        "figures", "hypotheses", "report.md", "results.json", "tb"]
+    assert (tmp_path / "look-1" / "tb" / "x").read_text() == "tb" and not (tmp_path / "look-1.partial").exists()
+
+
+def test_the_sequential_study_refuses_to_start_before_its_design_is_committed(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    (repo / "bench" / "study_sequential.sh").write_text(SEQUENTIAL)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    res = subprocess.run(["bash", str(repo / "bench" / "study_sequential.sh"), str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and res.stdout.startswith(
+        "bench/studies/extrapolation-sequential/design.json is not committed: score the noise pilot")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "pilot-wt").exists()

@@ -277,7 +277,7 @@ def length_control_lines(results: dict[str, Any]) -> list[str]:
            f"{rule['validation']} before any test set was decoded with it: {rule['rule']}. It separates what a "
            f"system translates from when it stops. A family of its own, declared secondary: {fam['size']} tests, the "
            f"primary endpoint decoded so, Holm's correction at α = {fam['family']['alpha']} within them only, never "
-           "in the primary family's; each test as there.", "",
+           "in the primary family's; each test as there.", "", *_interim(results),
            "| system | min_len_a | validation len (each min_len_a tried) | "
            + " | ".join(f"chrF {s}" for s in rule["splits"]) + " |",
            "|---|---|---|" + "---|" * len(rule["splits"])]
@@ -293,3 +293,14 @@ def length_control_lines(results: dict[str, Any]) -> list[str]:
             "| p Holm | resolved |", "|---|---|---|---|---|---|---|---|---|---|"]
     out += [result_row(t) for t in fam["tests"]]
     return [*out, "", f"**{fam['resolved']} of {fam['size']} resolved** (secondary; against {base}).", ""]
+
+
+def _interim(results: dict[str, Any]) -> list[str]:
+    """Under a group-sequential primary design, the look these tests were made at: they count only at the look
+    where the study stops."""
+    d = (results.get("primary") or {}).get("design") or {}
+    if d.get("kind") != "group-sequential":
+        return []
+    return [f"At look {d['look']} of {d['of']} of the primary design: this family is tested once, at the look where "
+            "the study stops (its last planned look, or the first at which every primary test is resolved or "
+            "futile); at any look before that these tests are interim, and no claim rests on them.", ""]

@@ -129,3 +129,33 @@ def apply(design: Design, seed_p: Sequence[float | None], seeds: int, alpha: flo
             "alpha_spent": spent(fractions[-1], alpha, design.spending),  # type: ignore[arg-type]
             "alpha_spent_first_step": spent(fractions[-1], alpha / m, design.spending) if m else None}  # type: ignore[arg-type]
     return look, out
+
+
+def settled(primaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The declared stopping rule of a group-sequential study over the looks taken so far (``results.json``'s
+    ``primary`` of each, in order): a test is settled once it was resolved at some look (it stays resolved) or has
+    crossed its futility boundary at the latest look; the study stops when every test is settled, or at its last
+    planned look. Returns ``{"stop": bool, "why": str, "resolved": [...], "futile": [...], "open": [...]}``, each
+    test named ``system: quantity``."""
+    if not primaries:
+        raise ConfigError("no look taken yet: score the study at its first look")
+    last = primaries[-1]
+    design = last.get("design") or {}
+    if design.get("kind") != "group-sequential":
+        raise ConfigError("the study declares no group-sequential design (its family has no 'sequential')")
+    def name(t: Mapping[str, Any]) -> str:
+        return f"{t['system']}: {t['label']}"
+
+    keys = [name(t) for t in last["tests"]]
+    for earlier in primaries[:-1]:
+        if [name(t) for t in earlier["tests"]] != keys:
+            raise ConfigError("the looks test different families: each look must score the same family")
+    resolved = {name(t) for p in primaries for t in p["tests"] if t["resolved"]}
+    futile = {name(t) for t in last["tests"] if t.get("sequential", {}).get("futility") and name(t) not in resolved}
+    still = [k for k in keys if k not in resolved and k not in futile]
+    at_end = design["look"] >= design["of"]
+    why = ("every test is resolved or futile" if not still else
+           f"the last planned look ({design['seeds']} seeds per system)" if at_end else
+           f"{len(still)} of {len(keys)} tests are open at look {design['look']} of {design['of']}")
+    return {"stop": not still or at_end, "why": why, "resolved": [k for k in keys if k in resolved],
+            "futile": [k for k in keys if k in futile], "open": still}

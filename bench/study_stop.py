@@ -1,0 +1,54 @@
+"""Has a group-sequential study reached its declared stopping rule? Reads each look's ``results.json`` in order.
+
+    python bench/study_stop.py LOOK1 LOOK2 ...       # folders holding each look's results.json, the first first
+
+A test is settled once it was resolved at some look (it stays resolved) or has crossed its futility boundary at the
+latest look; the study stops when every test of its family is settled, or at its last planned look
+(``utils.study.looks.settled``). Prints ``stop: WHY`` or ``continue: WHY`` on its first line, then the tests
+resolved, futile and still open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/study_stop.py: the repository root first
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/study_stop.py."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("looks", type=Path, nargs="+", metavar="LOOK_DIR",
+                        help="a folder holding a look's results.json (a scored study, or a copy of it), the first "
+                             "look first")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
+    args = parser.parse_args()
+    from utils.config import ConfigError
+    from utils.study.files import read_results
+    from utils.study.looks import settled
+
+    primaries = []
+    for folder in args.looks:
+        if not (folder / "results.json").is_file():
+            parser.error(f"{folder}: no results.json")
+        primaries.append(read_results(folder)["primary"])
+    try:
+        verdict = settled(primaries)
+    except ConfigError as e:
+        parser.error(str(e))
+    print(f"{'stop' if verdict['stop'] else 'continue'}: {verdict['why']}")
+    for kind in ("resolved", "futile", "open"):
+        print(f"{kind} ({len(verdict[kind])}): {'; '.join(verdict[kind]) or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    from utils.cli import run_main
+
+    run_main(main)

@@ -1,0 +1,66 @@
+"""The declared stopping rule of a group-sequential study (utils.study.looks.settled, bench/study_stop.py): a test
+is settled once resolved at any look, or futile at the latest; the study stops when every test is settled or at its
+last planned look."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_script
+
+from utils.config import ConfigError
+from utils.study.files import RESULTS_KEYS
+from utils.study.looks import settled
+
+LABELS = ("chrF x4", "chrF drop")
+
+
+def _look(look: int, of: int, resolved: set[str] = frozenset(), futile: set[str] = frozenset()) -> dict[str, Any]:
+    tests = [{"system": s, "label": q, "resolved": f"{s}: {q}" in resolved,
+              "sequential": {"crossed": f"{s}: {q}" in resolved, "futility": f"{s}: {q}" in futile}}
+             for s in ("rope", "alibi") for q in LABELS]
+    return {"tests": tests, "design": {"kind": "group-sequential", "look": look, "of": of, "seeds": 5 * look}}
+
+
+def test_a_resolved_test_stays_resolved_and_futility_counts_at_the_latest_look() -> None:
+    first = _look(1, 3, resolved={"rope: chrF x4"}, futile={"alibi: chrF x4", "alibi: chrF drop"})
+    # At look 2 rope x4 no longer crosses (it stays resolved) and alibi x4 is no longer futile (open again).
+    second = _look(2, 3, futile={"alibi: chrF drop", "rope: chrF drop"})
+    v = settled([first, second])
+    assert v["resolved"] == ["rope: chrF x4"] and v["futile"] == ["rope: chrF drop", "alibi: chrF drop"]
+    assert (v["stop"], v["open"], v["why"]) == (False, ["alibi: chrF x4"], "1 of 4 tests are open at look 2 of 3")
+    third = _look(3, 3)
+    assert settled([first, second, third])["stop"] and settled([first, second, third])["why"] == (
+        "the last planned look (15 seeds per system)")
+    done = _look(2, 3, resolved={"alibi: chrF x4"}, futile={"alibi: chrF drop", "rope: chrF drop"})
+    assert settled([first, done]) == {"stop": True, "why": "every test is resolved or futile",
+                                      "resolved": ["rope: chrF x4", "alibi: chrF x4"],
+                                      "futile": ["rope: chrF drop", "alibi: chrF drop"], "open": []}
+
+
+def test_looks_of_another_design_or_family_are_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="^no look taken yet"):
+        settled([])
+    with pytest.raises(ConfigError, match="declares no group-sequential design"):
+        settled([{"tests": [], "design": {"kind": "fixed", "look": 1, "of": 1}}])
+    other = _look(2, 3)
+    other["tests"] = other["tests"][:3]
+    with pytest.raises(ConfigError, match="^the looks test different families"):
+        settled([_look(1, 3), other])
+
+
+def test_the_command_says_stop_or_continue_first(tmp_path: Path) -> None:
+    for k, look in ((1, _look(1, 2, resolved={"rope: chrF x4"})), (2, _look(2, 2))):
+        (tmp_path / f"look{k}").mkdir()
+        results = {"primary": look} | {key: {} for key in RESULTS_KEYS if key != "primary"}
+        (tmp_path / f"look{k}" / "results.json").write_text(json.dumps(results))
+    first = run_script("bench/study_stop.py", str(tmp_path / "look1"))
+    assert first.returncode == 0 and first.stdout.splitlines()[:2] == [
+        "continue: 3 of 4 tests are open at look 1 of 2", "resolved (1): rope: chrF x4"]
+    both = run_script("bench/study_stop.py", str(tmp_path / "look1"), str(tmp_path / "look2"))
+    assert both.stdout.splitlines()[0] == "stop: the last planned look (10 seeds per system)"
+    missing = run_script("bench/study_stop.py", str(tmp_path / "look3"))
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].endswith("look3: no results.json")
