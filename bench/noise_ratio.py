@@ -10,7 +10,10 @@ and its interval from the F distribution on the two residual degrees of freedom 
 ratio ``s1^2 / s2^2`` over ``sigma1^2 / sigma2^2`` has ``F(df1, df2)``; arms that share their seeds, as the pilot's
 do, are positively correlated if anything, which only makes this interval wider than it need be); then each arm's
 power at the declared smallest effect and the seeds it needs for 80 % power (the study's own figures). A ratio of
-0.5 halves the noise: a quarter of the seeds for the same power.
+0.5 halves the noise: a quarter of the seeds for the same power. Last, the pilot's declared secondary, each arm's
+quality: the mean chrF (beam 5) of its trained systems on the x1 Tatoeba and Multi30k sets, and the validation BLEU
+at each run's last evaluation (mean and SD over the runs), so that an arm that lowers the noise by lowering the
+quality is seen.
 
 The pooled value averages the family's quantities, which share their runs: its interval takes one quantity's degrees
 of freedom, not their sum.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/noise_ratio.py: the repository root first
 
 from utils.study.files import read_results  # noqa: E402
+
+X1_SPLITS = ("test.tatoeba", "test.multi30k-2016")  # the x1 sets of the extrapolation family's drops
 
 
 def sd_ratio(first: float, second: float, df1: int, df2: int, level: float = 0.95) -> tuple[float, float, float]:
@@ -59,6 +65,22 @@ def rows(first: dict[str, Any], second: dict[str, Any], level: float) -> list[di
     return out
 
 
+def quality(results: dict[str, Any]) -> dict[str, Any]:
+    """An arm's quality beside its noise: ``x1_chrf``, split -> the mean chrF (beam 5) over its trained systems
+    (``spec`` -> ``variants``) and seeds, for each of ``X1_SPLITS`` it scored; ``valid_bleu``, the validation BLEU at
+    each of those runs' last evaluation, (mean, SD, runs), or None without validation curves."""
+    trained = [v["label"] for v in (results.get("spec") or {}).get("variants") or []]
+    systems = results.get("systems") or {}
+    chrf = {}
+    for split in X1_SPLITS:
+        scores = [systems.get(s, {}).get("splits", {}).get(split, {}).get("beam5", {}).get("chrf") for s in trained]
+        if trained and all(scores):
+            chrf[split] = statistics.fmean(x for seeds in scores for x in seeds)
+    last = [curve[-1][1] for s in trained for curve in systems.get(s, {}).get("valid_bleu") or [] if curve]
+    bleu = (statistics.fmean(last), statistics.stdev(last) if len(last) > 1 else 0.0, len(last)) if last else None
+    return {"x1_chrf": chrf, "valid_bleu": bleu}
+
+
 def table(first: Path, second: Path, level: float = 0.95) -> str:
     """The Markdown report of ``first`` against ``second`` (two scored study folders)."""
     a, b = read_results(first), read_results(second)
@@ -73,6 +95,16 @@ def table(first: Path, second: Path, level: float = 0.95) -> str:
         p = res["primary"]["power"]
         lines.append(f"| {name} | {p['seeds']} | {p['power_at_smallest_effect']:.3f} | "
                      f"{p['seeds_for_80_at_smallest_effect']} |")
+    quality_rows = [(name, quality(res)) for name, res in ((first.name, a), (second.name, b))]
+    if any(q["x1_chrf"] or q["valid_bleu"] for _, q in quality_rows):
+        lines += ["", "Quality beside the noise (trained systems, every seed):", "",
+                  "| arm | " + " | ".join(f"chrF {s} (beam 5)" for s in X1_SPLITS)
+                  + " | validation BLEU, last evaluation (mean ± SD over runs) |", "|---|---|---|---|"]
+        for name, q in quality_rows:
+            cells = [f"{q['x1_chrf'][s]:.2f}" if s in q["x1_chrf"] else "-" for s in X1_SPLITS]
+            v = q["valid_bleu"]
+            cells.append(f"{v[0]:.2f} ± {v[1]:.2f} ({v[2]} runs)" if v else "-")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

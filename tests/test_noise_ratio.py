@@ -58,3 +58,24 @@ def test_studies_of_other_quantities_or_unscored_are_refused_in_one_line(tmp_pat
     res = run_script("bench/noise_ratio.py", str(three), str(tmp_path / "none"))
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
         "none: no results.json (score the study first)")
+
+
+def test_each_arms_quality_is_printed_beside_its_noise(tmp_path: Path):
+    """The pilot's declared secondary: the x1 chrF of the trained systems (not the test variants) and the validation
+    BLEU at each run's last evaluation, so that an arm that is quieter because it is worse shows it."""
+    folders = []
+    for name, chrf, bleu in (("study_cool", 50.0, (38.0, 40.0)), ("study_plain", 52.0, (35.0, 41.0))):
+        folder = _study(tmp_path / name, [1.0, 1.0], 1.0)
+        results = json.loads((folder / "results.json").read_text())
+        splits = {s: {"beam5": {"chrf": [chrf - 1, chrf + 1]}} for s in ("test.tatoeba", "test.multi30k-2016")}
+        results["spec"] = {"variants": [{"label": "sinusoidal"}, {"label": "rope"}]}
+        results["systems"] = {s: {"splits": splits, "valid_bleu": [[[300, 9.0], [900, b]] for b in bleu]}
+                              for s in ("sinusoidal", "rope")}
+        results["systems"]["rope+ntk"] = {"splits": {"test.tatoeba": {"beam5": {"chrf": [0.0, 0.0]}}}}
+        (folder / "results.json").write_text(json.dumps(results))
+        folders.append(folder)
+    out = table(*folders).splitlines()
+    assert out[-2:] == ["| study_cool | 50.00 | 50.00 | 39.00 ± 1.15 (4 runs) |",
+                        "| study_plain | 52.00 | 52.00 | 38.00 ± 3.46 (4 runs) |"]
+    assert out[-4].startswith("| arm | chrF test.tatoeba (beam 5) | chrF test.multi30k-2016 (beam 5) | validation BLEU")
+    assert "Quality beside the noise" not in table(*[_study(tmp_path / f"bare{i}", [1.0], 1.0) for i in (1, 2)])
