@@ -21,18 +21,24 @@ def _function(name: str, script: str = SCRIPT) -> str:
     return match.group(0)
 
 
+def _answering_python(tmp: Path, worktree: Path, tag: str, answers: list[str]) -> None:
+    """``worktree``'s .venv/bin/python as a stand-in: it logs ``tag`` and its arguments to ``tmp/log`` and prints the
+    next of ``answers`` (one per call, in order; a later call may find its answer written since)."""
+    (worktree / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+    for i, answer in enumerate(answers):
+        (tmp / f"verdict{i}").write_text(answer)
+    python = worktree / ".venv" / "bin" / "python"
+    python.write_text(f'#!/usr/bin/env bash\necho "{tag} $*" >> {tmp}/log\nn=$(cat {tmp}/n 2>/dev/null || echo 0)\n'
+                      f'echo $((n + 1)) > {tmp}/n\ncat {tmp}/verdict$n\n')
+    python.chmod(0o755)
+
+
 def _queue(tmp: Path, verdicts: list[str], call: str) -> tuple[int, list[str]]:
     """Runs ``call`` with the queue's ``continued`` and ``once``; the rule's worktree python prints the next of
     ``verdicts`` (a table line, then the verdict, as bench/pilot_rule.py); ``step`` and ``replayed`` log their
     arguments. Returns the exit status and the log's lines."""
     rule = tmp / "rule-wt"
-    (rule / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
-    for i, verdict in enumerate(verdicts):
-        (tmp / f"verdict{i}").write_text(f"| sinusoidal | 49.65 |\n\n{verdict}\n")
-    python = rule / ".venv" / "bin" / "python"
-    python.write_text(f'#!/usr/bin/env bash\necho "rule $*" >> {tmp}/log\nn=$(cat {tmp}/n 2>/dev/null || echo 0)\n'
-                      f'echo $((n + 1)) > {tmp}/n\ncat {tmp}/verdict$n\n')
-    python.chmod(0o755)
+    _answering_python(tmp, rule, "rule", [f"| sinusoidal | 49.65 |\n\n{verdict}\n" for verdict in verdicts])
     stubs = (f'step() {{ echo "step $*" >> {tmp}/log; [ ! -f {tmp}/fail ]; }}\n'
              f'replayed() {{ echo "replayed $*" >> {tmp}/log; }}\n')
     script = (f'RUNS={tmp}/runs; RULE_WT={rule}; TRAIN_WT=T; SCORE_WT=S; STUDY="--name x"; BASE="--seeds 3"\n'
@@ -159,13 +165,7 @@ def _looks(tmp: Path, looks: str, verdicts: list[str], fail: str = "") -> tuple[
     look's results.json) and the scoring worktree's python printing the next of ``verdicts`` (bench/study_stop.py's
     first line); a step whose description holds ``fail`` fails."""
     score = tmp / "score-wt"
-    (score / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
-    for i, verdict in enumerate(verdicts):
-        (tmp / f"verdict{i}").write_text(f"{verdict}\nresolved (0): -\n")
-    python = score / ".venv" / "bin" / "python"
-    python.write_text(f'#!/usr/bin/env bash\necho "stop-rule $*" >> {tmp}/log\n'
-                      f'n=$(cat {tmp}/n 2>/dev/null || echo 0)\necho $((n + 1)) > {tmp}/n\ncat {tmp}/verdict$n\n')
-    python.chmod(0o755)
+    _answering_python(tmp, score, "stop-rule", [f"{verdict}\nresolved (0): -\n" for verdict in verdicts])
     stubs = (f'step() {{ echo "step $1 $2 | ${{*:3}}" >> {tmp}/log; [ -z "{fail}" ] || [[ "$2" != *"{fail}"* ]]; }}\n'
              f'kept() {{ echo "kept $1 $2" >> {tmp}/log; mkdir -p "$2" && touch "$2/results.json"; }}\n')
     script = (f'RUNS={tmp}/runs; PILOT=P; TRAIN_WT=T; SCORE_WT={score}; STUDY_DIR=D; ARM=cool; LOOKS="{looks}"\n'
