@@ -180,6 +180,13 @@ def test_the_secondary_family_is_its_own_reported_apart_and_recomputed_from_the_
     assert fam["family"]["decoder"] == LENGTH_DECODER and fam["family"]["declared"].startswith("declared secondary")
     assert [t["label"] for t in fam["tests"]] == ["chrF test (beam5-minlen)", "chrF test.x4 (beam5-minlen)"]
     assert fam["size"] == 2  # Holm over these alone
+    # Under a group-sequential primary design it is still tested once, with Holm at alpha: no boundaries of its own.
+    again: dict[str, Any] = {"baseline": "base", "seeds": [1, 2],
+                             "_hypotheses": {s: {split: {} for split in rule.splits} for s in rule.systems}}
+    add_length_results(again, rule, choice, scored["jobs"], scored["runs"], "best", None, references, 200,
+                       {"sequential": {"looks": [2, 4], "spending": "obf"}})
+    assert again["length_control"]["family"]["design"]["kind"] == "fixed"
+    assert again["length_control"]["family"]["tests"] == fam["tests"]
     assert [t["seed_test"]["p_holm"] for t in fam["tests"]] == holm([t["seed_test"]["p_value"] for t in fam["tests"]])
     assert lc["systems"]["long"]["test"]["length_ratio"] == [pytest.approx(1.0)] * 2  # its floor's output
     assert results["_hypotheses"]["base"]["test"][LENGTH_DECODER][0] == references["test"]  # published with the rest

@@ -215,7 +215,7 @@ def analyse_length(rule: LengthRule, choice: dict[str, Any], hypotheses: dict[st
                    family: dict[str, Any]) -> dict[str, Any]:
     """The secondary analysis: each system's scores with its chosen floor (``hypotheses[system][split]``, one list
     per seed) and the primary family's endpoint tested on them as a family of its own (utils.study.analysis.primary:
-    Holm within it)."""
+    Holm within it, a fixed design even where the primary family is group-sequential)."""
     from utils.study.analysis import Analysis, Family, metric_for, primary
     from utils.study.stats import corpus_score, sentence_stats
 
@@ -233,8 +233,9 @@ def analyse_length(rule: LengthRule, choice: dict[str, Any], hypotheses: dict[st
                    "length_ratio": [float(x[:, 0].sum() / max(x[:, 1].sum(), 1)) for x in per["BLEU"]]}
             scores.setdefault(name, {})[split] = {LENGTH_DECODER: {"chrF": row["chrf"], "BLEU": row["bleu"]}}
             systems.setdefault(name, {})[split] = row
+    # Tested once, at the look where the study stops: Holm at the family's alpha, never a group-sequential boundary.
     fam = Family(**{**family, "decoder": LENGTH_DECODER, "systems": list(rule.systems[1:]), "elsewhere": {},
-                    "declared": DECLARED})
+                    "declared": DECLARED, "sequential": None})
     tests = primary(Analysis(scores, stats, baseline, samples, lowercase), fam, list(rule.systems), list(rule.splits))
     return {"rule": rule.to_dict(), "choice": choice, "systems": systems, "family": tests}
 
