@@ -7,10 +7,16 @@ studies: "Pre-registration: the second extrapolation study").
 Both folders are the pilot's scored arms (``bench/pilot_noise.sh``): "cool" (a learning-rate cool-down to zero over
 the last 20 % of the steps and an EMA of the weights) and "plain" (the first study's training). The rule:
 
-1. **Arm.** "cool" when its pooled residual SD is at most ``RATIO`` (0.9) times plain's and its mean x1 chrF
-   (beam 5, Tatoeba and Multi30k, every trained system and seed) is at most ``QUALITY`` (0.5) points below plain's;
-   otherwise "plain".
-2. **Planning SD.** The chosen arm's pooled residual SD (``results.json``: primary -> power), a point estimate.
+1. **Arm.** "cool" when its residual SD of the trained systems (``paired_residual``) is at most ``RATIO`` (0.9) times
+   plain's and its mean x1 chrF (beam 5, Tatoeba and Multi30k, every trained system and seed) is at most
+   ``QUALITY`` (0.5) points below plain's; otherwise "plain".
+2. **Planning SD.** The chosen arm's residual SD of the trained systems at its one-sided 80 % upper confidence
+   limit, ``sd * sqrt(df / chi2_0.2(df))`` (Browne 1995), on its effective degrees of freedom.
+
+Rules 1 and 2 as amended on 2026-11-29, before the pilot was scored and before any run of the study (the
+pre-registration's amendments): they first read the pooled residual of the pilot's ANOVA, in which three of the four
+systems (RoPE, RoPE+NTK, RoPE+YaRN) are the same trained models, which understates the noise between trained models,
+and took it as a point estimate.
 3. **Seeds N.** The fewest seeds per system at which three equally spaced looks, with Lan-DeMets O'Brien-Fleming
    spending at Holm's first step (0.05 / 24), reach power 0.8 at the smallest effect (1.0 chrF), a paired
    difference having SD planning SD x sqrt(2) (``utils.study.sequential.seeds_needed``); at least ``MIN_SEEDS``
@@ -36,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/pil
 RATIO, QUALITY = 0.9, 0.5  # rule 1
 EFFECT, ALPHA, FAMILY_SIZE, POWER, BETA, LOOKS = 1.0, 0.05, 24, 0.8, 0.2, 3  # rules 3 and 4
 MIN_SEEDS, MAX_SEEDS = 6, 30
+CONFIDENCE = 0.8  # rule 2: the planning SD's upper confidence limit
 X1_SPLITS = ("test.tatoeba", "test.multi30k-2016")
 ARMS = {"cool": ["train.cooldown=0.2", "train.ema_decay=0.99"], "plain": []}  # the arms' --set overrides
 DECLARED = ("pre-registered on 2026-11-29 (the second extrapolation study's pre-registration), before any of its "
@@ -50,6 +57,30 @@ def x1_chrf(results: dict[str, Any]) -> float:
         for split in X1_SPLITS:
             values += results["systems"][variant["label"]]["splits"][split]["beam5"]["chrf"]
     return statistics.fmean(values)
+
+
+def paired_residual(results: dict[str, Any]) -> tuple[float, int]:
+    """The residual SD of the trained systems alone and its effective degrees of freedom. For each trained system but
+    the baseline and each quantity of the primary family, the variance over seeds of its per-seed difference from
+    the baseline, halved (the residual mean square of a two-system ANOVA with seed blocks), is averaged; the SD is
+    its square root. The degrees of freedom are (seeds - 1) per test set the quantities are on: a set's score and
+    its drop share their runs and sentences, so they count once."""
+    base = results["baseline"]
+    trained = {v["label"] for v in results["spec"]["variants"]} - {base}
+    tests = [t for t in results["primary"]["tests"] if t["system"] in trained and t["against"] == base]
+    if not tests:
+        raise KeyError("a primary test of a trained system against the baseline")
+    variance = statistics.fmean(statistics.variance(t["per_seed_delta"]) / 2 for t in tests)
+    sets = {t["quantity"]["split"] for t in tests}
+    return math.sqrt(variance), (len(tests[0]["per_seed_delta"]) - 1) * len(sets)
+
+
+def upper_limit(sd: float, df: int, confidence: float = 0.8) -> float:
+    """The one-sided ``confidence`` upper limit of a standard deviation ``sd`` estimated on ``df`` degrees of
+    freedom: ``sd * sqrt(df / chi2_{1 - confidence}(df))``."""
+    from scipy.stats import chi2
+
+    return sd * math.sqrt(df / chi2.ppf(1 - confidence, df))
 
 
 def looks_for(seeds: int) -> list[int]:
@@ -76,20 +107,22 @@ def design(cool: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
     measured = {}
     for name, res in (("cool", cool), ("plain", plain)):
         p = res["primary"]["power"]
-        measured[name] = {"pooled_residual_sd": p["pooled_residual_sd"], "df": p["df"], "seeds": p["seeds"],
-                          "x1_chrf": x1_chrf(res)}
-    ratio = measured["cool"]["pooled_residual_sd"] / measured["plain"]["pooled_residual_sd"]
+        sd, df = paired_residual(res)
+        measured[name] = {"residual_sd": sd, "df": df, "pooled_residual_sd": p["pooled_residual_sd"],
+                          "pooled_df": p["df"], "seeds": p["seeds"], "x1_chrf": x1_chrf(res)}
+    ratio = measured["cool"]["residual_sd"] / measured["plain"]["residual_sd"]
     gap = measured["cool"]["x1_chrf"] - measured["plain"]["x1_chrf"]
     arm = "cool" if ratio <= RATIO and gap >= -QUALITY else "plain"
-    sd = measured[arm]["pooled_residual_sd"]
+    sd = upper_limit(measured[arm]["residual_sd"], measured[arm]["df"], CONFIDENCE)
     needed = seeds_needed(EFFECT, sd * math.sqrt(2), [k / LOOKS for k in range(1, LOOKS + 1)],
                           ALPHA / FAMILY_SIZE, POWER, "obf")
     seeds = min(MAX_SEEDS, max(MIN_SEEDS, needed))
     return {"pilot": measured, "ratio": ratio, "x1_chrf_gap": gap, "arm": arm, "overrides": ARMS[arm],
             "planning_sd": sd, "seeds_needed": needed, "seeds": seeds, "capped": needed > MAX_SEEDS,
             "looks": looks_for(seeds), "power": power_at(seeds, sd),
-            "rule": {"ratio": RATIO, "quality": QUALITY, "effect": EFFECT, "alpha": ALPHA, "family": FAMILY_SIZE,
-                     "power": POWER, "beta": BETA, "looks": LOOKS, "min_seeds": MIN_SEEDS, "max_seeds": MAX_SEEDS}}
+            "rule": {"ratio": RATIO, "quality": QUALITY, "confidence": CONFIDENCE, "effect": EFFECT, "alpha": ALPHA,
+                     "family": FAMILY_SIZE, "power": POWER, "beta": BETA, "looks": LOOKS, "min_seeds": MIN_SEEDS,
+                     "max_seeds": MAX_SEEDS}}
 
 
 def family(decided: dict[str, Any]) -> dict[str, Any]:
@@ -104,15 +137,17 @@ def family(decided: dict[str, Any]) -> dict[str, Any]:
 def summary(decided: dict[str, Any]) -> str:
     """The decision in a few lines."""
     m = decided["pilot"]
-    lines = [f"pooled residual SD: cool {m['cool']['pooled_residual_sd']:.3f}, plain "
-             f"{m['plain']['pooled_residual_sd']:.3f} (ratio {decided['ratio']:.2f}; the rule: at most {RATIO})",
+    lines = [f"residual SD of the trained systems: cool {m['cool']['residual_sd']:.3f}, plain "
+             f"{m['plain']['residual_sd']:.3f} (ratio {decided['ratio']:.2f}; the rule: at most {RATIO}; "
+             f"{m['cool']['df']} and {m['plain']['df']} degrees of freedom)",
              f"x1 chrF: cool {m['cool']['x1_chrf']:.2f}, plain {m['plain']['x1_chrf']:.2f} (cool - plain "
              f"{decided['x1_chrf_gap']:+.2f}; the rule: at least -{QUALITY})",
              f"arm: {decided['arm']} ({' '.join(f'--set {o}' for o in decided['overrides']) or 'no --set'})",
              f"seeds per system: {decided['seeds']} (power 0.8 needs {decided['seeds_needed']}"
              + (f"; capped at {MAX_SEEDS}" if decided["capped"] else "") + f"), looks at "
              f"{', '.join(map(str, decided['looks']))}, power {decided['power']:.3f} at {EFFECT} chrF "
-             f"(planning residual SD {decided['planning_sd']:.3f})"]
+             f"(planning residual SD {decided['planning_sd']:.3f}: the {decided['arm']} arm's at its "
+             f"{CONFIDENCE:.0%} upper confidence limit)"]
     return "\n".join(lines)
 
 

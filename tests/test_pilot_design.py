@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_script
 
-from bench.pilot_design import design, family
+from bench.pilot_design import design, family, paired_residual, upper_limit
 from utils.study.files import RESULTS_KEYS
 from utils.study.presets import EXTRAPOLATION_FAMILY
 from utils.study.spec import read_family
@@ -17,32 +17,51 @@ from utils.study.spec import read_family
 SYSTEMS = ("sinusoidal", "rope")
 
 
-def _arm(sd: float, chrf: float, df: int = 15) -> dict:
-    """A scored pilot arm: pooled residual ``sd``; every trained system scores ``chrf`` at x1 on both sets, 6 seeds
-    spread around it."""
+QUANTITIES = [("test.tatoeba.x4", "score"), ("test.tatoeba.x4", "drop"), ("test.multi30k-2016.x4", "score"),
+              ("test.multi30k-2016.x4", "drop")]
+
+
+def _arm(sd: float, chrf: float, pooled: float = 0.5) -> dict:
+    """A scored pilot arm whose trained systems' residual SD is ``sd``: RoPE's per-seed differences from sinusoidal
+    on each quantity have variance 2 sd^2 (six seeds); RoPE+NTK, a decoding of the same models, has none (it is left
+    out); the ANOVA's pooled residual is ``pooled``. Every trained system scores ``chrf`` at x1 on both sets."""
+    unit = [-1.0, 1.0, -1.0, 1.0, -2.0, 2.0]  # variance 2.4
+    delta = [3.0 + x * sd * (2 / 2.4) ** 0.5 for x in unit]
+    tests = [{"system": system, "against": "sinusoidal", "quantity": {"split": split, "kind": kind},
+              "per_seed_delta": delta if system == "rope" else [1.0] * 6}
+             for system in ("rope", "rope+ntk") for split, kind in QUANTITIES]
     splits = {s: {"beam5": {"chrf": [chrf + d for d in (-0.5, 0.5, -0.25, 0.25, -1.0, 1.0)]}}
               for s in ("test.tatoeba", "test.multi30k-2016", "test.tatoeba.x4")}
-    return {"spec": {"variants": [{"label": s} for s in SYSTEMS]},
+    return {"spec": {"variants": [{"label": s} for s in SYSTEMS]}, "baseline": "sinusoidal",
             "systems": {**{s: {"splits": splits} for s in SYSTEMS},
                         "rope+ntk": {"splits": {"test.tatoeba": {"beam5": {"chrf": [0.0] * 6}}}}},
-            "primary": {"power": {"pooled_residual_sd": sd, "df": df, "seeds": 6}}}
+            "primary": {"tests": tests, "power": {"pooled_residual_sd": pooled, "df": 15, "seeds": 6}}}
+
+
+def test_the_trained_systems_residual_and_its_upper_limit() -> None:
+    """The residual of the trained systems alone (RoPE+NTK, the same models, left out), on (6 - 1) x 2 test sets =
+    10 degrees of freedom; its 80 % upper limit is sd * sqrt(10 / chi2_0.2(10)) = sd * sqrt(10 / 6.179) (the
+    chi-square table)."""
+    assert paired_residual(_arm(0.65, 55.0)) == (pytest.approx(0.65), 10)
+    assert upper_limit(0.65, 10) == pytest.approx(0.65 * (10 / 6.179) ** 0.5, rel=1e-3)
 
 
 def test_a_quieter_arm_of_the_same_quality_is_chosen_and_sets_the_seeds() -> None:
-    """Cool at half plain's residual SD (0.65 against 1.30), 0.3 chrF lower at x1: the cool arm, and the seeds the
-    sequential design's table gives for 0.65 (bench/sequential_design.py --looks 4,8,12 --family 24 --residual-sd
-    0.65 --effect 1.0: 14 seeds, looks scaled to 5, 10, 14)."""
-    d = design(_arm(0.65, 55.7), _arm(1.30, 56.0))
+    """Cool at half plain's residual (0.65 against 1.30), 0.3 chrF lower at x1: the cool arm, planned at 0.827 (its
+    upper limit), and the seeds the sequential design's table gives for it (bench/sequential_design.py --looks
+    4,8,12 --family 24 --residual-sd 0.8269 --effect 1.0: 22 seeds, looks scaled to 8, 15, 22)."""
+    d = design(_arm(0.65, 55.7, pooled=0.3), _arm(1.30, 56.0, pooled=0.3))
     assert d["arm"] == "cool" and d["overrides"] == ["train.cooldown=0.2", "train.ema_decay=0.99"]
     assert d["ratio"] == pytest.approx(0.5) and d["x1_chrf_gap"] == pytest.approx(-0.3)
     assert d["pilot"]["cool"]["x1_chrf"] == pytest.approx(55.7)  # test variants (rope+ntk) are not trained systems
-    assert (d["seeds"], d["looks"], d["capped"], d["planning_sd"]) == (14, [5, 10, 14], False, 0.65)
-    assert 0.8 <= d["power"] < 0.9
+    assert d["pilot"]["cool"]["pooled_residual_sd"] == 0.3  # recorded, not what plans the study
+    assert (d["seeds"], d["looks"], d["capped"]) == (22, [8, 15, 22], False)
+    assert d["planning_sd"] == pytest.approx(0.8269, abs=1e-4) and 0.8 <= d["power"] < 0.9
     f = family(d)
     assert {k: f[k] for k in EXTRAPOLATION_FAMILY if k != "declared"} == {
         k: v for k, v in EXTRAPOLATION_FAMILY.items() if k != "declared"}  # the first study's 24 tests
-    assert f["sequential"] == {"looks": [5, 10, 14], "spending": "obf", "futility": True, "beta": 0.2,
-                               "residual_sd": 0.65}
+    assert f["sequential"] == {"looks": [8, 15, 22], "spending": "obf", "futility": True, "beta": 0.2,
+                               "residual_sd": d["planning_sd"]}
     assert f["declared"].startswith("pre-registered on 2026-11-29")
 
 
@@ -50,14 +69,14 @@ def test_a_quieter_arm_of_the_same_quality_is_chosen_and_sets_the_seeds() -> Non
                                           ((0.65, 55.4), "quality: x1 chrF 0.6 lower")])
 def test_plain_stays_unless_cool_is_quieter_and_as_good(cool: tuple[float, float], why: str) -> None:
     d = design(_arm(*cool), _arm(1.30, 56.0))
-    assert d["arm"] == "plain" and d["overrides"] == [] and d["planning_sd"] == 1.30, why
-    assert (d["seeds_needed"], d["seeds"], d["capped"], d["looks"]) == (53, 30, True, [10, 20, 30])
-    assert 0.4 < d["power"] < 0.8  # stated, not reached
+    assert d["arm"] == "plain" and d["overrides"] == [] and d["planning_sd"] == pytest.approx(1.654, abs=1e-3), why
+    assert (d["seeds_needed"], d["seeds"], d["capped"], d["looks"]) == (85, 30, True, [10, 20, 30])
+    assert 0.2 < d["power"] < 0.8  # stated, not reached
 
 
 def test_at_least_the_pilots_six_seeds() -> None:
-    d = design(_arm(0.30, 56.0), _arm(0.9, 56.0))
-    assert d["seeds_needed"] == 3 and (d["seeds"], d["looks"]) == (6, [2, 4, 6]) and d["power"] > 0.99
+    d = design(_arm(0.20, 56.0), _arm(0.9, 56.0))
+    assert d["seeds_needed"] == 2 and (d["seeds"], d["looks"]) == (6, [2, 4, 6]) and d["power"] > 0.99
 
 
 def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> None:
@@ -68,10 +87,10 @@ def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> Non
                      str(tmp_path / "d"))
     assert res.returncode == 0, res.stderr
     assert "arm: cool (--set train.cooldown=0.2 --set train.ema_decay=0.99)" in res.stdout
-    assert "seeds per system: 14 (power 0.8 needs 14), looks at 5, 10, 14" in res.stdout
-    assert json.loads((tmp_path / "d" / "design.json").read_text())["seeds"] == 14
+    assert "seeds per system: 22 (power 0.8 needs 22), looks at 8, 15, 22" in res.stdout
+    assert json.loads((tmp_path / "d" / "design.json").read_text())["seeds"] == 22
     declared = read_family(tmp_path / "d" / "family.json")
-    assert declared["sequential"]["looks"] == [5, 10, 14] and len(declared["systems"]) == 6
+    assert declared["sequential"]["looks"] == [8, 15, 22] and len(declared["systems"]) == 6
     missing = run_script("bench/pilot_design.py", str(tmp_path / "cool"), str(tmp_path / "none"), "--out",
                          str(tmp_path / "e"))
     assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].endswith(
