@@ -13,15 +13,16 @@ the last 20 % of the steps and an EMA of the weights) and "plain" (the first stu
 2. **Planning SD.** The chosen arm's residual SD of the trained systems at its one-sided 80 % upper confidence
    limit, ``sd * sqrt(df / chi2_0.2(df))`` (Browne 1995), on its effective degrees of freedom.
 
-Rules 1 and 2 as amended on 2026-11-29, before the pilot was scored and before any run of the study (the
-pre-registration's amendments): they first read the pooled residual of the pilot's ANOVA, in which three of the four
-systems (RoPE, RoPE+NTK, RoPE+YaRN) are the same trained models, which understates the noise between trained models,
-and took it as a point estimate.
 3. **Seeds N.** The fewest seeds per system at which three equally spaced looks, with Lan-DeMets O'Brien-Fleming
    spending at Holm's first step (0.05 / 24), reach power 0.8 at the smallest effect (1.0 chrF), a paired
    difference having SD planning SD x sqrt(2) (``utils.study.sequential.seeds_needed``); at least ``MIN_SEEDS``
    (6, the pilot's), at most ``MAX_SEEDS`` (30; the power there is then stated).
 4. **Looks.** ceil(N / 3), ceil(2N / 3) and N seeds per system; futility non-binding, beta 0.2, at the planning SD.
+
+Rules 1 and 2 as amended on 2026-11-29, before the pilot was scored and before any run of the study (the
+pre-registration's amendments): they first read the pooled residual of the pilot's ANOVA, in which three of the four
+systems (RoPE, RoPE+NTK, RoPE+YaRN) are the same trained models, which understates the noise between trained models,
+and took it as a point estimate.
 
 Writes ``DIR/design.json`` (the rule's inputs and what it decided) and ``DIR/family.json`` (for
 ``bench/study.py --family``: the first study's 24 tests with this design), and prints the decision.
