@@ -12,7 +12,6 @@ the last 20 % of the steps and an EMA of the weights) and "plain" (the first stu
    ``QUALITY`` (0.5) points below plain's; otherwise "plain".
 2. **Planning SD.** The chosen arm's residual SD of the trained systems at its one-sided 80 % upper confidence
    limit, ``sd * sqrt(df / chi2_0.2(df))`` (Browne 1995), on its effective degrees of freedom.
-
 3. **Seeds N.** The fewest seeds per system at which three equally spaced looks, with Lan-DeMets O'Brien-Fleming
    spending at Holm's first step (0.05 / 24), reach power 0.8 at the smallest effect (1.0 chrF), a paired
    difference having SD planning SD x sqrt(2) (``utils.study.sequential.seeds_needed``); at least ``MIN_SEEDS``
