@@ -108,6 +108,8 @@ def _text_splits(cfg: DataConfig) -> tuple[Path, dict[str, str]]:
             raise DataError(f"data.test: split name {name!r} clashes with the train/validation split")
         shifted = length_shifted(name)
         exists = any((folder / f"{name}.{cfg.src_lang}{gz}").is_file() for gz in ("", ".gz"))
+        if shifted and not exists and shifted[0] in ("train", "validation"):
+            continue  # joined from that split once it is read (_add_length_shifted), whatever its file prefix
         splits[name] = shifted[0] if shifted and not exists else name
     return folder, splits
 

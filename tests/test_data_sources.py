@@ -457,3 +457,21 @@ def test_length_shifted_splits_join_consecutive_pairs(tmp_path):
     cfg = load_config("configs/demo.yaml", ["data.source=text", f"data.path={tmp_path}", "data.test=[t,t.x2]",
                                             "data.validation=valid"])
     assert list(load_corpus(cfg.data)["t.x2"]["src"]) == ["own"]
+
+
+def test_a_text_folders_validation_split_is_length_shifted_from_its_own_file_prefix(tmp_path):
+    """``validation.x4`` in a text folder joins the pairs of the validation split, whatever its file prefix
+    (``data.validation``, e.g. ``valid``): the split the length-controlled decoding is chosen on."""
+    from data.sources import corpus_fingerprint, load_corpus
+    from utils.config import load_config
+
+    for lang in ("fr", "en"):
+        (tmp_path / f"train.{lang}").write_text("x\n", encoding="utf-8")
+        (tmp_path / f"valid.{lang}").write_text("".join(f"{lang}{i}\n" for i in range(9)), encoding="utf-8")
+        (tmp_path / f"t.{lang}").write_text("a\n", encoding="utf-8")
+    cfg = load_config("configs/demo.yaml", ["data.source=text", f"data.path={tmp_path}", "data.validation=valid",
+                                            "data.test=[t,validation.x4,train.x1]"])
+    corpus = load_corpus(cfg.data)
+    assert list(corpus["validation.x4"]["src"]) == ["fr0 fr1 fr2 fr3", "fr4 fr5 fr6 fr7"]
+    assert list(corpus["validation.x4"]["tgt"]) == ["en0 en1 en2 en3", "en4 en5 en6 en7"]
+    assert list(corpus["train.x1"]["src"]) == ["x"] and len(corpus_fingerprint(cfg.data)) == 64
