@@ -100,6 +100,7 @@ def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> Non
 @pytest.mark.parametrize(("text", "said"), [
     ("{", "cannot read it as JSON"), ("[]", "a JSON object of the family's keys, not list"),
     ('{"declared": "x", "alpha": 1.5}', "alpha: 1.5 is not a number within (0, 1)"),
+    ('{"declared": "x", "smallest_effect": NaN}', "smallest_effect: NaN is not a number > 0"),
     ('{"declared": "x", "metric": "TER"}', 'metric: "TER" is not one of chrF, BLEU'),
     ('{"declared": "x", "drops": ["a"]}', "drops: [\"a\"] is not an object"),
     ('{"declared": "x", "sequential": {"looks": [4, 2]}}', "family.sequential.looks: [4, 2]: increasing seed counts"),

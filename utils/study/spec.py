@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -248,5 +249,5 @@ def _strings(value: Any) -> bool:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
-        and abs(value) != float("inf")
+    """A finite int or float (JSON has no NaN or infinity, but Python's json reads them)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
