@@ -61,3 +61,26 @@ def test_lowercase_scoring_ignores_case_and_says_so() -> None:
     assert "case:mixed" in cased.bleu_signature
     rows = scores_by_length(hyps, refs, [7], [10], lowercase=True)
     assert rows[0]["bleu"] == pytest.approx(100.0)
+
+
+def test_bleu4_can_be_left_out_and_then_nltk_is_not_imported() -> None:
+    """Validation scores BLEU and chrF only: without BLEU-4 the scores are the same and nltk (with the scipy it
+    imports, about a second) stays out of the process; a training run's validation is such a process."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, TINY_CLI
+
+    full, lean = corpus_scores(HYP, REF), corpus_scores(HYP, REF, bleu4=False)
+    assert lean.nltk_bleu4 is None and (lean.bleu, lean.chrf) == (full.bleu, full.chrf)
+    sets = [a for s in [*TINY_CLI, "train.max_steps=1", "train.eval_every=1"] for a in ("--set", s)]
+    probe = ("import runpy, sys, tempfile\n"
+             "d = tempfile.mkdtemp()\n"
+             f"sys.argv = ['train.py', '--config', 'configs/demo.yaml', '--runs', d, *{sets!r},"
+             " '--set', 'data.cache_dir=' + d + '/c']\n"
+             "try:\n    runpy.run_path('train.py', run_name='__main__')\nexcept SystemExit as e:\n"
+             "    assert not e.code, e.code\n"
+             "print(sorted(m for m in ('nltk', 'scipy') if m in sys.modules))\n")
+    res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "valid loss" in res.stderr + res.stdout and res.stdout.splitlines()[-1] == "[]"

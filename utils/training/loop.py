@@ -268,7 +268,7 @@ class Recipe:
         @self.evaluator.on(Events.COMPLETED)
         def _bleu(engine: Engine) -> None:
             scored = decode_and_score(self.s.decoded, self.s.tokenizer, self.s.valid_texts, self.s.valid_refs,
-                                      self.valid_decode, self.cfg.tokenizer.lowercase, shard=True)
+                                      self.valid_decode, self.cfg.tokenizer.lowercase, shard=True, bleu4=False)
             engine.state.metrics["bleu"] = scored.scores.bleu
             engine.state.metrics["chrf"] = scored.scores.chrf
             engine.state.metrics["example"] = scored.texts[0] if scored.texts else ""

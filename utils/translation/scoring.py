@@ -3,20 +3,18 @@ and ``decode_and_score``, the one decode-then-score path of test.py, validation 
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from nltk.tokenize import TreebankWordTokenizer
-from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
 from sacrebleu.metrics import BLEU, CHRF
 
 if TYPE_CHECKING:
     from utils.config import DecodeConfig
     from utils.translation.translate import Translation
 
-_WORDS = TreebankWordTokenizer()
 
 
 @dataclass
@@ -25,7 +23,7 @@ class Scores:
 
     bleu: float
     chrf: float
-    nltk_bleu4: float
+    nltk_bleu4: float | None  # None where not asked for (validation: BLEU and chrF only)
     bleu_signature: str
     chrf_signature: str
     bleu_detail: str  # e.g. "BLEU = 27.3 58.1/33.0/20.9/13.6 (BP = 1.000 ratio = 1.02 ...)"
@@ -35,24 +33,36 @@ class Scores:
         return asdict(self)
 
 
+@functools.cache
+def _treebank() -> Any:
+    """nltk's Penn Treebank tokenizer, imported on first use: nltk brings scipy along (about a second), which
+    training's validation, scoring BLEU and chrF only, does not need."""
+    from nltk.tokenize import TreebankWordTokenizer
+
+    return TreebankWordTokenizer()
+
+
 def word_tokens(text: str) -> list[str]:
     """Penn Treebank word tokens (no downloads needed, unlike nltk.word_tokenize)."""
-    return _WORDS.tokenize(text)
+    return _treebank().tokenize(text)
 
 
 def nltk_bleu4(hypotheses: list[str], references: list[str], lowercase: bool = False) -> float:
     """nltk corpus BLEU-4 (uniform weights) on word tokens, in percent; method1 smoothing for empty n-gram counts."""
+    from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
+
     case = str.lower if lowercase else str
     refs = [[word_tokens(case(r))] for r in references]
     hyps = [word_tokens(case(h)) for h in hypotheses]
     return 100.0 * corpus_bleu(refs, hyps, smoothing_function=SmoothingFunction().method1)
 
 
-def corpus_scores(hypotheses: list[str], references: list[str], lowercase: bool = False) -> Scores:
+def corpus_scores(hypotheses: list[str], references: list[str], lowercase: bool = False,
+                  bleu4: bool = True) -> Scores:
     """sacreBLEU (13a tokenisation, exp smoothing), chrF2 and nltk BLEU-4 of detokenised text.
 
     ``lowercase``: score case-insensitively, as a model trained on lowercased text must be (the
-    signatures then say ``case:lc``).
+    signatures then say ``case:lc``). ``bleu4=False``: no nltk BLEU-4 (``nltk_bleu4`` is None).
     """
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
@@ -60,7 +70,7 @@ def corpus_scores(hypotheses: list[str], references: list[str], lowercase: bool 
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
     return Scores(
-        bleu=b.score, chrf=c.score, nltk_bleu4=nltk_bleu4(hypotheses, references, lowercase),
+        bleu=b.score, chrf=c.score, nltk_bleu4=nltk_bleu4(hypotheses, references, lowercase) if bleu4 else None,
         bleu_signature=str(bleu.get_signature()), chrf_signature=str(chrf.get_signature()),
         bleu_detail=str(b), n_sentences=len(hypotheses),
     )
@@ -109,11 +119,13 @@ class Scored:
 
 
 def decode_and_score(model: Any, tokenizer: Any, sources: list[str], refs: list[str], decode: DecodeConfig,
-                     lowercase: bool = False, shard: bool = False, guides: list[Any] | None = None) -> Scored:
+                     lowercase: bool = False, shard: bool = False, guides: list[Any] | None = None,
+                     bleu4: bool = True) -> Scored:
     """Translate ``sources`` (each one's best under ``decode``; over-long ones truncated, empty ones empty) and
     score them against ``refs``. ``shard``: under data-parallel training (``ignite.distributed``) every rank
     decodes every world-th sentence and the hypotheses are gathered, so every rank gets the same scores.
-    ``guides``: each source's target prefix and constraints (``translate.Guide``), aligned with ``sources``."""
+    ``guides``: each source's target prefix and constraints (``translate.Guide``), aligned with ``sources``.
+    ``bleu4=False``: no nltk BLEU-4 (``corpus_scores``)."""
     from utils.translation.translate import (  # torch: only when decoding
         Translation,
         encode_guides,
@@ -135,5 +147,5 @@ def decode_and_score(model: Any, tokenizer: Any, sources: list[str], refs: list[
                   for x in idist.all_gather(json.dumps([asdict(h) for h in best]))]
         best = [shards[i % world][i // world] for i in range(len(ids))]
     seconds = time.perf_counter() - start
-    scores = corpus_scores([h.text for h in best], refs, lowercase=lowercase)
+    scores = corpus_scores([h.text for h in best], refs, lowercase=lowercase, bleu4=bleu4)
     return Scored(best, scores, seconds, [max(len(x) - 1, 0) for x in ids])
