@@ -12,9 +12,15 @@ from conftest import ROOT
 
 #: Every published study folder: each is recomputed below (one published later joins without an edit).
 PUBLISHED = sorted(p.parent.name for p in (ROOT / "bench" / "studies").glob("*/results.json"))
+#: The two largest, 320,000 hypotheses each (about 100 s of one core apiece, most of it sacreBLEU's sentence
+#: statistics): here their primary tests are recomputed from the hypotheses the family reads (a sixth of them); the
+#: whole recomputation is ``python bench/study_report.py --check bench/studies/*``, run whenever a study is
+#: published or utils/study changes (docs: contributing). Every other study, candidates included, is recomputed
+#: whole here.
+WHOLE_BY_COMMAND = ("extrapolation", "extrapolation-2700")
 
 
-@pytest.mark.parametrize("name", PUBLISHED)
+@pytest.mark.parametrize("name", [n for n in PUBLISHED if n not in WHOLE_BY_COMMAND])
 def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_path: Path) -> None:
     """bench/studies/<name>: study_report.py on a copy of the published results.json (and hypotheses/, with the
     references of the corpus, where published) gives the same report and the same primary tests (seed-test and
@@ -48,17 +54,6 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
     if name == "all-encodings":
         assert results["primary"]["family"]["elsewhere"] == {"learnable": "seed-table", "rope": "seed-table"}
         assert not systems & {"learnable", "rope"} and results["primary"]["size"] == 24
-    elif name in ("extrapolation", "extrapolation-2700"):  # the pre-registration: 6 contrasts x 2 sets x
-        # (chrF, drop), Holm over 24; the continuation scores the same family at its budget
-        family = results["primary"]["family"]
-        assert systems == {"learnable", "rope", "rope+ntk", "rope+yarn", "alibi", "t5"}
-        assert results["primary"]["size"] == 24
-        assert family["splits"] == ["test.tatoeba.x4", "test.multi30k-2016.x4"] and family["decoder"] == "beam5"
-        assert family["drops"] == {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"}
-        assert family["smallest_effect"] == 1.0 and results["bootstrap_samples"] == 10000
-        resolved, steps = {"extrapolation": (11, 2250), "extrapolation-2700": (4, 2700)}[name]
-        assert sum(t["resolved"] for t in results["primary"]["tests"]) == resolved
-        assert published_results["spec"]["steps"] == steps
     elif name == "extrapolation-candidates":  # its own family, declared 2026-11-26; scored from beam 5 files
         assert systems == {"kerple_log", "fire", "decoder-nope", "sinusoidal+shape"}
         assert results["primary"]["size"] == 16 and results["bootstrap_samples"] == 10000
@@ -69,6 +64,66 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
             ("sinusoidal+shape", "drop")]
     else:
         assert systems == {"learnable", "rope"} and results["primary"]["size"] == 6
+
+
+@pytest.mark.parametrize("name", WHOLE_BY_COMMAND)
+def test_the_largest_studies_recompute_their_primary_tests(name: str, tmp_path: Path) -> None:
+    """extrapolation and its continuation, from the hypotheses their family reads: the same primary family (6
+    contrasts x 2 sets x (chrF, drop), Holm over 24, the continuation at its own budget), each test's seed-test,
+    Holm and bootstrap p, and its verdict."""
+    from conftest import SHARED_DATA
+
+    from utils.study.report import reanalyse
+
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA} (set FR2EN_SHARED_DATA): the references")
+    published = ROOT / "bench" / "studies" / name
+    shutil.copy(published / "results.json", tmp_path / "results.json")
+    shutil.copytree(published / "hypotheses", tmp_path / "hypotheses")
+    results = reanalyse(tmp_path, primary_only=True)
+    assert not (tmp_path / "report.md").exists() and results["decoders"] == ["beam5"]
+    assert results["splits"] == ["test.tatoeba", "test.tatoeba.x4", "test.multi30k-2016", "test.multi30k-2016.x4"]
+    before = json.loads((published / "results.json").read_text(encoding="utf-8"))
+    assert [(t["system"], t["label"]) for t in results["primary"]["tests"]] == [
+        (t["system"], t["label"]) for t in before["primary"]["tests"]]
+    for new, old in zip(results["primary"]["tests"], before["primary"]["tests"], strict=True):
+        assert new["seed_test"]["p_value"] == pytest.approx(old["seed_test"]["p_value"], rel=1e-9)
+        assert new["seed_test"]["p_holm"] == pytest.approx(old["seed_test"]["p_holm"], rel=1e-9)
+        assert new["bootstrap"]["p_value"] == pytest.approx(old["bootstrap"]["p_value"], rel=1e-9)
+        assert new["resolved"] == old["resolved"]
+    family = results["primary"]["family"]
+    assert {t["system"] for t in results["primary"]["tests"]} == {"learnable", "rope", "rope+ntk", "rope+yarn",
+                                                                  "alibi", "t5"}
+    assert results["primary"]["size"] == 24
+    assert family["splits"] == ["test.tatoeba.x4", "test.multi30k-2016.x4"] and family["decoder"] == "beam5"
+    assert family["drops"] == {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"}
+    assert family["smallest_effect"] == 1.0 and before["bootstrap_samples"] == 10000
+    resolved, steps = {"extrapolation": (11, 2250), "extrapolation-2700": (4, 2700)}[name]
+    assert sum(t["resolved"] for t in before["primary"]["tests"]) == resolved
+    assert before["spec"]["steps"] == steps
+
+
+def test_study_report_check_compares_without_writing(tmp_path: Path) -> None:
+    """``bench/study_report.py --check``: a published study recomputes exactly (exit 0, one line); a copy whose
+    report.md was edited is named with its difference (exit 1); neither folder is written; bad use is one line."""
+    from conftest import run_script
+
+    published = ROOT / "bench" / "studies" / "seed-table"
+    edited = tmp_path / "seed-table"
+    shutil.copytree(published, edited, ignore=shutil.ignore_patterns("figures"))
+    (edited / "report.md").write_text((published / "report.md").read_text(encoding="utf-8") + "\nedited\n",
+                                      encoding="utf-8")
+    files = {p: p.read_bytes() for p in [*published.rglob("*"), *edited.rglob("*")] if p.is_file()}
+    res = run_script("bench/study_report.py", "--check", str(published), str(edited))
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.splitlines() == [f"{published}: recomputes exactly (report.md and the primary tests)",
+                                       f"{edited}: 1 differences", "  report.md differs from the recomputed one"]
+    assert {p: p.read_bytes() for p in files} == files
+    assert sorted(p for p in [*published.rglob("*"), *edited.rglob("*")] if p.is_file()) == sorted(files)
+    for bad, message in ((["--check", "--bootstrap", "10", str(published)], "leave out --bootstrap"),
+                         ([str(published), str(edited)], "one folder at a time (several only with --check)")):
+        res = run_script("bench/study_report.py", *bad)
+        assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(message)
 
 
 def test_the_study_pages_show_the_published_reports() -> None:

@@ -336,10 +336,12 @@ def read_hypotheses(folder: Path, systems: list[str], seeds: list[int], checksum
     return out
 
 
-def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
+def reanalyse(folder: Path, samples: int | None = None, primary_only: bool = False) -> dict[str, Any]:
     """Recompute a published study's analysis from its folder alone: ``results.json`` (spec, per-seed scores,
     attention, validation curves) and, when published, ``hypotheses/`` with the references read from the
-    study's corpus. Rewrites results.json, report.md and the figures there."""
+    study's corpus. Rewrites results.json, report.md and the figures there. ``primary_only``: only what a declared
+    family reads (its splits, their drops' baselines, its decoder), returned and not written: its primary tests are
+    the study's, at a fraction of the time (the exploratory tests then cover those splits only)."""
     from utils.study.files import read_results
     from utils.study.lock import check_free
 
@@ -348,6 +350,10 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
     spec = old["spec"]
     splits, baseline, seeds = old["splits"], old["baseline"], old["seeds"]
     decoders = old.get("decoders", list(DECODERS))
+    family = spec.get("family") or {}
+    if primary_only and family.get("splits"):
+        wanted = {*family["splits"], *(family.get("drops") or {}).values()}
+        splits, decoders = [s for s in splits if s in wanted], [family.get("decoder", "beam5")]
     systems = {name: {k: v for k, v in entry.items() if k in ("variant", "test_variant", "attention", "valid_bleu")}
                | {"splits": {s: {d: {k: entry["splits"][s][d][k] for k in
                                      ("bleu", "chrf", "signature", "chrf_signature", "by_source_length")
@@ -376,6 +382,8 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
     for key in ("length_unit", "source_lengths", "provenance"):
         if key in old:
             results[key] = old[key]
+    if primary_only:
+        return results
     if "length_control" in old:  # the declared secondary decoder (utils/study/decoders.py)
         results["length_control"] = reanalyse_length(old, folder, references, samples or old.get(
             "bootstrap_samples", 10000), cfg.tokenizer.lowercase if cfg else False, read_hypotheses)
@@ -383,20 +391,80 @@ def reanalyse(folder: Path, samples: int | None = None) -> dict[str, Any]:
     return results
 
 
+def check_published(folder: Path) -> list[str]:
+    """Recompute a published study in a temporary copy of its ``results.json`` and ``hypotheses/`` (the folder is
+    left as it is) and compare: the differences, one line each (none: it recomputes exactly). Compared: report.md
+    byte for byte, and each primary test's system and label, seed-test p and Holm p, and bootstrap p (to 1e-9
+    relative: the float sums may end in another last bit)."""
+    import math
+    import shutil
+    import tempfile
+
+    from utils.study.files import read_results
+
+    before = read_results(folder)
+    with tempfile.TemporaryDirectory(prefix="study-check-") as tmp:
+        copy = Path(tmp) / folder.resolve().name
+        copy.mkdir()
+        shutil.copy(folder / "results.json", copy / "results.json")
+        if (folder / "hypotheses").is_dir():
+            shutil.copytree(folder / "hypotheses", copy / "hypotheses")
+        after = reanalyse(copy)
+        report = (copy / "report.md").read_text(encoding="utf-8")
+    out = []
+    published = folder / "report.md"
+    if not published.is_file() or published.read_text(encoding="utf-8") != report:
+        out.append("report.md differs from the recomputed one")
+    old, new = before["primary"]["tests"], after["primary"]["tests"]
+    if [(t["system"], t["label"]) for t in old] != [(t["system"], t["label"]) for t in new]:
+        return [*out, "the primary tests are not the published ones"]
+
+    def close(a: float | None, b: float | None) -> bool:
+        return (a is None) == (b is None) and (a is None or math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0))
+
+    for o, n in zip(old, new, strict=True):
+        pairs = [("seed-test p", o["seed_test"]["p_value"], n["seed_test"]["p_value"]),
+                 ("Holm p", o["seed_test"]["p_holm"], n["seed_test"]["p_holm"]),
+                 ("bootstrap p", (o.get("bootstrap") or {}).get("p_value"), (n.get("bootstrap") or {}).get("p_value"))]
+        out += [f"{o['system']} {o['label']}: {what} {a} published, {b} recomputed" for what, a, b in pairs
+                if not close(a, b)]
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of bench/study_report.py."""
     parser = argparse.ArgumentParser(description="Recompute a published study's report from its folder alone "
                                                  "(results.json, and hypotheses/ when published).")
-    parser.add_argument("folder", type=Path, help="e.g. bench/studies/all-encodings or runs/study_<name>")
+    parser.add_argument("folder", type=Path, nargs="+", help="e.g. bench/studies/all-encodings or runs/study_<name> "
+                        "(several with --check)")
     parser.add_argument("--bootstrap", type=int, help="bootstrap samples (default: the study's)")
+    parser.add_argument("--check", action="store_true",
+                        help="recompute each folder in a temporary copy and compare with what it publishes: one line "
+                             "per study, exit status 1 if any differs (the folders are not written)")
     return parser
 
 
 def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
-    if not (args.folder / "results.json").is_file():
-        parser.error(f"{args.folder}: no results.json")
+    for folder in args.folder:
+        if not (folder / "results.json").is_file():
+            parser.error(f"{folder}: no results.json")
+    if args.check:
+        if args.bootstrap is not None:
+            parser.error("--check recomputes with the study's own bootstrap samples: leave out --bootstrap")
+        failed = 0
+        for folder in args.folder:
+            differences = check_published(folder)
+            failed += bool(differences)
+            print(f"{folder}: " + ("recomputes exactly (report.md and the primary tests)" if not differences else
+                                   f"{len(differences)} differences"), flush=True)
+            for line in differences:
+                print(f"  {line}")
+        return 1 if failed else 0
+    if len(args.folder) > 1:
+        parser.error("one folder at a time (several only with --check)")
+    args.folder = args.folder[0]
     results = reanalyse(args.folder, args.bootstrap)
     pr = results["primary"]
     print(f"{args.folder}: {pr['resolved']} of {pr['size']} primary tests resolved; report in "
