@@ -14,7 +14,7 @@ from conftest import ROOT
 PUBLISHED = sorted(p.parent.name for p in (ROOT / "bench" / "studies").glob("*/results.json"))
 #: The two largest, 320,000 hypotheses each (about 100 s of one core apiece, most of it sacreBLEU's sentence
 #: statistics): here their primary tests are recomputed from the hypotheses the family reads (a sixth of them); the
-#: whole recomputation is ``python bench/study_report.py --check bench/studies/*``, run whenever a study is
+#: whole recomputation is ``python bench/study_report.py --check``, run whenever a study is
 #: published or utils/study changes (docs: contributing). Every other study, candidates included, is recomputed
 #: whole here.
 WHOLE_BY_COMMAND = ("extrapolation", "extrapolation-2700")
@@ -121,7 +121,8 @@ def test_study_report_check_compares_without_writing(tmp_path: Path) -> None:
     assert {p: p.read_bytes() for p in files} == files
     assert sorted(p for p in [*published.rglob("*"), *edited.rglob("*")] if p.is_file()) == sorted(files)
     for bad, message in ((["--check", "--bootstrap", "10", str(published)], "leave out --bootstrap"),
-                         ([str(published), str(edited)], "one folder at a time (several only with --check)")):
+                         ([str(published), str(edited)], "one folder at a time (several only with --check)"),
+                         ([], "the study folder is missing")):
         res = run_script("bench/study_report.py", *bad)
         assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(message)
 

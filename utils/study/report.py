@@ -435,8 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of bench/study_report.py."""
     parser = argparse.ArgumentParser(description="Recompute a published study's report from its folder alone "
                                                  "(results.json, and hypotheses/ when published).")
-    parser.add_argument("folder", type=Path, nargs="+", help="e.g. bench/studies/all-encodings or runs/study_<name> "
-                        "(several with --check)")
+    parser.add_argument("folder", type=Path, nargs="*", help="e.g. bench/studies/all-encodings or runs/study_<name> "
+                        "(with --check: several, or none for every study published under bench/studies)")
     parser.add_argument("--bootstrap", type=int, help="bootstrap samples (default: the study's)")
     parser.add_argument("--check", action="store_true",
                         help="recompute each folder in a temporary copy and compare with what it publishes: one line "
@@ -447,6 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
+    if args.check and not args.folder:
+        args.folder = sorted(p.parent for p in (ROOT / "bench" / "studies").glob("*/results.json"))
+    if not args.folder:
+        parser.error("the study folder is missing")
     for folder in args.folder:
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json")
