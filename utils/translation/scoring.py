@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from utils.translation.translate import Translation
 
 
-
 @dataclass
 class Scores:
     """Corpus scores in percent (0-100), with sacreBLEU's reproducibility signatures."""
