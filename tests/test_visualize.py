@@ -126,6 +126,41 @@ def test_visualize_writes_pngs_and_tensorboard_images(runs: dict[str, Path], fam
     assert all(steps == [step] for steps in tags.values()), tags
 
 
+def test_each_figure_is_drawn_once_and_its_png_is_its_tensorboard_image(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A figure's layout is most of its cost: written both as a PNG and to TensorBoard, it is drawn once, and the
+    two are the same bitmap."""
+    from matplotlib.figure import Figure
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    model_cfg = make_tiny_config(tmp_path).model.model_copy(update=dict(input_pe="none", attention_pe="alibi",
+                                                                          cross_attention_pe="alibi"))
+    figs, _ = position_figures(Seq2SeqTransformer(model_cfg, 100, 0), model_cfg, length=24, bias_length=12)
+    drawn: list[int] = []
+    draw = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: (drawn.append(id(self)), draw(self, renderer))[1])
+    writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
+    try:
+        paths = write_figures(dict(figs), tmp_path / "png", writer, step=3, dpi=50)
+    finally:
+        writer.close()
+    assert len(figs) == 3 and sorted(drawn) == sorted(id(f) for f in figs.values())  # once each
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    acc.Reload()
+    assert set(acc.Tags()["images"]) == set(figs)
+    for tag, path in zip(figs, paths, strict=True):
+        (event,) = acc.Images(tag)
+        png = imread(path)  # float RGBA in [0, 1]
+        from io import BytesIO
+
+        logged = imread(BytesIO(event.encoded_image_string))
+        assert event.step == 3 and png.shape[:2] == logged.shape[:2] == (event.height, event.width)
+        assert png.shape[1] == round(figs[tag].get_figwidth() * 50)  # at the dpi asked
+        np.testing.assert_array_equal(png[..., :3], logged[..., :3])
+    assert not list((tmp_path / "png").glob(".*"))  # no temporary file left
+
+
 @pytest.mark.parametrize("tgt_text", [None, "The cat sleeps on the sofa."])
 def test_attention_rows_sum_to_one_and_decoder_is_causal(runs: dict[str, Path], tgt_text: str | None) -> None:
     loaded = load_run(runs["alibi"], device="cpu")

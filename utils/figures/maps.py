@@ -255,19 +255,33 @@ def write_figures(
     figs: dict[str, Figure], out_dir: Path | None = None, writer: SummaryWriter | None = None, step: int = 0,
     dpi: int = 120,
 ) -> list[Path]:
-    """Save each figure as ``out_dir/<tag with / -> _>.png`` and/or ``writer.add_figure(tag, fig, step)``;
-    close them all. Returns the PNG paths written."""
+    """Save each figure as ``out_dir/<tag with / -> _>.png`` and/or a TensorBoard image ``tag`` at ``step``, at
+    ``dpi``; close them all. Each figure is drawn once (its layout is most of the cost) and that one bitmap is both
+    the PNG, written atomically, and the image. Returns the PNG paths written."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.image import imsave
+
+    from utils.io import atomic_path
+
     paths: list[Path] = []
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     try:
         for tag, fig in figs.items():
+            if out_dir is None and writer is None:
+                break
+            fig.set_dpi(dpi)
+            canvas = FigureCanvasAgg(fig)
+            canvas.draw()
+            rgba = np.asarray(canvas.buffer_rgba())  # (H, W, 4) uint8
             if out_dir is not None:
                 path = out_dir / tag_filename(tag)
-                fig.savefig(path, dpi=dpi)
+                with atomic_path(path, ".png") as tmp:
+                    imsave(tmp, rgba, format="png", dpi=dpi)
                 paths.append(path)
             if writer is not None:
-                writer.add_figure(tag, fig, step, close=False)
+                writer.add_image(tag, rgba[..., :3], step, dataformats="HWC")
     finally:
         close_figures(figs)
     return paths

@@ -332,7 +332,7 @@ class Recipe:
 
             began = time.perf_counter()
             figures = attention_figures(self.s.decoded, self.s.tokenizer, self.s.attention_sentence)
-            write_figures(figures, None, tb.writer, engine.state.iteration)
+            write_figures(figures, None, tb.writer, engine.state.iteration, dpi=100)
             self.totals.eval_s += time.perf_counter() - began
 
     def validate(self, engine: Engine) -> None:
