@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, make_tiny_config
+from conftest import ROOT, make_tiny_config, run_script
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -88,8 +88,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "inference.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    """``inference.py ARGS``: an export in a process of its own, as is decoding an export (``run_script``); a run
+    decodes in this one."""
+    if "--export-ctranslate2" in args:
+        return subprocess.run([sys.executable, "inference.py", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+    return run_script("inference.py", *args)
 
 
 def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_path: Path) -> None:

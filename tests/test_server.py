@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, once, train_tiny_run, wait_for
+from conftest import ROOT, once, run_script, train_tiny_run, wait_for
 
 from bench.demo_page import drive_page
 from bench.serve_load import Load, Server, get, load, start_server, table
@@ -50,7 +50,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def cli_lines(model: Path, *flags: str) -> list[str]:
-    res = cli("--model_path", str(model), "--input", str(SOURCE), *flags)
+    """``inference.py --input`` on the demo test set (in this process for a run, its own for an export)."""
+    res = run_script("inference.py", "--model_path", str(model), "--input", str(SOURCE), "--threads", "1", *flags)
     assert res.returncode == 0, res.stderr
     return res.stdout.split("\n")[:-1]
 
@@ -548,17 +549,18 @@ def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path,
 
 
 def test_serve_command_line_errors_are_one_line(run_dir: Path, server: Server) -> None:
-    res = cli("--model_path", str(run_dir), "--serve", "--src_text", "Oui.")
+    res = run_script("inference.py", "--model_path", str(run_dir), "--serve", "--src_text", "Oui.")
     assert res.returncode == 2 and "--serve takes no --src_text or --input" in res.stderr
-    res = cli("--model_path", str(run_dir), "--serve", "--max-lines", "0")
+    res = run_script("inference.py", "--model_path", str(run_dir), "--serve", "--max-lines", "0")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == "error: --max-lines must be >= 1, got 0"
     res = cli("--model_path", str(run_dir), "--serve", "--port", str(server.port))  # taken by the shared server
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert f"cannot listen on 127.0.0.1:{server.port}" in res.stderr.strip().splitlines()[-1]
-    res = cli("--model_path", str(run_dir), "--serve", "--port", "0", "--decode-in-server", "--batching", "continuous")
+    res = run_script("inference.py", "--model_path", str(run_dir), "--serve", "--port", "0", "--decode-in-server",
+                     "--batching", "continuous")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         "error: --batching continuous needs a PyTorch run decoding in its own process (not --decode-in-server)")
-    res = cli("--model_path", str(run_dir), "--serve", "--port", "0", "--join", "-1")
+    res = run_script("inference.py", "--model_path", str(run_dir), "--serve", "--port", "0", "--join", "-1")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         "inference.py: error: argument --join: must be a finite number >= 0, got -1")
 

@@ -66,7 +66,7 @@ def test_a_grid_study_recorded_with_older_labels_resumes_under_them(tmp_path: Pa
     so): the same grid resumes under those labels instead of being refused as another study."""
     grid = "model.encoder_pe.attention=none,rope"
     sets = ["model.input_pe=none", f"data.cache_dir={tmp_path / 'c'}", "model.d_model=32", "model.d_ff=64",
-            "model.encoder_layers=1", "model.decoder_layers=1"]
+            "model.encoder_layers=1", "model.decoder_layers=1", "train.valid_bleu_sentences=6"]
     old = {"config": "configs/demo.yaml", "tokens": None, "overrides": sets, "steps": 8,
            "variants": [{"label": f"attention={v}", "overrides": [f"model.encoder_pe.attention={v}"], "tests": {}}
                         for v in ("none", "rope")]}
@@ -415,7 +415,7 @@ def test_cpu_jobs_run_side_by_side_each_with_its_share_of_the_cores(tmp_path: Pa
 def test_the_contrasts_recorded_as_tested_elsewhere_cannot_change_on_resume(tmp_path: Path) -> None:
     """study.json says rope was tested in another study's family; nothing is linked now: refused in one line."""
     sets = ["model.input_pe=none", f"data.cache_dir={tmp_path / 'c'}", "model.d_model=32", "model.d_ff=64",
-            "model.encoder_layers=1", "model.decoder_layers=1"]
+            "model.encoder_layers=1", "model.decoder_layers=1", "train.valid_bleu_sentences=6"]
     old = {"config": "configs/demo.yaml", "tokens": None, "overrides": sets, "steps": 8,
            "family": {"elsewhere": {"attention_pe=rope": "other"}},
            "variants": [{"label": f"attention_pe={v}", "overrides": [f"model.attention_pe={v}"], "tests": {}}

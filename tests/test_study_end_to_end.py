@@ -27,8 +27,8 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
     pre = run_script("train.py", "--config", "configs/demo.yaml", "--runs", str(killed), "--set",
                      "model.attention_pe=rope", "--set", "model.input_pe=none", "--set", "seed=2", "--set",
                      f"data.cache_dir={tmp_path / 'c'}", "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set",
-                     "model.encoder_layers=1", "--set", "model.decoder_layers=1", "--set", "train.max_steps=4", "--set",
-                     "train.eval_every=4")
+                     "model.encoder_layers=1", "--set", "model.decoder_layers=1", "--set",
+                     "train.valid_bleu_sentences=6", "--set", "train.max_steps=4", "--set", "train.eval_every=4")
     assert pre.returncode == 0, pre.stderr
     # --score-only scores what a pinned worktree trained: with runs short of the budget it trains nothing.
     refused = run_study(tmp_path, *LINEAR, "--score-only")

@@ -20,7 +20,8 @@ def study_cmd(runs: Path, cache: Path) -> list[str]:
     return [sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid", "model.attention_pe=rope",
             "--set", "model.input_pe=none", "--set", f"data.cache_dir={cache}", "--set", "model.d_model=32",
             "--set", "model.d_ff=64", "--set", "model.encoder_layers=1", "--set", "model.decoder_layers=1",
-            "--set", "train.log_every=1", "--seeds", "1", "--steps", "24", "--eval-every", "12", "--name", "k",
+            "--set", "train.log_every=1", "--set", "train.valid_bleu_sentences=4", "--seeds", "1", "--steps", "24",
+            "--eval-every", "12", "--name", "k",
             "--runs", str(runs), "--train-only"]
 
 

@@ -143,8 +143,7 @@ def test_ctrl_c_saves_last_checkpoint_and_resume_continues(tmp_path: Path, tiny_
     first = json.loads((run / "summary.json").read_text())
     assert (first["steps"], first["run_steps"], first["resumed_from_step"]) == (saved, saved, 0)
     # Resume for two more steps: it starts from the saved iteration, not from zero.
-    res = subprocess.run([sys.executable, "train.py", "--resume", str(run), "--set", f"train.max_steps={saved + 2}"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    res = run_script("train.py", "--resume", str(run), "--set", f"train.max_steps={saved + 2}")
     assert res.returncode == 0, res.stderr
     assert f"step {saved}" in res.stderr  # "resumed from ... at epoch E, step N"
     assert load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] == saved + 2
@@ -364,9 +363,8 @@ def test_a_failed_start_leaves_no_run_directory_and_keeps_latest(tmp_path: Path,
     for sets in (["data.source=text", f"data.path={tmp_path / 'nope'}"],  # bad data path: before creation
                  ["train.lr=-1e-3"],  # a value the optimizer would reject
                  [f"data.cache_dir={blocker}"]):  # fails after the run directory was made: it is removed
-        cmd = [sys.executable, "train.py", "--config", str(config), "--runs", str(runs)]
-        res = subprocess.run(cmd + [x for s in sets for x in ("--set", s)], cwd=ROOT, capture_output=True,
-                             text=True, timeout=300)
+        res = run_script("train.py", "--config", str(config), "--runs", str(runs),
+                         *[x for s in sets for x in ("--set", s)])
         assert res.returncode == 2, (sets, res.stderr)
         assert "Traceback" not in res.stderr and res.stderr.strip().splitlines()[-1].startswith("error: "), sets
         if "cache" in sets[0]:
