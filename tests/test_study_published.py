@@ -82,6 +82,7 @@ def test_the_largest_studies_recompute_their_primary_tests(name: str, tmp_path: 
     shutil.copytree(published / "hypotheses", tmp_path / "hypotheses")
     results = reanalyse(tmp_path, primary_only=True)
     assert not (tmp_path / "report.md").exists() and results["decoders"] == ["beam5"]
+    assert results["exploratory"] == [] and results["attention_tests"] == {}  # the primary tests alone
     assert results["splits"] == ["test.tatoeba", "test.tatoeba.x4", "test.multi30k-2016", "test.multi30k-2016.x4"]
     before = json.loads((published / "results.json").read_text(encoding="utf-8"))
     assert [(t["system"], t["label"]) for t in results["primary"]["tests"]] == [

@@ -111,9 +111,10 @@ def run_provenance(jobs: list, runs: dict[str, Path]) -> dict[str, Any]:
 def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | None, references: dict[str, list[str]],
             lengths: dict[str, list[int]] | None, splits: list[str], baseline: str, seeds: list[int], samples: int,
             lowercase: bool, edges: list[int], train_len: int | None, family: dict[str, Any] | None,
-            decoders: list[str] | None = None) -> dict[str, Any]:
+            decoders: list[str] | None = None, secondary: bool = True) -> dict[str, Any]:
     """Scores, buckets, primary and exploratory tests from the hypotheses (or, without them, from the per-seed
-    scores already in ``systems``: the seed-level tests only), for ``decoders`` (default all)."""
+    scores already in ``systems``: the seed-level tests only), for ``decoders`` (default all); without
+    ``secondary``, the primary tests alone (no exploratory or attention tests: empty)."""
     from utils.study.analysis import Analysis, Family, attention_tests, exploratory, metric_for, primary
     from utils.study.stats import brevity_penalty, chrf_precision_recall, corpus_score, sentence_stats
 
@@ -159,8 +160,9 @@ def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | Non
             "alpha": fam.alpha, "primary": declared,
             "exploratory": exploratory(analysis, names, splits, fam, train_len,
                                        {n: e["variant"] for n, e in systems.items() if e.get("test_variant")},
-                                       declared["tests"], decoders),
-            "attention_tests": attention_tests(attention, baseline, fam.alpha) if baseline in with_attention else {}}
+                                       declared["tests"], decoders) if secondary else [],
+            "attention_tests": attention_tests(attention, baseline, fam.alpha)
+            if secondary and baseline in with_attention else {}}
 
 
 def bucket_index(lengths: list[int], edges: list[int]) -> dict[str, list[int]]:
@@ -340,8 +342,8 @@ def reanalyse(folder: Path, samples: int | None = None, primary_only: bool = Fal
     """Recompute a published study's analysis from its folder alone: ``results.json`` (spec, per-seed scores,
     attention, validation curves) and, when published, ``hypotheses/`` with the references read from the
     study's corpus. Rewrites results.json, report.md and the figures there. ``primary_only``: only what a declared
-    family reads (its splits, their drops' baselines, its decoder), returned and not written: its primary tests are
-    the study's, at a fraction of the time (the exploratory tests then cover those splits only)."""
+    family reads (its splits, their drops' baselines, its decoder) and only its primary tests (no exploratory or
+    attention tests), returned and not written: they are the study's, at a fraction of the time."""
     from utils.study.files import read_results
     from utils.study.lock import check_free
 
@@ -378,7 +380,7 @@ def reanalyse(folder: Path, samples: int | None = None, primary_only: bool = Fal
     results = analyse(systems, hypotheses, references or {}, lengths, splits, baseline, seeds,
                       samples or old.get("bootstrap_samples", 10000), cfg.tokenizer.lowercase if cfg else False,
                       cfg.eval.length_buckets if cfg else [], cfg.data.max_train_len if cfg else None,
-                      spec.get("family"), decoders)
+                      spec.get("family"), decoders, secondary=not primary_only)
     for key in ("length_unit", "source_lengths", "provenance"):
         if key in old:
             results[key] = old[key]
