@@ -145,7 +145,8 @@ def make_tiny_config(tmp: Path, **train_kw) -> Config:
     raw["data"].update(cache_dir=str(tmp / "cache"), max_tokens=300)
     raw["tokenizer"]["vocab_size"] = 400
     raw["model"].update(d_model=32, n_heads=2, encoder_layers=1, decoder_layers=1, d_ff=64, attention_pe="rope")
-    raw["train"].update({"epochs": 3, "log_every": 2, "valid_bleu_sentences": 8, "warmup_steps": 10, **train_kw})
+    raw["train"].update({"epochs": 3, "log_every": 2, "valid_bleu_sentences": 8, "warmup_steps": 10,
+                         "keep_checkpoints": 0, "checkpoint_every": 0, **train_kw})  # periodic ones when asked
     raw["decode"].update(beam=2, batch_size=16)
     return from_dict(raw)
 
