@@ -132,7 +132,9 @@ def test_ctrl_c_saves_last_checkpoint_and_resume_continues(tmp_path: Path, tiny_
     while time.time() < deadline and not list((tmp_path / "runs").glob("tiny_2*/tb")):
         time.sleep(0.5)
     run = next((tmp_path / "runs").glob("tiny_2*"))
-    time.sleep(4)  # let it take some steps
+    log = run / "train.log"
+    while time.time() < deadline and not (log.is_file() and "| loss" in log.read_text()):  # some steps taken
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
