@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 
 from utils.cli import StopError
 from utils.config import ConfigError, load_config
@@ -52,21 +53,21 @@ def test_resuming_a_run_whose_epochs_are_done_does_not_start_again_from_step_1(t
 
 def test_a_bad_resume_value_writes_nothing_and_a_run_trains_in_one_process_at_a_time(trained: Path) -> None:
     config = (trained / "config.yaml").read_text()
-    bad = run_py("train.py", "--resume", str(trained), "--set", "train.max_steps=6",
+    bad = run_script("train.py", "--resume", str(trained), "--set", "train.max_steps=6",
                  "--set", "data.source=text", "--set", f"data.path={trained / 'nosuch'}")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: ")
     assert (trained / "config.yaml").read_text() == config  # the next --resume is not blocked by it
     lock_run(trained)  # this process now trains in it
     try:
         assert run_locked_by(trained) is None  # our own lock
-        second = run_py("train.py", "--resume", str(trained), "--set", "train.max_steps=6")
+        second = run_py("train.py", "--resume", str(trained), "--set", "train.max_steps=6")  # another process
         assert second.returncode == 2
         assert second.stderr.strip().splitlines()[-1] == \
             f"error: {trained.resolve()} is being trained by another process (pid {__import__('os').getpid()}); " \
             "wait for it to end"
     finally:
         unlock_run(trained)
-    ok = run_py("train.py", "--resume", str(trained), "--set", "train.max_steps=6")
+    ok = run_script("train.py", "--resume", str(trained), "--set", "train.max_steps=6")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "max_steps: 6" in (trained / "config.yaml").read_text()
     assert load_checkpoint(trained / "checkpoints" / "last.pt")["trainer"]["iteration"] == 6
