@@ -114,6 +114,15 @@ def test_save_and_reload_round_trip(tmp_path: Path) -> None:
     assert again == cfg and isinstance(again, Config)
 
 
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_a_config_nested_thousands_deep_is_one_line(tmp_path: Path, depth: int) -> None:
+    for opened, closed in (("[", "]"), ("{a: ", "}")):
+        deep = tmp_path / "deep.yaml"
+        deep.write_text("model: " + opened * depth + "1" + closed * depth + "\n")
+        with pytest.raises(ConfigError, match=r"deep\.yaml: nested too deeply to be a config$"):
+            load_config(deep)
+
+
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")
