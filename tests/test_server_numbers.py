@@ -9,15 +9,13 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_script
 from test_docs_http import FakeEngine
 
 from utils.serve.app import Limits, create_app
@@ -102,9 +100,8 @@ def test_a_huge_number_in_a_body_that_is_not_json_is_a_400_in_one_line(port: int
                                              ("--max-wait-ms", "nan"), ("--max-wait-ms", "inf"),
                                              ("--max-wait-ms", "1001")])
 def test_a_serve_float_flag_must_be_finite_and_in_range_before_the_model_loads(flag: str, value: str) -> None:
-    res = subprocess.run([sys.executable, str(ROOT / "inference.py"), "--serve", "--model_path",
-                          str(ROOT / "no-such-model"), "--port", "0", flag, value],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    res = run_script("inference.py", "--serve", "--model_path", str(ROOT / "no-such-model"), "--port", "0", flag,
+                     value)
     assert res.returncode == 2, (res.stdout, res.stderr)
     errors = [line for line in res.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and f"argument {flag}" in errors[0] and value in errors[0], res.stderr
