@@ -84,7 +84,7 @@ def test_report_lists_variants_after_the_defaults_and_before_eole() -> None:
 
 
 def test_bench_scripts_answer_bad_paths_with_one_line(tmp_path: Path) -> None:
-    import subprocess
+    from conftest import run_script
 
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -94,7 +94,7 @@ def test_bench_scripts_answer_bad_paths_with_one_line(tmp_path: Path) -> None:
         (["bench/study.py", "--preset", "seed-table", "--steps", "10", "--runs", str(afile)],
          "cannot create it (Not a directory)"),
     ):
-        res = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        res = run_script(*cmd)
         assert res.returncode == 2 and "Traceback" not in res.stderr, (cmd, res.stderr)
         assert message in res.stderr.strip().splitlines()[-1], (cmd, res.stderr)
 

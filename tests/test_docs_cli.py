@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -96,9 +94,18 @@ def test_a_page_shows_groups_choices_defaults_and_exclusive_options_as_written()
 
 
 def help_of(script: str) -> str:
-    env = dict(os.environ, COLUMNS="100")
-    res = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, env=env,
-                         timeout=120)
+    """``python SCRIPT --help`` (in this process) on a 100-column terminal."""
+    from conftest import run_script
+
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        res = run_script(script, "--help")
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
     assert res.returncode == 0, res.stderr
     return res.stdout
 
