@@ -236,8 +236,7 @@ def test_sections_keep_the_dataclass_api() -> None:
 
 def test_a_recursive_yaml_alias_is_one_line(tmp_path: Path) -> None:
     """``&x [test, *x]`` is a list that contains itself: ConfigError naming the key, not a RecursionError."""
-    import subprocess
-    import sys
+    from conftest import run_script
 
     root = Path(__file__).resolve().parents[1]
     path = tmp_path / "x.yaml"
@@ -247,8 +246,7 @@ def test_a_recursive_yaml_alias_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "top.yaml").write_text("&y\nname: top\nself: *y\n")
     with pytest.raises(ConfigError, match=r"top\.yaml: the config refers to itself \(a recursive YAML alias\)$"):
         load_config(tmp_path / "top.yaml")
-    res = subprocess.run([sys.executable, "train.py", "--config", str(path), "--runs", str(tmp_path / "runs")],
-                         cwd=root, capture_output=True, text=True, timeout=120)
+    res = run_script("train.py", "--config", str(path), "--runs", str(tmp_path / "runs"))
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [f"error: {path}: data.test refers to itself (a recursive YAML alias)"]
 

@@ -4,15 +4,12 @@ refused in one line naming the setting that weighs most; so is ``visualize.py --
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 from models.memory import LIMIT_ENV, check, estimate_config, machine_memory, memory_limit
 from models.positional import REGISTRY
@@ -168,7 +165,8 @@ def test_a_gpu_training_is_checked_against_the_gpus_memory(monkeypatch: pytest.M
     assert check(gpu).total == need  # auto: the GPU's 80 GiB
 
 
-def test_visualize_refuses_a_length_beyond_the_machine_in_one_line_before_loading_anything(tmp_path: Path) -> None:
+def test_visualize_refuses_a_length_beyond_the_machine_in_one_line_before_loading_anything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from utils.run.layout import RunDir
     from utils.run.store import create_run_dir
 
@@ -176,9 +174,8 @@ def test_visualize_refuses_a_length_beyond_the_machine_in_one_line_before_loadin
     run = create_run_dir(cfg, tmp_path / "runs")
     RunDir(run).last.write_bytes(b"not a checkpoint: never read")
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
-    out = subprocess.run([sys.executable, "visualize.py", "--model_path", str(run), "--src_text", "Bonjour.",
-                          "--length", "300000"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, LIMIT_ENV: "1"})
+    monkeypatch.setenv(LIMIT_ENV, "1")
+    out = run_script("visualize.py", "--model_path", str(run), "--src_text", "Bonjour.", "--length", "300000")
     assert out.returncode == 2, out.stderr
     assert out.stderr.splitlines() == ["error: --length 300000: the position figures would need ~8047.1 GiB "
                                        "(limit: 1.0 GiB from FR2EN_MEMORY_GIB); --length 3335 fits"]
@@ -195,10 +192,11 @@ def test_a_moving_average_of_the_weights_adds_one_copy_of_the_parameters() -> No
     assert averaged.total - plain.total == pytest.approx(params, rel=0.01)
 
 
-def test_train_refuses_a_run_beyond_the_limit_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "train.py", "--config", str(DEMO), "--runs", str(tmp_path / "runs"),
-                          "--set", "model.d_ff=1000000"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, LIMIT_ENV: "1"})
+def test_train_refuses_a_run_beyond_the_limit_in_one_line_and_writes_nothing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LIMIT_ENV, "1")
+    res = run_script("train.py", "--config", str(DEMO), "--runs", str(tmp_path / "runs"), "--set",
+                     "model.d_ff=1000000")
     assert res.returncode == 2 and res.stderr.startswith("error: model.d_ff: 1000000 would need ~"), res.stderr
     assert len(res.stderr.splitlines()) == 1 and res.stderr.rstrip().endswith("limit: 1.0 GiB from FR2EN_MEMORY_GIB)")
     assert not (tmp_path / "runs").exists()

@@ -55,18 +55,14 @@ def test_model_flops_of_a_training_step_match_torchs_flop_counter() -> None:
 def test_run_flops_counts_the_batches_the_trainer_drew(tmp_path) -> None:
     """The batches run_flops reconstructs from a run directory are the trainer's: the same target tokens as
     train.py's own closing summary, across an epoch boundary (the demo epoch is 7 steps)."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT
+    from conftest import run_script
 
     from bench.hardware import run_flops
     from utils.run.layout import read_summary
 
-    res = subprocess.run([sys.executable, "train.py", "--config", "configs/demo.yaml", "--runs", str(tmp_path),
-                          "--set", "train.max_steps=10", "--set", "train.eval_every=100", "--set", "model.d_model=32",
-                          "--set", "model.d_ff=64", "--set", f"data.cache_dir={tmp_path / 'c'}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = run_script("train.py", "--config", "configs/demo.yaml", "--runs", str(tmp_path), "--set",
+                     "train.max_steps=10", "--set", "train.eval_every=100", "--set", "train.valid_bleu_sentences=2",
+                     "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", f"data.cache_dir={tmp_path / 'c'}")
     assert res.returncode == 0, res.stderr
     run = next(p for p in tmp_path.glob("demo_2*") if p.is_dir())
     summary = read_summary((run / "train.log").read_text())
