@@ -355,14 +355,14 @@ def validate(cfg: Config) -> Config:
 
 
 #: libyaml's parser where PyYAML was built with it (the wheels are): the same documents and values as PyYAML's pure
-#: Python SafeLoader, read about 8x faster (a run's config.yaml, every key filled in, is read by every command and
-#: by a study for each of its runs).
+#: Python SafeLoader, a run's config loaded 4.5x faster (its config.yaml, every key filled in, is read by every
+#: command and by a study for each of its runs).
 YAML_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def yaml_load(text: str) -> Any:
     """``yaml.safe_load(text)``, with libyaml where available (``YAML_LOADER``)."""
-    return yaml.load(text, Loader=YAML_LOADER)  # noqa: S506 (a safe loader)
+    return yaml.load(text, Loader=YAML_LOADER)  # a safe loader: plain data only
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

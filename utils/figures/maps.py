@@ -265,12 +265,13 @@ def write_figures(
     from utils.io import atomic_path
 
     paths: list[Path] = []
+    if out_dir is None and writer is None:
+        close_figures(figs)
+        return paths
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     try:
         for tag, fig in figs.items():
-            if out_dir is None and writer is None:
-                break
             fig.set_dpi(dpi)
             canvas = FigureCanvasAgg(fig)
             canvas.draw()
