@@ -19,7 +19,7 @@ from conftest import ROOT
 from bench.gpu_bench_base import order, time_share
 from bench.gpu_bench_plan import steady, together
 from utils.config import load_config
-from utils.study import cli
+from utils.study import stages
 from utils.study.cli import main
 from utils.study.gpu import GPU_BASE, GPU_STUDY, STUDY_RUNS_PER_GPU, own_sets, study_defaults
 from utils.study.lock import unlock_study
@@ -154,7 +154,7 @@ def test_a_study_on_a_cuda_machine_without_jobs_trains_16_at_once_with_the_gpu_k
         if progress is not None:
             progress.close()
 
-    monkeypatch.setattr(cli, "run_commands", capture)
+    monkeypatch.setattr(stages, "run_commands", capture)
 
     def run(name: str, *flags: str) -> tuple[int, list[list[str]]]:
         monkeypatch.setattr(sys, "argv", ["bench/study.py", "--config", "configs/demo.yaml", "--grid",

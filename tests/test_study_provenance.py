@@ -19,7 +19,7 @@ from conftest import ROOT
 from utils.cli import run_main
 from utils.config import load_config, save_config
 from utils.run.layout import RunDir
-from utils.study import cli
+from utils.study import stages
 from utils.study.cli import main
 from utils.study.files import slug
 from utils.study.lock import unlock_study
@@ -60,7 +60,7 @@ def study_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., 
 
     def run(runs: Path, *flags: str, seeds: int = 2) -> list[str]:
         trained: list[str] = []
-        monkeypatch.setattr(cli, "run_commands", _stand_in(trained))
+        monkeypatch.setattr(stages, "run_commands", _stand_in(trained))
         monkeypatch.setattr(sys, "argv", ["bench/study.py", "--config", "configs/demo.yaml", "--grid",
                                           "model.attention_pe=none,rope", "--set", "model.input_pe=none",
                                           "--seeds", str(seeds), "--steps", "8", "--name", "t", "--runs", str(runs),

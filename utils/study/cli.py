@@ -40,37 +40,22 @@ else is labelled exploratory. Every system's hypotheses are published with the r
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from utils.cli import ROOT, add_set_arg, project_command
+from utils.cli import add_set_arg
 from utils.config import ConfigError
-from utils.run.layout import RunDir
 from utils.study.decoders import DECODERS, LENGTH_DECODER
 from utils.study.files import slug
 from utils.study.gpu import study_defaults
 from utils.study.launch import LAUNCHERS, Launcher, LaunchError, Resources
-from utils.study.length_control import LengthRule, add_length_results, score_length
-from utils.study.linking import linked_elsewhere, shared_run
+from utils.study.length_control import LengthRule
 from utils.study.looks import Design, look_fractions
-from utils.study.plan import STUDY_KEYS, Job, budget_overrides, run_commands, train_command
+from utils.study.plan import STUDY_KEYS, budget_overrides
 from utils.study.presets import presets
-from utils.study.provenance import Target, merge, record_runs
-from utils.study.runs import (
-    Progress,
-    compute_attention,
-    eval_current,
-    eval_file,
-    file_tag,
-    find_run,
-    read_attention,
-    scored_step,
-    training_done,
-    training_elsewhere,
-)
 from utils.study.spec import (
+    Variant,
     add_test_variants,
     check_distinct,
     check_family,
@@ -82,6 +67,7 @@ from utils.study.spec import (
     recorded_labels,
     select_variants,
 )
+from utils.study.stages import Study, open_study, report, score, train
 
 
 def study_launcher(parser: argparse.ArgumentParser, args: argparse.Namespace, study: Path) -> Launcher | None:
@@ -205,16 +191,20 @@ def main() -> int:
 def command() -> int:
     """Plan, train, score and report the study the command line describes."""
     parser = build_parser()
-    args = parser.parse_args()
-    gpu_sets: list[str] = []  # no --jobs with a CUDA GPU here: its preset (utils/study/gpu.py)
-    if args.jobs is None:
-        args.jobs, gpu_sets = study_defaults(args.launcher)
-        if gpu_sets:
-            print(f"study: a CUDA GPU: {args.jobs} runs at a time, each with {' '.join(gpu_sets)} "
-                  "(configs/gpu_study.yaml; --jobs N to choose)", flush=True)
+    study = define(parser, parser.parse_args())
+    open_study(study)
+    steps = train(study)
+    if study.args.train_only:
+        print(f"study {study.name}: every run trained to the budget (--train-only: not scored)")
+        return 0
+    report(study, score(study, steps))
+    return 0
 
-    family: dict[str, Any] = {}
-    user_sets = list(args.overrides)
+
+def _systems(parser: argparse.ArgumentParser, args: argparse.Namespace
+             ) -> tuple[str, list[Variant], str | None, dict[str, Any]]:
+    """The base config, variants, baseline (None: the first) and primary family of ``--preset`` or ``--grid``;
+    a preset's ``--set`` go first in ``args.overrides``."""
     if args.preset:
         preset = presets()[args.preset]
         config, variants, baseline = args.config or preset.config, preset.variants, preset.baseline
@@ -227,25 +217,17 @@ def command() -> int:
                 variants, family = select_variants(preset, args.variants)
             except ConfigError as e:
                 parser.error(f"{e} (preset {args.preset})")
-    elif args.variants:
+        return config, variants, baseline, family
+    if args.variants:
         parser.error("--variants selects among a --preset's variants")
-    elif args.config and args.grid:
-        config, variants, baseline = args.config, grid_variants(args.grid), None
-    else:
+    if not (args.config and args.grid):
         parser.error("give --preset NAME, or --config CONFIG with at least one --grid")
-    name = args.name or args.preset
-    if not name:
-        parser.error("--name is required without --preset")
-    study = Path(args.runs) / f"study_{slug(name)}"
-    launcher = study_launcher(parser, args, study)  # checked before anything is read or written
-    from utils.study.files import read_spec
-    from utils.study.lock import check_free, lock_study
+    return args.config, grid_variants(args.grid), None, {}
 
-    check_free(study)  # another process runs this study: refused at once, nothing read or written
-    spec_file = study / "study.json"
-    recorded = read_spec(spec_file) if spec_file.is_file() else None  # this study's, when resumed
-    if args.grid and recorded is not None:
-        variants = recorded_labels(variants, recorded)
+
+def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace, variants: list[Variant],
+                  user_sets: list[str]) -> None:
+    """Counts at least 1, two seeds to score, no key the study decides, no ``--set`` a variant overrides."""
     for value, flag in ((args.seeds, "--seeds"), (args.steps, "--steps"), (args.tokens, "--tokens"),
                         (args.bootstrap, "--bootstrap"), (args.attention_sentences, "--attention-sentences"),
                         (args.eval_every, "--eval-every"), (args.max_sentences, "--max-sentences"),
@@ -264,47 +246,47 @@ def command() -> int:
     if args.tokens and any(o.startswith("tokenizer.") for v in variants for o in v.overrides):
         parser.error("--tokens counts each tokenizer's own tokens, not an equal budget across tokenizations; "
                      "use --steps")
-    add_test_variants(variants, args.test_variant)
-    if args.family is not None:  # declared in a file: it replaces the preset's, and must fit the study as it is
-        family = read_family(args.family)
-        check_family(family, [*(v.label for v in variants), *(f"{v.label}+{t}" for v in variants for t in v.tests)],
-                     args.baseline or baseline or variants[0].label, f"--family {args.family}")
-    for v in variants:
-        for extra in v.tests.values():
-            for key in (x.partition("=")[0].strip() for x in extra):
-                if key in STUDY_KEYS:
-                    parser.error(f"--test-variant {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
-    asked = [d.strip() for d in args.decoders.split(",") if d.strip()]
+
+
+def _decoders(parser: argparse.ArgumentParser, args: argparse.Namespace, asked: list[str],
+              family: dict[str, Any]) -> dict[str, int]:
+    """``--decoders``: name -> beam size, in the report's order whatever the order asked; beam 5 is always among
+    them (the primary family and the report's tables)."""
     if not asked or any(d not in [*DECODERS, LENGTH_DECODER] for d in asked):
         parser.error(f"--decoders {args.decoders}: give some of {', '.join([*DECODERS, LENGTH_DECODER])}")
-    decoders = {d: beam for d, beam in DECODERS.items() if d in asked}  # in the report's order, whatever was asked
+    decoders = {d: beam for d, beam in DECODERS.items() if d in asked}
     if "beam5" not in decoders or (family or {}).get("decoder", "beam5") not in decoders:
         parser.error(f"--decoders {args.decoders}: beam5 is needed (the primary family and the report's tables)")
-    labels = [v.label for v in variants]
-    baseline = args.baseline or baseline or labels[0]
-    if baseline not in labels:
-        parser.error(f"--baseline {baseline!r} is not a variant; variants: {', '.join(labels)}")
+    return decoders
 
-    from models.memory import check as check_memory
-    from utils.config import load_config
 
-    eval_every = args.eval_every or max(1, (args.steps or 1000) // 5)
-    budget_sets = budget_overrides(args.steps, args.tokens, eval_every)  # in every load: keys may need the budget
-    base_cfg = load_config(config, [*gpu_sets, *args.overrides, *budget_sets])
-    splits = list(base_cfg.data.test)
+def _splits(parser: argparse.ArgumentParser, args: argparse.Namespace, tests: list[str],
+            family: dict[str, Any]) -> list[str]:
+    """``--splits`` (default: every test split of the config); the primary family's, and the x1 split of each of
+    its drops, must be among them."""
+    splits = list(tests)
     if args.splits:
         splits = [x.strip() for x in args.splits.split(",") if x.strip()]
-        unknown = [x for x in splits if x not in base_cfg.data.test]
-        if unknown or not splits:
-            parser.error(f"--splits {args.splits}: not among the config's test splits "
-                         f"({', '.join(base_cfg.data.test)})")
+        if not splits or any(x not in tests for x in splits):
+            parser.error(f"--splits {args.splits}: not among the config's test splits ({', '.join(tests)})")
     needed = [*(family.get("splits") or []), *(family.get("drops") or {}).values(), *(family.get("drops") or {})]
     if family and (missing := [x for x in dict.fromkeys(needed) if x not in splits]):
         where = f"--splits {args.splits}" if args.splits else f"the config's test splits ({', '.join(splits)})"
         parser.error(f"{where}: the primary family needs {', '.join(missing)} too")
-    accumulate: dict[str, int] = {}  # iterations per optimizer step, where not 1 (the progress lines' steps)
+    return splits
+
+
+def _load_variants(args: argparse.Namespace, config: str, variants: list[Variant], budget_sets: list[str],
+                   what: str) -> tuple[list[str], dict[str, int]]:
+    """Load every variant's config, and each test variant's (inference-only keys alone), and check that the
+    trained ones fit this machine's memory (unless ``--score-only``) and differ: before anything runs. The
+    systems' labels, and the accumulation of each run that accumulates gradients (the progress lines' steps)."""
+    from models.memory import check as check_memory
+    from utils.config import load_config
+
+    accumulate: dict[str, int] = {}
     configs: dict[str, dict[str, Any]] = {}
-    for v in variants:  # every variant must load, and fit the machine's memory in training, before anything runs
+    for v in variants:
         trained = load_config(config, [*args.overrides, *v.overrides, *budget_sets])
         if not args.score_only:
             check_memory(trained)
@@ -317,147 +299,76 @@ def command() -> int:
             inference_only(trained, cfg, f"{v.label}+{tag}")
             tested[f"{v.label}+{tag}"] = cfg.to_dict()
         check_distinct(tested, "--test-variant")
-    check_distinct(configs, "--grid" if args.grid else f"--preset {args.preset}")
-    from utils.io import ensure_dir
+    check_distinct(configs, what)
+    return [*configs, *(f"{v.label}+{t}" for v in variants for t in v.tests)], accumulate
 
-    ensure_dir(study, "the study folder")
-    lock_study(study)  # held to the end; a second start of this study is refused in one line
-    seeds = list(range(1, args.seeds + 1))
-    jobs = [Job(v, seed, study / "runs" / slug(v.label) / f"seed{seed}") for v in variants for seed in seeds]
-    import torch
 
-    devices = torch.cuda.device_count()
+def define(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Study:
+    """The study the command line describes, every check passed and every config loaded before anything is
+    written: a bad flag or value is one line and exit 2 (``parser.error``), a config that cannot be a study's a
+    ConfigError; a study another process runs is refused at once."""
+    gpu_sets: list[str] = []  # no --jobs with a CUDA GPU here: its preset (utils/study/gpu.py)
+    if args.jobs is None:
+        args.jobs, gpu_sets = study_defaults(args.launcher)
+        if gpu_sets:
+            print(f"study: a CUDA GPU: {args.jobs} runs at a time, each with {' '.join(gpu_sets)} "
+                  "(configs/gpu_study.yaml; --jobs N to choose)", flush=True)
+    user_sets = list(args.overrides)
+    config, variants, baseline, family = _systems(parser, args)
+    name = args.name or args.preset
+    if not name:
+        parser.error("--name is required without --preset")
+    folder = Path(args.runs) / f"study_{slug(name)}"
+    launcher = study_launcher(parser, args, folder)  # checked before anything is read or written
+    from utils.study.files import read_spec
+    from utils.study.lock import check_free
+
+    check_free(folder)  # another process runs this study: refused at once, nothing read or written
+    spec_file = folder / "study.json"
+    recorded = read_spec(spec_file) if spec_file.is_file() else None  # this study's, when resumed
+    if args.grid and recorded is not None:
+        variants = recorded_labels(variants, recorded)
+    _check_values(parser, args, variants, user_sets)
+    add_test_variants(variants, args.test_variant)
+    if args.family is not None:  # declared in a file: it replaces the preset's, and must fit the study as it is
+        family = read_family(args.family)
+        check_family(family, [*(v.label for v in variants), *(f"{v.label}+{t}" for v in variants for t in v.tests)],
+                     args.baseline or baseline or variants[0].label, f"--family {args.family}")
+    for v in variants:
+        for extra in v.tests.values():
+            for key in (x.partition("=")[0].strip() for x in extra):
+                if key in STUDY_KEYS:
+                    parser.error(f"--test-variant {key} is decided by the study ({STUDY_KEYS[key]}); leave it out")
+    asked = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    decoders = _decoders(parser, args, asked, family)
+    labels = [v.label for v in variants]
+    baseline = args.baseline or baseline or labels[0]
+    if baseline not in labels:
+        parser.error(f"--baseline {baseline!r} is not a variant; variants: {', '.join(labels)}")
+
+    from utils.config import load_config
+
+    eval_every = args.eval_every or max(1, (args.steps or 1000) // 5)
+    budget_sets = budget_overrides(args.steps, args.tokens, eval_every)  # in every load: keys may need the budget
+    base_cfg = load_config(config, [*gpu_sets, *args.overrides, *budget_sets])
+    splits = _splits(parser, args, list(base_cfg.data.test), family)
+    systems, accumulate = _load_variants(args, config, variants, budget_sets,
+                                         "--grid" if args.grid else f"--preset {args.preset}")
     spec = {"command": " ".join(sys.argv), "config": config, "variants": [v.__dict__ for v in variants],
-            "baseline": baseline, "seeds": seeds, "steps": args.steps, "tokens": args.tokens,
+            "baseline": baseline, "seeds": list(range(1, args.seeds + 1)), "steps": args.steps, "tokens": args.tokens,
             "overrides": args.overrides, "checkpoint": args.checkpoint, "max_sentences": args.max_sentences,
             "attention_sentences": args.attention_sentences, "family": family}
     if args.splits or list(decoders) != list(DECODERS):  # a study scored on part of its sets or decoders says so
         spec |= {"splits": splits, "decoders": list(decoders)}
-    length = LengthRule.declare(family, splits, [*configs, *(f"{v.label}+{t}" for v in variants for t in v.tests)],
-                                baseline) if LENGTH_DECODER in asked else None
+    length = LengthRule.declare(family, splits, systems, baseline) if LENGTH_DECODER in asked else None
     if length is not None:  # the rule is recorded before anything is scored with it
         spec["length_control"] = length.to_dict()
     if recorded is not None:
-        spec = merge_spec(recorded, spec, study)
+        spec = merge_spec(recorded, spec, folder)
     if family.get("sequential"):  # seeds past the declared design's last look: refused before anything runs
         look_fractions(Design.from_dict(family["sequential"]), args.seeds)
-    trains = {v.label: load_config(config, [*args.overrides, *gpu_sets, *v.overrides, *budget_sets]).to_dict()
-              for v in variants} if args.merge else {}  # what this study's runs train, to merge the same only
-    for other in args.merge:  # runs trained elsewhere (more seeds, another machine) join this study first
-        print("\n".join(merge(Path(other), study, [Target(j.key, j.seed, j.root, trains[j.variant.label])
-                                                    for j in jobs])) or f"  --merge {other}: nothing to merge",
-              flush=True)
-    # 1. Train what is not trained yet (resuming killed runs).
-    todo = []
-    steps: dict[str, int] = {}  # job -> training step of the checkpoint it is scored at
-    for job in jobs:
-        if args.score_only and (pid := training_elsewhere(job.root)) is not None:  # refused below, without waiting
-            todo.append((f"train {job.key} (pid {pid} trains it)", [], job.root / "study.log"))
-            continue
-        run = find_run(job.root)
-        if run is None and not job.root.exists() and not args.no_link:
-            expected = load_config(config, [*args.overrides, *job.variant.overrides, f"seed={job.seed}",
-                                            *budget_sets]).to_dict()
-            other = shared_run(job, study, expected, args.steps, args.tokens)
-            if other is not None:
-                print(f"  {job.key}: the same run is in {other}, linked", flush=True)
-                continue
-        if run is not None and training_done(run, args.steps, args.tokens):
-            if not args.train_only:  # a run past the budget is refused now, not after the others trained
-                steps[job.key] = scored_step(run, args.checkpoint, args.steps)
-            continue
-        if run is not None and not RunDir(run).last.is_file():
-            raise ConfigError(f"{run}: its checkpoints are gone and it is short of the budget: it cannot be trained "
-                              "on; nothing was trained or scored")
-        todo.append((f"train {job.key}", train_command(job, config, [*gpu_sets, *args.overrides], budget_sets),
-                     job.root / "study.log"))
-    elsewhere = linked_elsewhere(jobs, baseline, family, {"checkpoint": args.checkpoint,
-                                                          "max_sentences": args.max_sentences})
-    was = ((recorded or {}).get("family") or {}).get("elsewhere")
-    if was is not None and was != elsewhere:
-        raise ConfigError(f"{study}: the contrasts tested in another study's family were "
-                          f"{was or 'none'} and would now be {elsewhere or 'none'} (a linked study "
-                          "was scored, removed or changed since): the family of these runs cannot change; use another "
-                          "--name")
-    family = {**family, "elsewhere": elsewhere}  # contrasts another study's family tests on these very runs stay there
-    spec["family"] = family
-    if elsewhere:
-        print(f"study {name}: tested in the family of the study their runs are linked from, not here: "
-              + ", ".join(f"{label} ({where})" for label, where in elsewhere.items()), flush=True)
-    if args.score_only and todo:
-        raise ConfigError(f"--score-only: {len(todo)} of {len(jobs)} runs are not trained to the budget "
-                          f"({', '.join(key.removeprefix('train ') for key, _, _ in todo)}); nothing was trained "
-                          "or scored: train them first (--train-only)")
-    from utils.io import atomic_write_text
+    import torch
 
-    atomic_write_text(spec_file, json.dumps(spec, indent=1) + "\n")
-    print(f"study {name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
-    training = [job.root for job in jobs if f"train {job.key}" in {label for label, _, _ in todo}]
-    record_runs(training, ROOT)  # a run resumed now: this commit trains it on (utils.study.provenance)
-    run_commands(todo, devices, jobs=args.jobs, progress=Progress([label for label, _, _ in todo], args.steps,
-                                                                  accumulate), launcher=launcher)
-    record_runs(training, ROOT)
-    if args.train_only:
-        print(f"study {name}: every run trained to the budget (--train-only: not scored)")
-        return 0
-
-    # 2. Score every run on every test split (--splits), beam 5 and greedy (--decoders), and each inference-only
-    # test variant. A run whose checkpoint is gone is scored from its score files, which must all be there.
-    from data.sources import load_corpus
-
-    corpus = load_corpus(base_cfg.data)
-    sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in splits}
-    todo = []
-    runs = {job.key: find_run(job.root) for job in jobs}
-    for job in jobs:
-        run = runs[job.key]
-        assert run is not None
-        if job.key not in steps:  # trained (or linked) just now
-            steps[job.key] = scored_step(run, args.checkpoint, args.steps)
-        step = steps[job.key]
-        for tag, extra in [(None, []), *job.variant.tests.items()]:
-            files = file_tag(tag, args.max_sentences)
-            beams = [str(beam) for beam in decoders.values()  # the decoders not yet scored, in one test.py
-                     if not all(eval_current(eval_file(run, split, beam, args.checkpoint, files), n, extra, step)
-                                for split, n in sizes.items())]
-            if not beams:
-                continue
-            if not RunDir(run).checkpoint(args.checkpoint).is_file():
-                raise ConfigError(f"{run}: its {args.checkpoint} checkpoint is gone and beam {' '.join(beams)} "
-                                  f"{'(' + tag + ') ' if tag else ''}is not scored on every one of "
-                                  f"{', '.join(sizes)}: nothing was scored")
-            flags = ["--tag", files] if files else []
-            flags += [f for split in (splits if args.splits else []) for f in ("--split", split)]
-            flags += ["--max_sentences", str(args.max_sentences)] if args.max_sentences else []
-            cmd = project_command("test.py", "--model_path", RunDir(run).checkpoint(args.checkpoint),
-                                  "--beam", *beams, *flags, overrides=extra)
-            todo.append((f"test {job.key} beam {' '.join(beams)}{' ' + tag if tag else ''}", cmd,
-                         job.root / "study.log"))
-    run_commands(todo, devices, jobs=args.jobs, launcher=launcher)
-    choice = score_length(length, jobs, runs, steps, args.checkpoint, args.max_sentences, sizes, base_cfg.data,
-                          lambda todo: run_commands(todo, devices, jobs=args.jobs, launcher=launcher)) if length else {}
-
-    # 3. Attention statistics, aggregation, report.
-    for job in jobs:
-        if RunDir(runs[job.key]).checkpoint(args.checkpoint).is_file():
-            compute_attention(runs[job.key], args.checkpoint, args.attention_sentences, steps[job.key])
-        elif (read_attention(runs[job.key], args.checkpoint, args.attention_sentences) or {}).get(
-                "step") != steps[job.key]:  # none, or of another step: not this model's
-            print(f"  {job.key}: no checkpoint, so no attention statistics (the report leaves its system's out)",
-                  flush=True)
-    from utils.study.files import Ledger
-    from utils.study.report import aggregate, write_report
-
-    print(f"study {name}: statistics and report", flush=True)
-    ledger = Ledger(study)
-    results = aggregate(jobs, runs, corpus, splits, baseline, args.checkpoint, args.bootstrap,
-                        args.attention_sentences, args.max_sentences, family, list(decoders), steps, ledger)
-    if length is not None:
-        add_length_results(results, length, choice, jobs, runs, args.checkpoint, args.max_sentences,
-                           {s: list(corpus[s]["tgt"]) for s in length.splits}, args.bootstrap, family, ledger)
-    if recorded_now := ledger.save():
-        print(f"study {name}: {recorded_now} files record no checksum (written by an older test.py or study): "
-              f"recorded in {ledger.path} at this first read; a later change to them is refused", flush=True)
-    write_report(study, spec, results)
-    print(f"study {name}: report in {study / 'report.md'}, every number in {study / 'results.json'}")
-    return 0
+    return Study(args, name, folder, config, variants, baseline, family, args.overrides, gpu_sets, budget_sets,
+                 decoders, splits, base_cfg.data, accumulate, spec, recorded, length, launcher,
+                 torch.cuda.device_count())
