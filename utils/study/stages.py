@@ -38,7 +38,8 @@ Commands = list[tuple[str, list[str], Path]]  # (label, argv, log) as utils.stud
 
 @dataclass
 class Study:
-    """A study as its command line defines it, every check passed: nothing of it is written yet."""
+    """A study as its command line defines it, every check passed, before anything of it is written (``train``
+    adds to ``family`` and ``spec`` the contrasts tested elsewhere)."""
 
     args: argparse.Namespace  # the command line, checked (flags read as they are: budget, stage, scoring options)
     name: str
@@ -168,11 +169,17 @@ def train(study: Study) -> dict[str, int]:
     return steps
 
 
-def _test_commands(study: Study, runs: dict[str, Path], steps: dict[str, int], sizes: dict[str, int]) -> Commands:
-    """One test.py per run and system (trained or test variant) with the decoders not yet scored on every split."""
+def _test_commands(study: Study, runs: dict[str, Path | None], steps: dict[str, int], sizes: dict[str, int]
+                   ) -> Commands:
+    """One test.py per run and system (trained or test variant) with the decoders not yet scored on every split;
+    ``steps`` gets the scored step of each run trained (or linked) just now."""
     args, todo = study.args, []
     for job in study.jobs:
-        run, step = runs[job.key], steps[job.key]
+        run = runs[job.key]
+        assert run is not None
+        if job.key not in steps:  # trained (or linked) just now
+            steps[job.key] = scored_step(run, args.checkpoint, args.steps)
+        step = steps[job.key]
         for tag, extra in [(None, []), *job.variant.tests.items()]:
             files = file_tag(tag, args.max_sentences)
             beams = [str(beam) for beam in study.decoders.values()  # the decoders not yet scored, in one test.py
@@ -213,14 +220,10 @@ def score(study: Study, steps: dict[str, int]) -> Scored:
     corpus = load_corpus(study.data)
     args = study.args
     sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in study.splits}
-    runs: dict[str, Path] = {}
-    for job in study.jobs:
-        run = find_run(job.root)
-        assert run is not None
-        runs[job.key] = run
-        if job.key not in steps:  # trained (or linked) just now
-            steps[job.key] = scored_step(run, args.checkpoint, args.steps)
-    study.run(_test_commands(study, runs, steps, sizes))
+    found = {job.key: find_run(job.root) for job in study.jobs}
+    todo = _test_commands(study, found, steps, sizes)  # every run found: asserted there
+    runs = {key: run for key, run in found.items() if run is not None}
+    study.run(todo)
     choice = score_length(study.length, study.jobs, runs, steps, args.checkpoint, args.max_sentences, sizes,
                           study.data, study.run) if study.length else {}
     return Scored(runs, steps, corpus, choice)
