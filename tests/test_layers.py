@@ -1,6 +1,6 @@
 """The layer rule (README's design section), enforced by import-linter's contracts in pyproject.toml:
 bench/ on everything, utils/ on models/, data/ and tokenizer/, which import nothing above them nor each
-other (utils/io.py and utils/schema.py are their shared leaves); inside utils/ the rooms stack as training |
+other (utils/io.py and utils/schema.py are their shared leaves); inside utils/ the sub-packages stack as training |
 serve, figures, translation, run; and no package whose modules import each other in a circle."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_import_contracts_are_kept() -> None:
     assert "Contracts: 4 kept, 0 broken." in res.stdout
 
 
-def test_the_lower_rooms_load_without_anything_above_them() -> None:
+def test_the_lower_packages_load_without_anything_above_them() -> None:
     code = ("import sys, models.transformer, models.decoding, data.cache, data.sources, tokenizer.factory; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('utils', 'bench')))")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -25,8 +25,9 @@ def _pe(label: str, input_pe: str, attention_pe: str) -> Variant:
     return Variant(label, [f"model.input_pe={input_pe}", f"model.attention_pe={attention_pe}"])
 
 
-# The pre-registered primary analysis of train-short-test-long (README, "Pre-registration"): chrF, beam 5, on
-# the x4 sets and each run's drop from x1 to x4; RoPE+linear is exploratory.
+# The pre-registered primary analysis of train-short-test-long (docs/pages/studies/preregistration-extrapolation.md;
+# in README when it was declared): chrF, beam 5, on the x4 sets and each run's drop from x1 to x4; RoPE+linear is
+# exploratory.
 EXTRAPOLATION_FAMILY = {
     "metric": "chrF", "decoder": "beam5", "splits": ["test.tatoeba.x4", "test.multi30k-2016.x4"],
     "drops": {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"},
