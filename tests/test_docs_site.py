@@ -141,7 +141,8 @@ def test_the_site_in_a_headless_browser(served: str, tmp_path: Path) -> None:
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "article h1"))
         assert driver.find_element(By.CSS_SELECTOR, "article h1").text == "fr2en-pe"
         targets = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "article table a")]
-        assert len(targets) == 10 and all(t.startswith(served) for t in targets)
+        assert len(targets) == 11 and all(t.startswith(served) for t in targets)
+        assert served + "/guide/training/#resuming" in targets
         shots.append(tmp_path / "home.png")
         driver.save_screenshot(str(shots[-1]))
         # a reference page: the config keys, with a key the README never listed
