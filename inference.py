@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from utils.translation.engines import Engine
@@ -189,12 +189,7 @@ def main() -> int:
     threads = apply_threads(parser, args)
     paths = model_paths(parser, args)
     check_guide_args(parser, args)
-
-    from utils.config import ConfigError
-
     overrides = decode_overrides(args) + mode_overrides(args)
-    from utils.translation.translate import open_source, text_lines, translate_stream
-
     if len(paths) > 1 and args.export_ct2:
         parser.error("--export-ctranslate2 takes one --model_path (an ensemble decodes with inference.py --input, "
                      "--src_text or --serve, and test.py)")
@@ -206,95 +201,119 @@ def main() -> int:
         return export_ctranslate2(parser, args, overrides)
     if args.serve:
         return serve(parser, args, overrides, paths)
+    return translate(parser, args, overrides, paths, threads)
+
+
+def translate(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: list[str], paths: list[str],
+              threads: int | None) -> int:
+    """--src_text, --input or standard input: every input checked before the (slow) model load, then translated."""
     from utils.cli import require_stdout
-    from utils.translation.guides import check_guides, line_up, load_guides
+    from utils.translation.guides import line_up, load_guides
+    from utils.translation.translate import open_source
 
     require_stdout("the translations" if args.src_text is None else "the translation")
+    if args.src_text is not None and not args.src_text.strip():
+        from utils.config import ConfigError
+
+        raise ConfigError("--src_text is empty: give a sentence to translate")
     name = "standard input" if args.input in (None, "-") else args.input
-    stream = open_source(args.input) if args.src_text is None and not args.export_ct2 else None
+    stream = open_source(args.input) if args.src_text is None else None
     guides = load_guides(args)  # bad files, and a line count other than the input's, fail before the model loads
     if stream is not None:
         stream = line_up(guides, stream, name)
     elif guides.lines is not None:
         guides.check_count(1, "--src_text")
-    guide = {"guides": guides.take(1)} if guides.given else {}  # for --src_text
     engine = load_engine(parser, args, overrides, paths)  # a bad --input has failed before this (slow) step
-    cfg = engine.cfg
-    check_mode_flags(args, cfg.decode)
-    run = engine.run
-    modes = [name for name, on in (("--sample", cfg.decode.sample), ("--mbr", cfg.decode.mbr),
-                                   ("--format jsonl", args.format == "jsonl")) if on]
-    write, translate_fn = text_lines, engine.translate
-    if run is None:  # a CTranslate2 export: what it lacks is refused in one line
-        from utils.translation.engines import CT2Model, ct2_jsonl_writer
-        from utils.translation.translate import encode_guides
-
-        assert isinstance(engine, CT2Model)
-        why = engine.problem(cfg.decode, guides.has_prefix, guides.constraints is not None, args.format == "jsonl")
-        if why is not None:
-            raise ConfigError(why)
-        if guides.has_prefix:  # a prefix over the position table: InputError before anything is translated
-            encode_guides(engine.tokenizer, guides.take(guides.lines or 1), engine.max_length)
-        if args.format == "jsonl":  # token log-probabilities and alignments
-            from functools import partial
-
-            write, translate_fn = ct2_jsonl_writer(engine), partial(engine.translate, details=True)
-    else:
-        check_guides(guides, cfg.decode, run)
-        if args.format == "jsonl":
-            from utils.translation.jsonl import jsonl_writer
-
-            write = jsonl_writer(run.model, run.tokenizer, cfg.decode.batch_size)
-
+    check_mode_flags(args, engine.cfg.decode)
+    write, translate_fn = output_writer(engine, args, guides)
     if args.src_text is not None:
-        if not args.src_text.strip():
-            raise ConfigError("--src_text is empty: give a sentence to translate")
-        if modes:  # sampling, MBR, JSON: what --input writes for a one-line input
-            sys.stdout.writelines(write(0, [args.src_text], translate_fn([args.src_text], cfg.decode, **guide),
-                                        cfg.decode))
-            return 0
-        beam_nbest = cfg.decode.beam if args.nbest is None else cfg.decode.nbest
-        beam_cfg = cfg.decode.model_copy(update=dict(nbest=beam_nbest))
-        greedy_cfg = cfg.decode.model_copy(update=dict(beam=1, nbest=1))
-        print(f"source: {args.src_text}")
-        if not guides.has_constraints:  # greedy search takes no constraints
-            greedy = engine.translate([args.src_text], greedy_cfg, **guide)[0][0]
-            print(f"greedy: {greedy.text}\t(logprob {greedy.logprob:.3f})")
-        if beam_cfg.beam > 1:
-            nbest = engine.translate([args.src_text], beam_cfg, **guide)[0]
-            print(f"beam {beam_cfg.beam} (lenpen {beam_cfg.lenpen}), {len(nbest)}-best:")
-            for i, hyp in enumerate(nbest, 1):
-                unmet = "" if hyp.constraints_met else ", constraints unmet"
-                print(f"  {i}. {hyp.text}\t(score {hyp.score:.3f}, logprob {hyp.logprob:.3f}{unmet})")
-        return 0
-
+        return one_sentence(engine, args, guides, write, translate_fn)
     interactive = args.input in (None, "-") and sys.stdin.isatty() and guides.lines is None
-    assert stream is not None
+    from utils.translation.translate import translate_stream
+
     with stream:
-        report = translate_stream(translate_fn, stream, sys.stdout, cfg.decode, name,
+        report = translate_stream(translate_fn, stream, sys.stdout, engine.cfg.decode, name,
                                   chunk_lines=1 if interactive else 2000, progress=sys.stderr, write=write,
                                   guides=guides if guides.given else None)
-    if report.unmet:
-        lines = ", ".join(map(str, report.unmet[:10])) + (", ..." if len(report.unmet) > 10 else "")
-        print(f"warning: {len(report.unmet)} line(s) reached the length cap without all their constraints (lines "
-              f"{lines}): each one's best translation is written; a larger beam or --set decode.max_len_b may help",
-              file=sys.stderr)
-    if report.empty:
-        print(f"warning: {report.empty} empty input line(s) give empty output lines", file=sys.stderr)
-    for n, why in report.bad[:5]:
-        print(f"warning: {name} line {n}: {why}; its output line is empty", file=sys.stderr)
-    if len(report.bad) > 5:
-        print(f"warning: {len(report.bad) - 5} more line(s) could not be read; their output lines are empty",
-              file=sys.stderr)
+    for warning in stream_warnings(report, name):
+        print(warning, file=sys.stderr)
     speed = report.lines / max(report.seconds, 1e-9)
-    if run is not None:  # a PyTorch run (CTranslate2's threads are its own unless --threads)
-        threads = threads if run.model.device.type == "cpu" else None
+    if engine.run is not None:  # a PyTorch run (CTranslate2's threads are its own unless --threads)
+        threads = threads if engine.run.model.device.type == "cpu" else None
     else:
         threads = args.threads if args.device != "cuda" else None
     print(f"translated {report.lines} sentences in {report.seconds:.1f}s ({speed:.1f} sentences/s"
-          f"{threads_note(threads)})",
-          file=sys.stderr)
+          f"{threads_note(threads)})", file=sys.stderr)
     return 0
+
+
+def output_writer(engine: Engine, args: argparse.Namespace, guides: Any) -> tuple[Any, Any]:
+    """(write, translate): the output lines' writer (text, or JSON lines with ``--format jsonl``) and the engine's
+    translate function; what a CTranslate2 export lacks, and guides a model cannot take, are refused in one line."""
+    from utils.config import ConfigError
+    from utils.translation.guides import check_guides
+    from utils.translation.translate import text_lines
+
+    cfg, run = engine.cfg, engine.run
+    if run is not None:
+        check_guides(guides, cfg.decode, run)
+        if args.format != "jsonl":
+            return text_lines, engine.translate
+        from utils.translation.jsonl import jsonl_writer
+
+        return jsonl_writer(run.model, run.tokenizer, cfg.decode.batch_size), engine.translate
+    from utils.translation.engines import CT2Model, ct2_jsonl_writer
+    from utils.translation.translate import encode_guides
+
+    assert isinstance(engine, CT2Model)
+    why = engine.problem(cfg.decode, guides.has_prefix, guides.constraints is not None, args.format == "jsonl")
+    if why is not None:
+        raise ConfigError(why)
+    if guides.has_prefix:  # a prefix over the position table: InputError before anything is translated
+        encode_guides(engine.tokenizer, guides.take(guides.lines or 1), engine.max_length)
+    if args.format != "jsonl":
+        return text_lines, engine.translate
+    from functools import partial  # token log-probabilities and alignments
+
+    return ct2_jsonl_writer(engine), partial(engine.translate, details=True)
+
+
+def one_sentence(engine: Engine, args: argparse.Namespace, guides: Any, write: Any, translate_fn: Any) -> int:
+    """--src_text: the greedy translation and the beam's n-best with their scores; with sampling, MBR or
+    ``--format jsonl``, what --input writes for a one-line input."""
+    decode = engine.cfg.decode
+    guide = {"guides": guides.take(1)} if guides.given else {}
+    if decode.sample or decode.mbr or args.format == "jsonl":
+        sys.stdout.writelines(write(0, [args.src_text], translate_fn([args.src_text], decode, **guide), decode))
+        return 0
+    beam_cfg = decode.model_copy(update=dict(nbest=decode.beam if args.nbest is None else decode.nbest))
+    print(f"source: {args.src_text}")
+    if not guides.has_constraints:  # greedy search takes no constraints
+        greedy = engine.translate([args.src_text], decode.model_copy(update=dict(beam=1, nbest=1)), **guide)[0][0]
+        print(f"greedy: {greedy.text}\t(logprob {greedy.logprob:.3f})")
+    if beam_cfg.beam > 1:
+        nbest = engine.translate([args.src_text], beam_cfg, **guide)[0]
+        print(f"beam {beam_cfg.beam} (lenpen {beam_cfg.lenpen}), {len(nbest)}-best:")
+        for i, hyp in enumerate(nbest, 1):
+            unmet = "" if hyp.constraints_met else ", constraints unmet"
+            print(f"  {i}. {hyp.text}\t(score {hyp.score:.3f}, logprob {hyp.logprob:.3f}{unmet})")
+    return 0
+
+
+def stream_warnings(report: Any, name: str) -> list[str]:
+    """The warnings that close a streamed translation: lines that missed constraints, empty and unreadable lines."""
+    out = []
+    if report.unmet:
+        lines = ", ".join(map(str, report.unmet[:10])) + (", ..." if len(report.unmet) > 10 else "")
+        out.append(f"warning: {len(report.unmet)} line(s) reached the length cap without all their constraints "
+                   f"(lines {lines}): each one's best translation is written; a larger beam or --set "
+                   "decode.max_len_b may help")
+    if report.empty:
+        out.append(f"warning: {report.empty} empty input line(s) give empty output lines")
+    out += [f"warning: {name} line {n}: {why}; its output line is empty" for n, why in report.bad[:5]]
+    if len(report.bad) > 5:
+        out.append(f"warning: {len(report.bad) - 5} more line(s) could not be read; their output lines are empty")
+    return out
 
 
 def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,

@@ -120,6 +120,18 @@ def test_test_py_scores_several_beams_in_one_process_as_one_at_a_time(run_dir: P
     assert "--beam must be >= 1, got 0" in error_line(cli("test.py", "--model_path", str(copy), "--beam", "2", "0"))
 
 
+def test_an_empty_sentence_is_refused_before_the_model_loads(run_dir: Path, tmp_path: Path) -> None:
+    """--src_text " " is the user's mistake, said in one line before the (slow) model load: here the checkpoint is
+    damaged too, and the empty sentence is what is named."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("eval"))
+    best = copy / "checkpoints" / "best.pt"
+    best.write_bytes(best.read_bytes()[:1000])
+    assert "--src_text is empty" in error_line(cli("inference.py", "--model_path", str(copy), "--src_text", " "))
+    assert "--src_text is empty" not in error_line(cli("inference.py", "--model_path", str(copy), "--src_text",
+                                                       "Oui."))
+
+
 def test_user_errors_are_one_line(run_dir: Path, tmp_path: Path) -> None:
     assert "checkpoint not found" in error_line(cli("inference.py", "--model_path", str(tmp_path / "x.pt"),
                                                     "--src_text", "Bonjour."))
