@@ -5,7 +5,8 @@
 A test is settled once it was resolved at some look (it stays resolved) or has crossed its futility boundary at the
 latest look; the study stops when every test of its family is settled, or at its last planned look
 (``utils.study.looks.settled``). Prints ``stop: WHY`` or ``continue: WHY`` on its first line, then the tests
-resolved, futile and still open.
+resolved, futile and still open, and what the runs of the latest look cost so far: CPU core-hours and GPU minutes,
+and per test resolved at any look (``utils.study.cost``).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ def main() -> int:
     from utils.study.files import read_results
     from utils.study.looks import settled
 
-    primaries = []
+    primaries, latest = [], {}
     for folder in args.looks:
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json")
-        primaries.append(read_results(folder)["primary"])
+        latest = read_results(folder)
+        primaries.append(latest["primary"])
     try:
         verdict = settled(primaries)
     except ConfigError as e:
@@ -45,6 +47,14 @@ def main() -> int:
     print(f"{'stop' if verdict['stop'] else 'continue'}: {verdict['why']}")
     for kind in ("resolved", "futile", "open"):
         print(f"{kind} ({len(verdict[kind])}): {'; '.join(verdict[kind]) or '-'}")
+    total = (latest.get("compute") or {}).get("total")
+    if total:  # every run of the study so far: the latest look holds them all
+        cpu = total["train_cpu_hours"] + total["decode_cpu_hours"]
+        gpu = total["train_gpu_minutes"] + total["decode_gpu_minutes"]
+        resolved = len(verdict["resolved"])
+        print(f"compute so far: {total['runs']} runs, {cpu:.1f} CPU core-hours, {gpu:.1f} GPU minutes; "
+              + (f"per test resolved so far: {cpu / resolved:.1f} CPU core-hours, {gpu / resolved:.1f} GPU minutes"
+                 if resolved else "no test resolved so far"))
     return 0
 
 

@@ -270,6 +270,7 @@ def _raw_outputs(name: str, results: dict[str, Any], about: dict[str, Any]) -> l
 def results_page(name: str) -> str:
     """The results page of the published study ``bench/studies/<name>``."""
     folder = STUDIES / name
+    from utils.study.cost import cost_summary
     from utils.study.files import read_json, read_results
 
     results = read_results(folder)  # checked: a damaged or changed file is refused in one line naming it
@@ -296,6 +297,7 @@ def results_page(name: str) -> str:
             f"- **Date:** {about['date']}",
             f"- **Trained by:** {about['trained_by']}",
             f"- **Scored by:** {about['scored_by']}",
+            *([f"- **Compute:** {cost}"] if (cost := cost_summary(results)) else []),
             "- **Command** (as `results.json` records it):", "",
             "    ```bash", f"    python {spec['command']}", "    ```", ""]
     if "--runs " in spec["command"]:
@@ -316,7 +318,7 @@ def results_page(name: str) -> str:
     figures = next((body for title, body in rest if title == "Figures"), [])
     if figures:
         out += ["## Figures", "", *_figures(name, figures), ""]
-    others = [(title, body) for title, body in rest if title != "Figures"]
+    others = [(title, body) for title, body in rest if title not in ("Figures", "Compute")]
     if others:
         out += ["## More from the report", "",
                 "The report's other tables, exploratory: no claim rests on them. Click a title to open it.", ""]

@@ -223,3 +223,25 @@ def test_the_second_pre_registration_is_never_edited_and_its_page_holds_it() -> 
     assert date == study_pages.SEQUENTIAL_DATE and f"Fixed on {date}, in commit {commits[0][:7]}" in before
     assert "## After the pre-registration" in after
     assert all(re.match(r"20\d\d-\d\d-\d\d — ", a) for a in re.findall(r"^### (.*)$", after, flags=re.M))
+
+
+def test_a_results_page_states_what_its_runs_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A study whose results record their compute says it in the page's design list, per resolved comparison."""
+    import shutil
+
+    from utils.study.files import with_sha256
+
+    shutil.copytree(STUDIES / "extrapolation", tmp_path / "extrapolation")
+    doc = _results("extrapolation")
+    doc.pop("sha256", None)
+    doc["compute"] = {"runs": {}, "total": {"runs": 15, "train_cpu_hours": 9.0, "decode_cpu_hours": 1.5,
+                                           "train_gpu_minutes": 0.0, "decode_gpu_minutes": 0.0,
+                                           "threads_unrecorded": []}}
+    (tmp_path / "extrapolation" / "results.json").write_text(json.dumps(with_sha256(doc), indent=1) + "\n")
+    monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
+    page = study_pages.results_page("extrapolation")
+    resolved = doc["primary"]["resolved"]
+    assert "- **Compute:** 15 runs: **10.5 CPU core-hours** (9.0 training, 1.5 decoding the test sets)" in page
+    assert (f"Per resolved comparison of the primary family ({resolved} of {doc['primary']['size']}): "
+            f"{10.5 / resolved:.1f} CPU core-hours") in page
+    assert "- **Compute:**" not in (PAGES / "extrapolation.md").read_text(encoding="utf-8")  # not recorded then

@@ -59,6 +59,21 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> No
 
     results = json.loads((root / "results.json").read_text())
     assert results["baseline"] == "attention_pe=none" and results["seeds"] == [1, 2]
+    # What the runs cost: both segments of the resumed run, and each run's score files of its scored step.
+    from utils.study.cost import training_segments
+
+    compute = results["compute"]
+    assert set(compute["runs"]) == {f"attention_pe={pe} seed {k}" for pe in ("none", "rope") for k in (1, 2)}
+    resumed = compute["runs"]["attention_pe=rope seed 2"]
+    segments = training_segments(next(killed.glob("demo_2*")).joinpath("train.log").read_text())
+    assert resumed["segments"] == len(segments) == 2 and all(s["device"] == "cpu" and s["threads"] for s in segments)
+    assert resumed["train_cpu_s"] == pytest.approx(
+        sum((s["train_seconds"] + s["eval_seconds"]) * s["threads"] for s in segments), abs=0.01)
+    for cost in compute["runs"].values():  # beam 5 and greedy, of the run and of its test variant (+linear)
+        assert cost["score_files"] == 4 and cost["decode_cpu_s"] > 0 and cost["train_gpu_s"] == 0
+    assert compute["total"]["train_cpu_hours"] == pytest.approx(
+        sum(r["train_cpu_s"] for r in compute["runs"].values()) / 3600, abs=0.001)
+    assert "## Compute" in (root / "report.md").read_text()
     rope = results["systems"]["attention_pe=rope"]["splits"]["test"]["beam5"]
     assert len(rope["bleu"]) == 2 and rope["bleu_mean_std"][0] == pytest.approx(sum(rope["bleu"]) / 2)
     one = json.loads(next(p for p in runs if "rope" in str(p) and "seed1" in str(p)).joinpath(

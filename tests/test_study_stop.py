@@ -56,11 +56,18 @@ def test_the_command_says_stop_or_continue_first(tmp_path: Path) -> None:
     for k, look in ((1, _look(1, 2, resolved={"rope: chrF x4"})), (2, _look(2, 2))):
         (tmp_path / f"look{k}").mkdir()
         results = {"primary": look} | {key: {} for key in RESULTS_KEYS if key != "primary"}
+        results["compute"] = {"runs": {}, "total": {"runs": 10 * k, "train_cpu_hours": 6.0 * k, "decode_cpu_hours": k,
+                                                    "train_gpu_minutes": 0.0, "decode_gpu_minutes": 0.0,
+                                                    "threads_unrecorded": []}}
         (tmp_path / f"look{k}" / "results.json").write_text(json.dumps(results))
     first = run_script("bench/study_stop.py", str(tmp_path / "look1"))
     assert first.returncode == 0 and first.stdout.splitlines()[:2] == [
         "continue: 3 of 4 tests are open at look 1 of 2", "resolved (1): rope: chrF x4"]
+    assert first.stdout.splitlines()[-1] == ("compute so far: 10 runs, 7.0 CPU core-hours, 0.0 GPU minutes; per test "
+                                            "resolved so far: 7.0 CPU core-hours, 0.0 GPU minutes")
     both = run_script("bench/study_stop.py", str(tmp_path / "look1"), str(tmp_path / "look2"))
     assert both.stdout.splitlines()[0] == "stop: the last planned look (10 seeds per system)"
+    assert both.stdout.splitlines()[-1].startswith("compute so far: 20 runs, 14.0 CPU core-hours, 0.0 GPU minutes; "
+                                                   "per test resolved so far: 14.0")  # resolved at look 1, counted
     missing = run_script("bench/study_stop.py", str(tmp_path / "look3"))
     assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].endswith("look3: no results.json")

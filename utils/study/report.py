@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from utils.study.files import Ledger
 
 from utils.cli import ROOT
+from utils.study.cost import cost_lines
 from utils.study.decoders import DECODERS
 from utils.study.figures import ATTENTION_STATS, MIN_BUCKET, attention_runs, write_figures, write_hparams
 from utils.study.files import slug
@@ -88,6 +89,7 @@ def aggregate(jobs: list, runs: dict[str, Path], corpus: Any, splits: list[str],
     results["length_unit"] = f"{first_cfg.tokenizer.type} tokens of {baseline}'s tokenizer"
     results["source_lengths"] = lengths
     results["provenance"] = run_provenance(jobs, runs)
+    results["compute"] = run_compute(jobs, runs, checkpoint, steps)
     results["_hypotheses"] = hypotheses
     return results
 
@@ -106,6 +108,14 @@ def run_provenance(jobs: list, runs: dict[str, Path]) -> dict[str, Any]:
                         "trained_by": (read(run) or {}).get("trained_by", []),
                         "config_sha256": config_sha256(load_config(RunDir(run).config).to_dict())}
     return {"runs": out}
+
+
+def run_compute(jobs: list, runs: dict[str, Path], checkpoint: str, steps: dict[str, int] | None) -> dict[str, Any]:
+    """Each run's training and decoding time (utils.study.cost.run_cost) and the study's totals."""
+    from utils.study.cost import run_cost, study_cost
+
+    per_run = {job.key: run_cost(runs[job.key], checkpoint, (steps or {}).get(job.key)) for job in jobs}
+    return {"runs": per_run, "total": study_cost(per_run)}
 
 
 def analyse(systems: dict[str, dict[str, Any]], hypotheses: dict[str, Any] | None, references: dict[str, list[str]],
@@ -248,6 +258,7 @@ def write_report(study: Path, spec: dict[str, Any], results: dict[str, Any]) -> 
     if lacking:
         out += [f"Attention statistics: not computed for {', '.join(lacking)} (no checkpoint when scored).", ""]
     out += primary_lines(results)
+    out += cost_lines(results)
     fam = results["primary"]["family"]
     drops = [f"{x1} → {xk}" for xk, x1 in fam.get("drops", {}).items()]
     scope = ", ".join(fam.get("splits") or results["splits"])
@@ -381,7 +392,7 @@ def reanalyse(folder: Path, samples: int | None = None, primary_only: bool = Fal
                       samples or old.get("bootstrap_samples", 10000), cfg.tokenizer.lowercase if cfg else False,
                       cfg.eval.length_buckets if cfg else [], cfg.data.max_train_len if cfg else None,
                       spec.get("family"), decoders, secondary=not primary_only)
-    for key in ("length_unit", "source_lengths", "provenance"):
+    for key in ("length_unit", "source_lengths", "provenance", "compute"):
         if key in old:
             results[key] = old[key]
     if primary_only:

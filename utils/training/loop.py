@@ -466,6 +466,9 @@ class Recipe:
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this process
             "encodings": self.cfg.model.encodings(),  # where each positional encoding acts
             "augment": self.cfg.model.augment.describe() or None,  # training-time positions (model.augment)
+            # where it ran: what a study's compute counts (utils/study/cost.py)
+            "device": self.s.device.type, "world_size": self.world,
+            "threads": torch.get_num_threads() if self.s.device.type == "cpu" else None,
         }
         resumed = (f" (resumed at step {summary['resumed_from_step']}: {summary['run_steps']} in the run)"
                    if self.resumed_at else "")

@@ -1,0 +1,71 @@
+"""What a study's runs cost (utils/study/cost.py): every training segment of a run, paired with the start it closes,
+and the decoding seconds of its score files, as CPU core-hours and GPU minutes; the report's Compute section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from utils.study.cost import cost_lines, run_cost, study_cost, training_segments
+
+
+def _summary(train: float, valid: float, **extra: object) -> str:
+    return json.dumps({"steps": 4, "train_seconds": train, "eval_seconds": valid, **extra})
+
+
+LOG = "\n".join([
+    "10:00:00 train: model: 0.10M parameters on cpu (world size 1); positions: rope",
+    f"10:01:00 train: trained 4 optimizer steps, 100 target tokens in 60 s | stats {_summary(50.0, 10.0)}",
+    "10:02:00 train: model: 0.10M parameters on cpu (world size 2); positions: rope",  # killed: no summary
+    "10:03:00 train: model: 0.10M parameters on cuda:0 (world size 1); positions: rope",
+    f"10:04:00 train: trained 4 optimizer steps (resumed at step 4: 8 in the run), 100 target tokens in 30 s | stats "
+    f"{_summary(25.0, 5.0)}",
+    "10:05:00 train: model: 0.10M parameters on cpu (world size 1); positions: rope",
+    f"10:06:00 train: trained 4 optimizer steps, 100 target tokens in 20 s | stats {_summary(18.0, 2.0, threads=3)}",
+    "10:07:00 train: trained 4 optimizer steps, 1 target tokens in 1 s | stats {\"steps\": 4, \"train_sec",  # cut
+])
+
+
+def test_each_summary_is_paired_with_the_start_it_closes() -> None:
+    segments = training_segments(LOG)
+    assert [(s["device"], s["world_size"], s["train_seconds"]) for s in segments] == [
+        ("cpu", 1, 50.0), ("cuda:0", 1, 25.0), ("cpu", 1, 18.0)]
+    assert segments[2]["threads"] == 3 and "threads" not in segments[0]
+
+
+def test_a_runs_cost_counts_every_segment_and_the_score_files_of_its_scored_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "train.log").write_text(LOG + "\n")
+    (run / "config.yaml").write_text("base: " + str(Path("configs/demo.yaml").resolve()) + "\n"
+                                     "train:\n  num_threads: 2\n")
+
+    def score(name: str, seconds: float, threads: int | None, step: int = 8) -> None:
+        (run / "eval" / name).write_text(json.dumps({"seconds": seconds, "threads": threads, "step": step}))
+
+    score("test.last.beam5.json", 7.0, 2)
+    score("test.last.beam1.json", 3.0, 2)
+    score("test.x4.last.beam5.json", 4.0, None)  # decoded on a GPU
+    score("all.last.beam5.json", 99.0, 2)  # every split again: not counted twice
+    score("test.last.beam5.old.json", 50.0, 2, step=4)  # another step's model
+    score("test.best.beam5.json", 60.0, 2)  # another checkpoint
+    (run / "eval" / "test.last.beam5.hyp").write_text("not a score file\n")
+    cost = run_cost(run, "last", 8)
+    # CPU segments: (50 + 10) s x 2 threads (the config's), (18 + 2) s x 3 threads (the summary's); the GPU one 30 s
+    assert cost == {"train_cpu_s": 60 * 2 + 20 * 3, "train_gpu_s": 30.0, "decode_cpu_s": 7 * 2 + 3 * 2,
+                    "decode_gpu_s": 4.0, "segments": 3, "score_files": 3, "threads_unrecorded": False}
+    total = study_cost({"a seed 1": cost, "a seed 2": cost})
+    assert total == {"runs": 2, "train_cpu_hours": round(2 * 180 / 3600, 3), "decode_cpu_hours": round(40 / 3600, 3),
+                     "train_gpu_minutes": 1.0, "decode_gpu_minutes": round(8 / 60, 2), "threads_unrecorded": []}
+
+
+def test_the_compute_section_gives_the_cost_per_resolved_comparison() -> None:
+    total = {"runs": 4, "train_cpu_hours": 30.0, "decode_cpu_hours": 6.0, "train_gpu_minutes": 0.0,
+             "decode_gpu_minutes": 0.0, "threads_unrecorded": []}
+    results = {"compute": {"total": total, "runs": {}}, "primary": {"resolved": 3, "size": 24, "tests": [{}]}}
+    text = "\n".join(cost_lines(results))
+    assert text.startswith("## Compute") and "**36.0 CPU core-hours** (30.0 training, 6.0 decoding" in text
+    assert "Per resolved comparison of the primary family (3 of 24): 12.0 CPU core-hours and 0.0 GPU minutes" in text
+    results["primary"]["resolved"] = 0
+    assert "No comparison of the primary family is resolved" in "\n".join(cost_lines(results))
+    assert cost_lines({"primary": {}}) == []  # a study published before its compute was recorded: no section

@@ -1,0 +1,118 @@
+"""What a study's runs cost, from what each run recorded: every training segment's closing summary in train.log (a
+resumed run has one per start; training and validation seconds), and the decoding seconds of every test.py score
+file of the scored checkpoint in its eval/ folder. CPU time is core-seconds, wall seconds x threads x processes; a
+run on a GPU counts its minutes there instead (runs sharing one GPU each count their own minutes). Not counted:
+start-up, tokenizer and data cache, model loading, scoring's statistics, and a segment killed before its summary
+line (SIGKILL; SIGTERM and Ctrl-C still write it)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from utils.run.layout import SUMMARY_MARK, RunDir
+
+_DEVICE = re.compile(r"train: model: .* parameters on (\S+) \(world size (\d+)\)")
+
+
+def training_segments(log: str) -> list[dict[str, Any]]:
+    """Each training segment's closing summary in a train.log (one per start: a resumed run has several), with
+    the device and world size of the start it closes (``model: ... on DEVICE (world size N)``) where the summary
+    itself does not record them."""
+    out, start = [], {"device": "cpu", "world_size": 1}
+    for line in log.splitlines():
+        if m := _DEVICE.search(line):
+            start = {"device": m.group(1), "world_size": int(m.group(2))}
+        elif SUMMARY_MARK in line and " optimizer steps" in line:
+            try:
+                summary = json.loads(line.split(SUMMARY_MARK, 1)[1])
+            except ValueError:
+                continue  # a line cut short (the disk filled): its segment is not counted
+            out.append({**start, **{k: v for k, v in summary.items() if v is not None}})
+    return out
+
+
+def run_cost(run: Path, checkpoint: str, step: int | None) -> dict[str, Any]:
+    """One run's cost: ``train_cpu_s`` and ``train_gpu_s`` (the summaries' training and validation seconds, CPU ones
+    times threads and processes), ``decode_cpu_s`` and ``decode_gpu_s`` (the score files of ``checkpoint`` at
+    training step ``step``: decoding seconds, CPU ones times the threads each file records), and how many training
+    segments and score files they come from."""
+    from utils.config import load_config
+
+    rd = RunDir(run)
+    log = rd.log.read_text(encoding="utf-8", errors="replace") if rd.log.is_file() else ""
+    threads = load_config(rd.config).train.num_threads if rd.config.is_file() else None
+    out: dict[str, Any] = {"train_cpu_s": 0.0, "train_gpu_s": 0.0, "decode_cpu_s": 0.0, "decode_gpu_s": 0.0,
+                           "segments": 0, "score_files": 0, "threads_unrecorded": False}
+    for summary in training_segments(log):
+        seconds = float(summary.get("train_seconds", 0.0)) + float(summary.get("eval_seconds", 0.0))
+        if str(summary["device"]).startswith("cuda"):
+            out["train_gpu_s"] += seconds * summary["world_size"]
+        else:
+            used = summary.get("threads") or threads
+            out["threads_unrecorded"] |= used is None
+            out["train_cpu_s"] += seconds * summary["world_size"] * (used or 1)
+        out["segments"] += 1
+    for path in sorted(rd.eval_dir.glob(f"*.{checkpoint}.beam*.json")) if rd.eval_dir.is_dir() else []:
+        if path.name.startswith("all."):  # every split again, in one file
+            continue
+        try:
+            scores = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not a score file the study reads: it checks its own before use
+        if not isinstance(scores, dict) or "seconds" not in scores or (step is not None and scores.get("step") != step):
+            continue
+        if scores.get("threads"):  # test.py records the threads of a CPU decoding, none on a GPU
+            out["decode_cpu_s"] += float(scores["seconds"]) * int(scores["threads"])
+        else:
+            out["decode_gpu_s"] += float(scores["seconds"])
+        out["score_files"] += 1
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def study_cost(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The study's totals over its runs' ``run_cost``: CPU core-hours and GPU minutes, for training and decoding."""
+    def total(key: str) -> float:
+        return sum(r[key] for r in runs.values())
+
+    return {"runs": len(runs), "train_cpu_hours": round(total("train_cpu_s") / 3600, 3),
+            "decode_cpu_hours": round(total("decode_cpu_s") / 3600, 3),
+            "train_gpu_minutes": round(total("train_gpu_s") / 60, 2),
+            "decode_gpu_minutes": round(total("decode_gpu_s") / 60, 2),
+            "threads_unrecorded": sorted(k for k, r in runs.items() if r["threads_unrecorded"])}
+
+
+def cost_summary(results: dict[str, Any]) -> str | None:
+    """What the runs of a study's results cost so far, in words, and per resolved comparison of its primary family;
+    None for results that do not record it (published before they did)."""
+    compute = results.get("compute")
+    if not compute:
+        return None
+    t = compute["total"]
+    cpu = t["train_cpu_hours"] + t["decode_cpu_hours"]
+    gpu = t["train_gpu_minutes"] + t["decode_gpu_minutes"]
+    text = (f"{t['runs']} runs: **{cpu:.1f} CPU core-hours** ({t['train_cpu_hours']:.1f} training, "
+            f"{t['decode_cpu_hours']:.1f} decoding the test sets) and **{gpu:.1f} GPU minutes** "
+            f"({t['train_gpu_minutes']:.1f} training, {t['decode_gpu_minutes']:.1f} decoding). Core-hours are wall "
+            "time x threads x processes, from each run's training summaries (every segment of a resumed run) and its "
+            "score files; start-up, tokenizers, data caches, model loading and these statistics are not counted, and "
+            "a run linked from another study counts here too.")
+    if t["threads_unrecorded"]:
+        text += (f" The threads of {', '.join(t['threads_unrecorded'])} were not recorded (no "
+                 "`train.num_threads`): counted as one.")
+    primary = results.get("primary") or {}
+    resolved = primary.get("resolved")
+    if resolved:
+        text += (f" Per resolved comparison of the primary family ({resolved} of {primary.get('size')}): "
+                 f"{cpu / resolved:.1f} CPU core-hours and {gpu / resolved:.1f} GPU minutes.")
+    elif primary.get("tests"):
+        text += " No comparison of the primary family is resolved: the cost per resolved comparison is unbounded."
+    return text
+
+
+def cost_lines(results: dict[str, Any]) -> list[str]:
+    """The report's "Compute" section (none for results that do not record it)."""
+    text = cost_summary(results)
+    return [] if text is None else ["## Compute", "", text, ""]
