@@ -169,6 +169,8 @@ def score_splits(run: Any, corpus: Any, names: list[str], decode: Any, tag: str,
         }
         if decode.min_len_a or decode.min_len_b:  # a length floor (no keys without one: files as they were)
             entry |= {"min_len_a": decode.min_len_a, "min_len_b": decode.min_len_b}
+        if decode.no_repeat_ngram_size:  # likewise
+            entry["no_repeat_ngram_size"] = decode.no_repeat_ngram_size
         if decode.sample:  # sampling and MBR settings, likewise only when used
             entry |= {k: getattr(decode, k) for k in ("sample", "temperature", "top_k", "top_p", "epsilon",
                                                       "num_samples", "seed")}

@@ -124,7 +124,10 @@ class ConstrainedBeamSearch(BeamSearch):
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, constraints: Constraints,
                  beam: int = 5, nbest: int = 1, lenpen: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
                  use_cache: bool = True, stop: str = "bound", on_done: OnDone | None = None, min_len_a: float = 0.0,
-                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None) -> None:
+                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None, no_repeat_ngram: int = 0) -> None:
+        if no_repeat_ngram:
+            raise ValueError("terminology constraints and blocked n-gram repeats exclude each other: a phrase may "
+                             "need an n-gram the output already holds")
         if beam < 2:
             raise ValueError("constrained decoding needs a beam of 2 or more (greedy search takes no constraints)")
         if len(constraints) != src.shape[0]:

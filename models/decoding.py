@@ -20,6 +20,9 @@ as they finish (their cache rows are dropped). Beam search (as in fairseq / Wu e
   still in its prefix may take only the prefix's next token, at the model's log-probability for it, so the prefix
   stays in the output and counts in its score as teacher forcing scores it; the search goes on after it (greedy
   or beam, with the cache, alone or in ``decode_together``). The cap is at least the prefix's length;
+- ``no_repeat_ngram`` n > 0 (fairseq's ``--no-repeat-ngram-size``, Hugging Face's ``no_repeat_ngram_size``, Eole's
+  ``block_ngram_repeat``): a token that would complete an n-gram of tokens the hypothesis already holds is
+  blocked (``repeated_ngrams``), in every search; a target prefix's tokens count, and are never blocked;
 - finished hypotheses are ranked by ``logprob / lp`` with the GNMT length penalty
   ``lp = ((5 + |Y|) / 6) ** alpha`` (Wu et al. 2016, eq. 14), |Y| counting EOS;
 - cross-attention keys/values are computed once per sentence and shared by its beams (they attend as
@@ -93,18 +96,36 @@ def _logprobs(logits: torch.Tensor, eos: int, force_eos: torch.Tensor,
     return logp
 
 
+def repeated_ngrams(tokens: torch.Tensor, n: int, vocab: int) -> torch.Tensor | None:
+    """Which next tokens would repeat an n-gram: ``tokens`` ``[N, L]`` (each row's tokens so far) -> ``[N, V]``
+    bool, True where the row's last n - 1 tokens followed by that token already occur in the row (n = 1: every
+    token already there); None when no row is long enough to hold an n-gram."""
+    rows, length = tokens.shape
+    if n < 1 or length < n:
+        return None
+    windows = tokens.unfold(1, n, 1)  # [N, L - n + 1, n]: every n-gram of each row
+    if n == 1:
+        match = torch.ones(windows.shape[:2], dtype=torch.long, device=tokens.device)
+    else:
+        match = (windows[:, :, :-1] == tokens[:, None, length - n + 1:]).all(-1).long()  # same n - 1 tokens as the end
+    hits = torch.zeros(rows, vocab, dtype=torch.long, device=tokens.device).scatter_add_(1, windows[:, :, -1], match)
+    return hits > 0
+
+
 class Search:
     """A batch being decoded, one token per ``advance``: it encodes its sources when made, ``step_part()`` gives
     the model's input for the next step, ``advance(logits)`` takes that step's logits ``[N, V]``. ``run()`` decodes
     it alone; ``decode_together`` steps several at once (``Seq2SeqTransformer.decode_step``), so a batch can start
     while others are halfway (a server's iteration-level batching). Sentences leave the batch when they finish,
     reported to ``on_done(i, nbest)`` at once. ``min_len_a``/``min_len_b``: the length floor; ``forced``: each
-    sentence's target prefix (module docstring)."""
+    sentence's target prefix; ``no_repeat_ngram``: n-grams of that size never repeat (module docstring)."""
 
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float,
                  max_len_b: int, use_cache: bool, on_done: OnDone | None, min_len_a: float = 0.0,
-                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None) -> None:
-        self.model, self.eos, self.on_done = model, eos, on_done
+                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None, no_repeat_ngram: int = 0) -> None:
+        if no_repeat_ngram < 0:
+            raise ValueError(f"no_repeat_ngram must be >= 0, got {no_repeat_ngram}")
+        self.model, self.eos, self.on_done, self.no_repeat_ngram = model, eos, on_done, no_repeat_ngram
         self.memory, self.src_mask = model.encode(src)
         self.n = src.shape[0]
         self.cap = max_lengths(self.src_mask, max_len_a, max_len_b, model)
@@ -138,13 +159,19 @@ class Search:
         return (self.floor[self.alive] > self.step).repeat_interleave(width)
 
     def mask(self, logp: torch.Tensor, width: int = 1) -> torch.Tensor:
-        """``logp`` ``[N, V]`` of this step's rows (``width`` per alive sentence) with the target prefix forced: a
-        row still in its prefix keeps only the prefix's next token, at its own log-probability."""
-        if self.forced is None or self.step >= self.forced.shape[1]:
-            return logp
-        tok = self.forced[self.alive, self.step].repeat_interleave(width)
-        rows = tok >= 0
-        if not rows.any():
+        """``logp`` ``[N, V]`` of this step's rows (``width`` per alive sentence) with the target prefix forced (a
+        row still in its prefix keeps only the prefix's next token, at its own log-probability) and, with
+        ``no_repeat_ngram``, the tokens that would repeat an n-gram blocked in the other rows."""
+        tok = None
+        if self.forced is not None and self.step < self.forced.shape[1]:
+            tok = self.forced[self.alive, self.step].repeat_interleave(width)
+        if self.no_repeat_ngram:
+            banned = repeated_ngrams(self.prefix[:, 1:], self.no_repeat_ngram, logp.shape[-1])
+            if banned is not None:
+                if tok is not None:  # a row in its target prefix takes the prefix's token, repeated or not
+                    banned &= (tok < 0)[:, None]
+                logp = logp.masked_fill(banned, float("-inf"))
+        if tok is None or not (rows := tok >= 0).any():
             return logp
         only = torch.full_like(logp, float("-inf")).scatter_(1, tok.clamp(min=0)[:, None], 0.0)
         return torch.where(rows[:, None], logp + only, logp)
@@ -171,9 +198,10 @@ class GreedySearch(Search):
 
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, max_len_a: float = 1.5,
                  max_len_b: int = 10, use_cache: bool = True, on_done: OnDone | None = None, min_len_a: float = 0.0,
-                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None) -> None:
+                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None, no_repeat_ngram: int = 0) -> None:
         super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced)
+                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced,
+                         no_repeat_ngram=no_repeat_ngram)
         self.logprob = torch.zeros(self.n, device=src.device)
         self.token_logp = torch.zeros(self.n, 0, device=src.device)  # [n_alive, step] each token's log-probability
         self.done: list[Hypothesis | None] = [None] * self.n
@@ -224,13 +252,16 @@ def greedy_search(
     min_len_a: float = 0.0,
     min_len_b: int = 0,
     forced: Sequence[Sequence[int]] | None = None,
+    no_repeat_ngram: int = 0,
 ) -> list[Hypothesis]:
     """src ``[B, S]`` -> one hypothesis per sentence (argmax at each step). ``on_done(i, [hypothesis])`` is called
     for sentence ``i`` as soon as it finishes, before the rest of the batch (a server answers it then).
     ``min_len_a``/``min_len_b``: EOS is blocked until a hypothesis has a * src_len + b tokens (at most the cap).
-    ``forced``: each sentence's target prefix, token ids (module docstring)."""
+    ``forced``: each sentence's target prefix, token ids; ``no_repeat_ngram``: n-grams of that size never repeat
+    (module docstring)."""
     search = GreedySearch(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                          on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced)
+                          on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced,
+                          no_repeat_ngram=no_repeat_ngram)
     search.run()
     return search.hypotheses
 
@@ -255,13 +286,14 @@ class BeamSearch(Search):
     def __init__(self, model: Seq2SeqTransformer, src: torch.Tensor, *, bos: int, eos: int, beam: int = 5,
                  nbest: int = 1, lenpen: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
                  use_cache: bool = True, stop: str = "bound", on_done: OnDone | None = None, min_len_a: float = 0.0,
-                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None) -> None:
+                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None, no_repeat_ngram: int = 0) -> None:
         if stop not in STOP_RULES:
             raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}, got {stop!r}")
         if not 1 <= nbest <= beam:
             raise ValueError(f"nbest must be in 1..beam ({beam}), got {nbest}")
         super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced)
+                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced,
+                         no_repeat_ngram=no_repeat_ngram)
         device = src.device
         self.beam, self.nbest, self.lenpen, self.stop = beam, nbest, lenpen, stop
         self.finished: list[list[Hypothesis]] = [[] for _ in range(self.n)]
@@ -380,6 +412,7 @@ def beam_search(
     min_len_a: float = 0.0,
     min_len_b: int = 0,
     forced: Sequence[Sequence[int]] | None = None,
+    no_repeat_ngram: int = 0,
 ) -> list[list[Hypothesis]]:
     """src ``[B, S]`` -> for each sentence its ``nbest`` best hypotheses, best first.
 
@@ -387,11 +420,11 @@ def beam_search(
     (fairseq: stop after K finished hypotheses). ``on_done(i, nbest)`` is called for sentence ``i`` with its final
     list as soon as it leaves the batch, before the others finish. ``min_len_a``/``min_len_b``: EOS is blocked
     until a hypothesis has a * src_len + b tokens (at most the cap). ``forced``: each sentence's target prefix, token
-    ids (module docstring).
+    ids; ``no_repeat_ngram``: n-grams of that size never repeat (module docstring).
     """
     search = BeamSearch(model, src, bos=bos, eos=eos, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a,
                         max_len_b=max_len_b, use_cache=use_cache, stop=stop, on_done=on_done, min_len_a=min_len_a,
-                        min_len_b=min_len_b, forced=forced)
+                        min_len_b=min_len_b, forced=forced, no_repeat_ngram=no_repeat_ngram)
     search.run()
     return search.nbest_lists
 

@@ -91,10 +91,11 @@ class SampleSearch(Search):
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, epsilon: float = 0.0,
                  seed: int | None = None, lenpen: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10,
                  use_cache: bool = True, on_done: OnDone | None = None, min_len_a: float = 0.0,
-                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None) -> None:
+                 min_len_b: int = 0, forced: Sequence[Sequence[int]] | None = None, no_repeat_ngram: int = 0) -> None:
         check_sampling(temperature, top_k, top_p, epsilon, num_samples)
         super().__init__(model, src, bos=bos, eos=eos, max_len_a=max_len_a, max_len_b=max_len_b, use_cache=use_cache,
-                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced)
+                         on_done=on_done, min_len_a=min_len_a, min_len_b=min_len_b, forced=forced,
+                         no_repeat_ngram=no_repeat_ngram)
         self.num_samples, self.lenpen = num_samples, lenpen
         self.temperature, self.top_k, self.top_p, self.epsilon = temperature, top_k, top_p, epsilon
         seed = int.from_bytes(os.urandom(8), "little") if seed is None else seed
@@ -171,11 +172,11 @@ def sample_search(model, src: torch.Tensor, *, bos: int, eos: int, num_samples: 
                   top_k: int = 0, top_p: float = 1.0, epsilon: float = 0.0, seed: int | None = None,
                   lenpen: float = 0.6, max_len_a: float = 1.5, max_len_b: int = 10, use_cache: bool = True,
                   on_done: OnDone | None = None, min_len_a: float = 0.0, min_len_b: int = 0,
-                  forced: Sequence[Sequence[int]] | None = None) -> list[list[Hypothesis]]:
+                  forced: Sequence[Sequence[int]] | None = None, no_repeat_ngram: int = 0) -> list[list[Hypothesis]]:
     """src ``[B, S]`` -> for each sentence its ``num_samples`` samples, best first (module docstring)."""
     search = SampleSearch(model, src, bos=bos, eos=eos, num_samples=num_samples, temperature=temperature,
                           top_k=top_k, top_p=top_p, epsilon=epsilon, seed=seed, lenpen=lenpen, max_len_a=max_len_a,
                           max_len_b=max_len_b, use_cache=use_cache, on_done=on_done, min_len_a=min_len_a,
-                          min_len_b=min_len_b, forced=forced)
+                          min_len_b=min_len_b, forced=forced, no_repeat_ngram=no_repeat_ngram)
     search.run()
     return search.sample_lists

@@ -252,3 +252,19 @@ def test_what_ctranslate2_lacks_is_refused_in_one_line(exported: dict[str, Path]
             assert len(out.splitlines()) == 4
         if "--format" in args:
             assert [len(json.loads(line)["nbest"]) for line in out.splitlines()] == [2, 2]
+
+
+def test_repeated_ngrams_are_blocked_in_the_export_too(engine: CT2Model) -> None:
+    """decode.no_repeat_ngram_size reaches CTranslate2 (its ``no_repeat_ngram_size``): no hypothesis repeats a
+    bigram, where the same decoding without it does (a length floor: this model would end most lines at once)."""
+    def repeats(tokens: list[int]) -> bool:
+        grams = list(zip(tokens, tokens[1:], strict=False))
+        return len(set(grams)) < len(grams)
+
+    texts = TEXTS[:12]
+    for beam in (1, 3):
+        decode = engine.cfg.decode.model_copy(update=dict(beam=beam, nbest=beam, min_len_b=6))
+        plain = engine.translate(texts, decode)
+        blocked = engine.translate(texts, decode.model_copy(update=dict(no_repeat_ngram_size=2)))
+        assert any(repeats(h.tokens) for hyps in plain for h in hyps)
+        assert not any(repeats(h.tokens) for hyps in blocked for h in hyps)

@@ -81,10 +81,10 @@ def add_set_arg(parser: argparse.ArgumentParser,
 
 def decode_overrides(args: argparse.Namespace) -> list[str]:
     """``--set`` values followed by the decoding flags given (--beam, --lenpen, --batch_size, --nbest, --min_len_a,
-    --min_len_b), as config overrides: a flag the script does not declare or the user did not give changes
-    nothing."""
+    --min_len_b, --no_repeat_ngram_size), as config overrides: a flag the script does not declare or the user did
+    not give changes nothing."""
     overrides = list(args.overrides)
-    for key in ("beam", "lenpen", "batch_size", "nbest", "min_len_a", "min_len_b"):
+    for key in ("beam", "lenpen", "batch_size", "nbest", "min_len_a", "min_len_b", "no_repeat_ngram_size"):
         value = getattr(args, key, None)
         if value is not None:
             overrides.append(f"decode.{key}={value}")
@@ -115,7 +115,7 @@ def apply_average_args(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
     """What every script decoding a trained run takes: --config, --model_path, --lenpen, --min_len_a and
-    --min_len_b, --batch_size, --average and --save_average, --device, --threads, --set."""
+    --min_len_b, --no_repeat_ngram_size, --batch_size, --average and --save_average, --device, --threads, --set."""
     parser.add_argument("--config", help="YAML config (default: the run directory's config.yaml)")
     add_alias_args(parser, "model_path", required=True, nargs="+", metavar="PATH",
                    help="checkpoint .pt or run directory; several, or a study variant's folder of seeds "
@@ -127,6 +127,9 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                         "+ B tokens, at most the length cap (default: decode.min_len_a, 0: no floor)")
     add_alias_args(parser, "min_len_b", type=int, metavar="B",
                    help="the B of the output length floor (default: decode.min_len_b, 0)")
+    add_alias_args(parser, "no_repeat_ngram_size", type=int, metavar="N",
+                   help="never repeat an n-gram of N tokens in a translation (default: decode.no_repeat_ngram_size, "
+                        "0: off)")
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
     add_average_args(parser)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],

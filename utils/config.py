@@ -175,6 +175,12 @@ class DecodeConfig(Section):
                              "it.")
     min_len_b: int = Field(0, ge=0, le=10**6, description="The `b` of the output length floor a * source length + b "
                            "(`--min_len_b`).")
+    no_repeat_ngram_size: int = Field(0, ge=0, le=1024, description="Block repeated n-grams: a token that would "
+                                      "complete an n-gram of this size already in the hypothesis is never chosen, in "
+                                      "greedy, beam and sampled decoding and in a CTranslate2 export (fairseq's "
+                                      "`--no-repeat-ngram-size`, Eole's `block_ngram_repeat`); a target prefix's "
+                                      "tokens are kept; 0: off. `--no_repeat_ngram_size` of inference.py and "
+                                      "test.py.")
     batch_size: int = Field(64, ge=1, le=10**6, description="Sentences decoded together in one batch.")
     beam_stop: Literal["bound", "k_finished"] = Field(
         "bound", description="When a sentence's beam search ends: `bound` once no live hypothesis can beat its "

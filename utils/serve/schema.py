@@ -450,6 +450,8 @@ class DecodeDefaults(Answer):
     min_len_a: float = Field(description="end-of-sentence is blocked until a hypothesis has a * source length + b "
                                          "tokens (at most the cap; 0 and 0: no floor): a")
     min_len_b: int = Field(description="... and b")
+    no_repeat_ngram_size: int = Field(0, description="n-grams of this many tokens never repeat in a translation (0: "
+                                                     "off)")
     beam_stop: str = Field(description="when a sentence's beam search ends: `bound` (no alive beam can beat the "
                                        "finished n-best) or `k_finished` (after K finished hypotheses)")
     sample: bool = Field(description="whether translations are sampled")

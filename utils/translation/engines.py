@@ -295,6 +295,7 @@ class CT2Model:
         results = translator.translate_batch(
             [self.tokenizer.id_to_token(ids[i]) for i in rows], target_prefix=target_prefix, **options,
             length_penalty=ctranslate2_penalty(decode.lenpen), max_decoding_length=cap, min_decoding_length=floor,
+            no_repeat_ngram_size=decode.no_repeat_ngram_size,
             return_scores=True, return_end_token=True, return_attention=attention,
             max_input_length=0,  # sources are already cut to the position table, as ours are to max_length
             max_batch_size=decode.batch_size,

@@ -104,7 +104,12 @@ def model_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> li
 
 def describe_decoding(decode: DecodeConfig) -> str:
     """e.g. ``beam 5, lenpen 0.6``, ``greedy``, ``sampling (temperature 0.8, top-p 0.9), 4 samples``,
-    ``MBR (chrf) over 16 samples (temperature 1)``."""
+    ``MBR (chrf) over 16 samples (temperature 1)``, ``beam 5, lenpen 0.6, no repeated 3-grams``."""
+    described = _describe(decode)
+    return described + (f", no repeated {decode.no_repeat_ngram_size}-grams" if decode.no_repeat_ngram_size else "")
+
+
+def _describe(decode: DecodeConfig) -> str:
     if decode.sample:
         settings = [f"temperature {decode.temperature:g}"]
         settings += [f"top-k {decode.top_k}"] * bool(decode.top_k)

@@ -183,6 +183,8 @@ def outputs_per_sentence(decode: DecodeConfig) -> int:
 GREEDY_CONSTRAINTS = ("terminology constraints need beam search (a beam of 2 or more): the beam is shared among "
                       "hypotheses at each stage of progress through the phrases; greedy search takes none")
 SAMPLED_GUIDES = "a target prefix or constraints go with greedy or beam search, not with sampling"
+BLOCKED_CONSTRAINTS = ("terminology constraints and decode.no_repeat_ngram_size exclude each other: a phrase may "
+                       "need an n-gram the output already holds; give one or the other")
 
 
 def guide_problem(decode: DecodeConfig, prefix: bool, constraints: bool) -> str | None:
@@ -192,6 +194,8 @@ def guide_problem(decode: DecodeConfig, prefix: bool, constraints: bool) -> str 
         return SAMPLED_GUIDES
     if constraints and decode.beam == 1:
         return GREEDY_CONSTRAINTS
+    if constraints and decode.no_repeat_ngram_size:
+        return BLOCKED_CONSTRAINTS
     return None
 
 
@@ -212,7 +216,8 @@ def make_search(model: Seq2SeqTransformer, tokenizer: Tokenizer, sources: Sequen
         src[r, : len(seq)] = torch.tensor(seq)
     src = src.to(model.device)
     common = dict(bos=tokenizer.bos_id, eos=tokenizer.eos_id, max_len_a=decode.max_len_a, max_len_b=decode.max_len_b,
-                  min_len_a=decode.min_len_a, min_len_b=decode.min_len_b, on_done=on_done)
+                  min_len_a=decode.min_len_a, min_len_b=decode.min_len_b, on_done=on_done,
+                  no_repeat_ngram=decode.no_repeat_ngram_size)
     if prefixed:
         common["forced"] = [g.prefix for g in guides]
     if constrained:
