@@ -354,7 +354,7 @@ BAD_REQUESTS = [  # (method, path, body, status, message part)
     ("POST", "/translate", b'{"text": "Oui.", "lenpen": "x"}', 422, "lenpen must be a number, not a string"),
     ("POST", "/translate", b'{"text": "Oui.", "colour": "red"}', 422,
      "unknown field 'colour' (fields: text, beam, nbest, lenpen, prefix, constraints, sample, temperature, top_k, "
-     "top_p, epsilon, num_samples, seed, mbr, mbr_utility, details)"),
+     "top_p, epsilon, num_samples, seed, mbr, mbr_utility, no_repeat_ngram_size, details)"),
     ("POST", "/translate", b'{"text": "  "}', 422, "text is empty"),
     ("POST", "/translate", b'{"text": ["Oui.", ""]}', 422, "text[1] is empty"),
     ("POST", "/translate", b'{"text": []}', 422, "text is an empty list"),

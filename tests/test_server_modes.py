@@ -21,7 +21,7 @@ from conftest import ROOT, serving_app, train_tiny_run
 
 from utils.serve.app import Limits, create_app
 from utils.serve.modes import MODES, NOT_HERE
-from utils.translation.translate import GREEDY_CONSTRAINTS, SAMPLED_GUIDES, Guide, translate
+from utils.translation.translate import BLOCKED_CONSTRAINTS, GREEDY_CONSTRAINTS, SAMPLED_GUIDES, Guide, translate
 
 LINES = (ROOT / "data" / "demo" / "test.fr").read_text(encoding="utf-8").splitlines()
 LIMITS = Limits(max_wait_ms=0, max_tokens=40, max_beam_tokens=600)
@@ -121,6 +121,23 @@ def test_a_prefix_is_kept_and_the_answer_is_what_translate_gives(port: int, run:
     per_line = ok(port, text=lines, prefix=["The cat", "", "It"], beam=1)  # greedy; the second line has none
     same(per_line, expected(run, lines, [Guide("The cat"), Guide(""), Guide("It")], beam=1))
     assert per_line["translations"][2]["translation"].startswith("It")
+
+
+def test_blocked_ngram_repeats_answer_what_translate_gives(port: int, run: Any) -> None:
+    lines = LINES[:6]
+    for beam in (1, 3):
+        answer = ok(port, text=lines, beam=beam, no_repeat_ngram_size=2, details=True)
+        same(answer, expected(run, lines, no_repeat_ngram_size=2, beam=beam))
+        assert answer["no_repeat_ngram_size"] == 2
+        for line in answer["translations"]:
+            tokens = line["nbest"][0]["tokens"]
+            assert len(set(zip(tokens, tokens[1:], strict=False))) == max(len(tokens) - 1, 0)
+    plain = ok(port, text=lines, beam=1, details=True)  # none blocked: the bigrams repeat
+    assert plain["no_repeat_ngram_size"] == 0
+    assert any(len(set(zip(t, t[1:], strict=False))) < len(t) - 1
+               for t in (line["nbest"][0]["tokens"] for line in plain["translations"]))
+    status, answer = call(port, {"text": "Le chat.", "constraints": ["cat"], "no_repeat_ngram_size": 2})
+    assert status == 422 and answer == {"error": BLOCKED_CONSTRAINTS}
 
 
 def test_every_constraint_appears_and_the_answer_is_what_translate_gives(port: int, run: Any) -> None:

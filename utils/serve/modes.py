@@ -142,7 +142,7 @@ def check_samples(counts: list[int], decode: DecodeConfig, limits: Limits) -> No
 
 def settings_answer(decode: DecodeConfig, details: bool) -> dict[str, Any]:
     """The decoding settings an answer states beside beam, nbest and lenpen: sampling's when sampling, MBR's when
-    MBR, and whether details were asked for."""
+    MBR, the blocked n-gram size (0: none), and whether details were asked for."""
     out: dict[str, Any] = {"sample": decode.sample}
     if decode.sample:
         out.update(temperature=decode.temperature, top_k=decode.top_k, top_p=decode.top_p, epsilon=decode.epsilon,
@@ -150,6 +150,7 @@ def settings_answer(decode: DecodeConfig, details: bool) -> dict[str, Any]:
     out["mbr"] = decode.mbr
     if decode.mbr:
         out["mbr_utility"] = decode.mbr_utility
+    out["no_repeat_ngram_size"] = decode.no_repeat_ngram_size
     out["details"] = details
     return out
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 KINDS = ("cross", "encoder", "decoder")
 #: The fields of ``POST /translate`` that are decoding settings (``DecodeConfig``'s), over the server's.
 DECODING = ("beam", "nbest", "lenpen", "sample", "temperature", "top_k", "top_p", "epsilon", "num_samples", "seed",
-            "mbr", "mbr_utility")
+            "mbr", "mbr_utility", "no_repeat_ngram_size")
 
 # Every refusal, status -> when (the answer is always ``{"error": "one line"}``).
 ERRORS: dict[int, str] = {
@@ -268,6 +268,11 @@ def request_models(limits: "Limits", cfg: "Config",
         mbr_utility: Literal["chrf", "bleu"] | None = Field(decode.mbr_utility, description=(
             "the utility of MBR decoding: sentence-level chrF or BLEU (sacreBLEU's); needs `mbr`; absent or null: "
             "the server's default"))
+        no_repeat_ngram_size: int | None = Field(decode.no_repeat_ngram_size, ge=0, le=1024, description=(
+            "never repeat an n-gram of this many tokens within a translation (a token that would complete one the "
+            "translation already holds is blocked; a `prefix` is kept as given); not with `constraints`; 0: off; "
+            "absent or null: the server's default (`--no_repeat_ngram_size`, else the run's "
+            "`decode.no_repeat_ngram_size`)"))
         details: bool | None = Field(False, description=(
             "true: each hypothesis also gets its tokens, the log-probability of each (`token_logprobs`) and the "
             "source token each one attends to most (`alignment`), and each line its `source_tokens`, as "
@@ -353,7 +358,8 @@ class TranslateAnswer(Answer):
         "translations": [{"source": "Le chat dort sur le canapé.", "translation": "The cat is sleeping on the sofa.",
                           "nbest": [{"text": "The cat is sleeping on the sofa.", "score": -0.2813,
                                      "logprob": -0.5067}]}],
-        "beam": 5, "nbest": 1, "lenpen": 0.6, "sample": False, "mbr": 0, "details": False, "seconds": 0.0971}]})
+        "beam": 5, "nbest": 1, "lenpen": 0.6, "sample": False, "mbr": 0, "no_repeat_ngram_size": 0, "details": False,
+        "seconds": 0.0971}]})
     translations: list[LineTranslation] = Field(description="one per line sent, in order (one for a single string)")
     beam: int = Field(description="the beam size used")
     nbest: int = Field(description="the hypotheses returned per line (sampling: `num_samples`; MBR: at most)")
@@ -368,6 +374,8 @@ class TranslateAnswer(Answer):
                              json_schema_extra=_no_default)
     mbr: int = Field(description="MBR decoding's candidates per line (0: off)")
     mbr_utility: str = absent("MBR decoding: its utility, `chrf` or `bleu`")
+    no_repeat_ngram_size: int = Field(description="the size of the n-grams that never repeat within a translation "
+                                                  "(0: none blocked)")
     details: bool = Field(description="whether the hypotheses carry their tokens, token log-probabilities and "
                                       "alignment")
     seconds: float = Field(description="seconds from the request's entering the queue to its answer: waiting "
