@@ -34,7 +34,7 @@ def refused(model: Any, body: dict[str, Any]) -> tuple[int, str]:
 @pytest.mark.parametrize(("model", "body", "status", "line"), [
     (TRANSLATE, {"colour": 1}, 422, "unknown field 'colour' (fields: text, beam, nbest, lenpen, prefix, constraints, "
                                     "sample, temperature, top_k, top_p, epsilon, num_samples, seed, mbr, mbr_utility, "
-                                    "details)"),  # before the missing text
+                                    "no_repeat_ngram_size, details)"),  # before the missing text
     (TRANSLATE, {"text": ["a", "b"], "constraints": [["x"], ["y"], ["z"], ["w"]]}, 413,
      "constraints has 4 lists, over the limit of 3 (--max-lines)"),
     (TRANSLATE, {"text": "a", "prefix": []}, 422, 'prefix is an empty list: give one prefix per line ("" for none)'),
