@@ -13,6 +13,7 @@ line (reading, tokenizing, decoding and writing; model loading excluded). The mo
 - ``sample``, ``sample-eps``: one ancestral sample, and one with ``--epsilon 0.02`` (seed 1);
 - ``mbr16``, ``mbr32``, ``mbr32-eps``: MBR with chrF over 16 or 32 samples (plain or epsilon 0.02, seed 1);
 - ``mbr-nbest``: MBR with chrF over the 16-best of beam 16;
+- ``no-repeat3``: beam 5 where no 3-gram of tokens repeats in a translation (``--no_repeat_ngram_size 3``);
 - ``prefix``: beam 5 continuing from each reference's first word (``--prefix_file``: interactive translation);
 - ``constraints``: beam 5 with one term per sentence (``--constraints``), the longest word of 5 letters or more of
   its reference (an oracle terminology set: it measures how constraints are kept and what they cost, not what a
@@ -44,6 +45,7 @@ MODES: dict[str, tuple[str, list[str]]] = {
     "mbr32-eps": ("MBR, chrF, over 32 epsilon samples", ["--sample", "--epsilon", "0.02", "--mbr", "32",
                                                          "--seed", "1"]),
     "mbr-nbest": ("MBR, chrF, over beam 16's 16-best", ["--beam", "16", "--mbr", "16"]),
+    "no-repeat3": ("beam 5, no repeated 3-grams", ["--no_repeat_ngram_size", "3"]),
     "prefix": ("beam 5 after the reference's first word", ["--prefix_file", "{prefix}"]),
     "constraints": ("beam 5, one reference term per sentence", ["--constraints", "{terms}"]),
 }

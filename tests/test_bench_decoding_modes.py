@@ -26,7 +26,7 @@ def test_an_unknown_mode_is_one_line(tmp_path: Path) -> None:
                      "data/demo/test.en", "--modes", "beam5,nucleus", "--out", str(tmp_path))
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
         "--modes: unknown nucleus (of: beam5, greedy, ensemble, sample, sample-eps, mbr16, mbr32, mbr32-eps, "
-        "mbr-nbest, prefix, constraints)")
+        "mbr-nbest, no-repeat3, prefix, constraints)")
     assert not list(tmp_path.iterdir())
 
 
