@@ -67,8 +67,9 @@ def headless_chromium(window_size: str, *extra: str):
 
 
 def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout: float = 60.0,
-               prefix: str | None = None) -> PageResult:
-    """Load the page at ``url``, type ``sentence`` (and ``prefix`` in the target prefix box), press Translate and wait
+               prefix: str | None = None, no_repeat: int | None = None) -> PageResult:
+    """Load the page at ``url``, type ``sentence`` (and ``prefix`` in the target prefix box, ``no_repeat`` in the
+    box of the n-gram size never repeated), press Translate and wait
     for the n-best list and the attention map; read them back from the DOM and save a screenshot (PNG) of the
     window."""
     from selenium.webdriver.common.by import By
@@ -84,6 +85,10 @@ def drive_page(url: str, sentence: str, screenshot: Path | None = None, timeout:
         box.send_keys(sentence)
         if prefix is not None:
             driver.find_element(By.ID, "prefix").send_keys(prefix)
+        if no_repeat is not None:
+            field = driver.find_element(By.ID, "no-repeat")
+            field.clear()
+            field.send_keys(str(no_repeat))
         driver.find_element(By.ID, "translate").click()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#nbest li")
                    and d.find_element(By.ID, "translate").is_enabled()

@@ -465,10 +465,10 @@ def test_the_page_in_a_headless_browser(server: Server, tmp_path: Path) -> None:
     assert res.status == 200 and res.getheader("content-type").startswith("text/html")
     assert "src=" not in html and "href=" not in html and "@import" not in html  # no external assets
     shot = tmp_path / "demo_page.png"
-    page = drive_page(server.url, SENTENCE, shot, prefix="The")
+    page = drive_page(server.url, SENTENCE, shot, prefix="The", no_repeat=2)
     assert page.encoding == "rope" and "d_model 32" in page.details
     assert (page.kinds, page.layers) == (["cross", "encoder", "decoder"], ["0"])
-    answer = translate(server, text=SENTENCE, beam=2, nbest=2, lenpen=0.6, prefix="The",
+    answer = translate(server, text=SENTENCE, beam=2, nbest=2, lenpen=0.6, prefix="The", no_repeat_ngram_size=2,
                        details=True)["translations"][0]
     assert page.nbest == [h["text"] for h in answer["nbest"]] and all(t.startswith("The") for t in page.nbest)
     assert page.scores == [f"score {h['score']:.3f}, log-prob {h['logprob']:.3f}" for h in answer["nbest"]]
@@ -478,7 +478,7 @@ def test_the_page_in_a_headless_browser(server: Server, tmp_path: Path) -> None:
         [t.replace("\u2581", " ") for t in h["tokens"]] for h in answer["nbest"]]
     first = page.tokens[0][0]
     assert first[2] == f"{answer['nbest'][0]['tokens'][0]}: log-prob {first[1]:.3f} (p {math.exp(first[1]):.3f})"
-    assert page.status.startswith("translated in") and "beam 2" in page.status
+    assert page.status.startswith("translated in") and "beam 2, length penalty 0.6, no repeated 2-grams" in page.status
     status, _, att = request(server, "POST", "/attention", json.dumps(
         {"text": SENTENCE, "target": answer["translation"], "kind": "cross", "layer": 0}).encode())
     assert status == 200
