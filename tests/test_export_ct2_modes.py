@@ -268,3 +268,6 @@ def test_repeated_ngrams_are_blocked_in_the_export_too(engine: CT2Model) -> None
         blocked = engine.translate(texts, decode.model_copy(update=dict(no_repeat_ngram_size=2)))
         assert any(repeats(h.tokens) for hyps in plain for h in hyps)
         assert not any(repeats(h.tokens) for hyps in blocked for h in hyps)
+        for hyp in (h for hyps in blocked for h in hyps):  # scored again: the model's log-probabilities
+            assert len(hyp.token_logprobs) in (len(hyp.tokens), len(hyp.tokens) + 1)
+            assert f32_sum(hyp.token_logprobs) == hyp.logprob

@@ -54,6 +54,10 @@ def test_a_runs_cost_counts_every_segment_and_the_score_files_of_its_scored_step
     # CPU segments: (50 + 10) s x 2 threads (the config's), (18 + 2) s x 3 threads (the summary's); the GPU one 30 s
     assert cost == {"train_cpu_s": 60 * 2 + 20 * 3, "train_gpu_s": 30.0, "decode_cpu_s": 7 * 2 + 3 * 2,
                     "decode_gpu_s": 4.0, "segments": 3, "score_files": 3, "threads_unrecorded": False}
+    # a score file written before test.py recorded threads: CPU time on one thread, said so
+    (run / "eval" / "test.x2.last.beam5.json").write_text(json.dumps({"seconds": 5.0, "step": 8}))
+    older = run_cost(run, "last", 8)
+    assert (older["decode_cpu_s"], older["decode_gpu_s"], older["threads_unrecorded"]) == (25.0, 4.0, True)
     total = study_cost({"a seed 1": cost, "a seed 2": cost})
     assert total == {"runs": 2, "train_cpu_hours": round(2 * 180 / 3600, 3), "decode_cpu_hours": round(40 / 3600, 3),
                      "train_gpu_minutes": 1.0, "decode_gpu_minutes": round(8 / 60, 2), "threads_unrecorded": []}
@@ -69,3 +73,16 @@ def test_the_compute_section_gives_the_cost_per_resolved_comparison() -> None:
     results["primary"]["resolved"] = 0
     assert "No comparison of the primary family is resolved" in "\n".join(cost_lines(results))
     assert cost_lines({"primary": {}}) == []  # a study published before its compute was recorded: no section
+
+
+def test_processes_sharing_a_machine_share_its_configured_threads(tmp_path: Path) -> None:
+    """torchrun with 2 CPU processes and train.num_threads 4, in a summary that does not record its threads: each
+    process had 2 (utils.training.setup.threads_per_process), so 100 s is 400 core-seconds, not 800."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text("\n".join([
+        "10:00:00 train: model: 0.10M parameters on cpu (world size 2); positions: rope",
+        f"10:01:40 train: trained 4 optimizer steps, 100 target tokens in 100 s | stats {_summary(90.0, 10.0)}"]))
+    (run / "config.yaml").write_text("base: " + str(Path("configs/demo.yaml").resolve()) + "\n"
+                                     "train:\n  num_threads: 4\n")
+    assert run_cost(run, "last", None)["train_cpu_s"] == 400.0

@@ -37,8 +37,9 @@ def training_segments(log: str) -> list[dict[str, Any]]:
 def run_cost(run: Path, checkpoint: str, step: int | None) -> dict[str, Any]:
     """One run's cost: ``train_cpu_s`` and ``train_gpu_s`` (the summaries' training and validation seconds, CPU ones
     times threads and processes), ``decode_cpu_s`` and ``decode_gpu_s`` (the score files of ``checkpoint`` at
-    training step ``step``: decoding seconds, CPU ones times the threads each file records), and how many training
-    segments and score files they come from."""
+    training step ``step``: decoding seconds, CPU ones times the threads each file records), how many training
+    segments and score files they come from, and whether some CPU time's threads were not recorded (counted as
+    one)."""
     from utils.config import load_config
 
     rd = RunDir(run)
@@ -50,10 +51,11 @@ def run_cost(run: Path, checkpoint: str, step: int | None) -> dict[str, Any]:
         seconds = float(summary.get("train_seconds", 0.0)) + float(summary.get("eval_seconds", 0.0))
         if str(summary["device"]).startswith("cuda"):
             out["train_gpu_s"] += seconds * summary["world_size"]
-        else:
-            used = summary.get("threads") or threads
+        else:  # the summary's threads are per process; the config's are shared by a machine's processes
+            world = summary["world_size"]
+            used = summary.get("threads") or (max(1, threads // world) if threads else None)
             out["threads_unrecorded"] |= used is None
-            out["train_cpu_s"] += seconds * summary["world_size"] * (used or 1)
+            out["train_cpu_s"] += seconds * world * (used or 1)
         out["segments"] += 1
     for path in sorted(rd.eval_dir.glob(f"*.{checkpoint}.beam*.json")) if rd.eval_dir.is_dir() else []:
         if path.name.startswith("all."):  # every split again, in one file
@@ -64,10 +66,11 @@ def run_cost(run: Path, checkpoint: str, step: int | None) -> dict[str, Any]:
             continue  # not a score file the study reads: it checks its own before use
         if not isinstance(scores, dict) or "seconds" not in scores or (step is not None and scores.get("step") != step):
             continue
-        if scores.get("threads"):  # test.py records the threads of a CPU decoding, none on a GPU
-            out["decode_cpu_s"] += float(scores["seconds"]) * int(scores["threads"])
-        else:
+        if "threads" in scores and scores["threads"] is None:  # test.py records null threads on a GPU
             out["decode_gpu_s"] += float(scores["seconds"])
+        else:  # a CPU decoding's threads; a file older than that record: one thread, said so
+            out["threads_unrecorded"] |= not scores.get("threads")
+            out["decode_cpu_s"] += float(scores["seconds"]) * int(scores.get("threads") or 1)
         out["score_files"] += 1
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 
@@ -100,8 +103,8 @@ def cost_summary(results: dict[str, Any]) -> str | None:
             "score files; start-up, tokenizers, data caches, model loading and these statistics are not counted, and "
             "a run linked from another study counts here too.")
     if t["threads_unrecorded"]:
-        text += (f" The threads of {', '.join(t['threads_unrecorded'])} were not recorded (no "
-                 "`train.num_threads`): counted as one.")
+        text += (f" Some threads of {', '.join(t['threads_unrecorded'])} were not recorded (no `train.num_threads`, "
+                 "or a score file older than that record): counted as one.")
     primary = results.get("primary") or {}
     resolved = primary.get("resolved")
     if resolved:

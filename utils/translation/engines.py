@@ -124,7 +124,9 @@ class CT2Model:
     in the step where the K-th hypothesis ends, CTranslate2 keeps every ending candidate and returns the K
     best by logprob / |Y|^beta (ours keep the first K and rank by GNMT); beta = 0.7 alpha orders lengths of
     5-40 tokens about as GNMT does, so our best is almost always among those K. And hypotheses that reach
-    the cap: ours force EOS there, CTranslate2 stops.
+    the cap: ours force EOS there, CTranslate2 stops. With ``decode.no_repeat_ngram_size`` CTranslate2 blocks the
+    repeating tokens before its softmax, so its beam ranks by scores renormalised over the tokens left; the
+    hypotheses it returns are scored again (``score_batch``), so their log-probabilities are the model's.
 
     The decoding modes, where CTranslate2 has them (``problem`` says why not, in one line, where it has not):
 
@@ -230,7 +232,9 @@ class CT2Model:
         groups: dict[tuple[int, int], list[int]] = {}
         for i, cap in caps.items():
             groups.setdefault((0 if callback else cap, floors[i]), []).append(i)
-        exact = details or decode.sample or prefixes is not None
+        # CTranslate2 blocks repeated n-grams before its softmax (its scores renormalised over the tokens left):
+        # the model's own log-probabilities come from scoring the hypotheses again, as ours are
+        exact = details or decode.sample or prefixes is not None or bool(decode.no_repeat_ngram_size)
         with self._seeded(decode, texts) as translator:
             for (cap, floor), rows in groups.items():
                 top = cap or max(caps[i] for i in rows)
