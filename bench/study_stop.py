@@ -49,8 +49,9 @@ def main() -> int:
         print(f"{kind} ({len(verdict[kind])}): {'; '.join(verdict[kind]) or '-'}")
     total = (latest.get("compute") or {}).get("total")
     if total:  # every run of the study so far: the latest look holds them all
-        cpu = total["train_cpu_hours"] + total["decode_cpu_hours"]
-        gpu = total["train_gpu_minutes"] + total["decode_gpu_minutes"]
+        from utils.study.cost import spent
+
+        cpu, gpu = spent(total)
         resolved = len(verdict["resolved"])
         print(f"compute so far: {total['runs']} runs, {cpu:.1f} CPU core-hours, {gpu:.1f} GPU minutes; "
               + (f"per test resolved so far: {cpu / resolved:.1f} CPU core-hours, {gpu / resolved:.1f} GPU minutes"

@@ -87,6 +87,12 @@ def study_cost(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "threads_unrecorded": sorted(k for k, r in runs.items() if r["threads_unrecorded"])}
 
 
+def spent(total: dict[str, Any]) -> tuple[float, float]:
+    """(CPU core-hours, GPU minutes) of ``study_cost``'s totals, training and decoding together."""
+    return (total["train_cpu_hours"] + total["decode_cpu_hours"],
+            total["train_gpu_minutes"] + total["decode_gpu_minutes"])
+
+
 def cost_summary(results: dict[str, Any]) -> str | None:
     """What the runs of a study's results cost so far, in words, and per resolved comparison of its primary family;
     None for results that do not record it (published before they did)."""
@@ -94,8 +100,7 @@ def cost_summary(results: dict[str, Any]) -> str | None:
     if not compute:
         return None
     t = compute["total"]
-    cpu = t["train_cpu_hours"] + t["decode_cpu_hours"]
-    gpu = t["train_gpu_minutes"] + t["decode_gpu_minutes"]
+    cpu, gpu = spent(t)
     text = (f"{t['runs']} runs: **{cpu:.1f} CPU core-hours** ({t['train_cpu_hours']:.1f} training, "
             f"{t['decode_cpu_hours']:.1f} decoding the test sets) and **{gpu:.1f} GPU minutes** "
             f"({t['train_gpu_minutes']:.1f} training, {t['decode_gpu_minutes']:.1f} decoding). Core-hours are wall "
