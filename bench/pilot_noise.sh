@@ -9,7 +9,7 @@
 # - Systems: sinusoidal (the baseline) and rope, with the preset's RoPE test variants; seeds 1-6 in each arm, the
 #   same seed giving both arms the same tokenizer, initialisation and batch order; 900 optimizer steps (the
 #   published study's first budget), validation every 300, one CPU thread per run, two runs at a time; both arms
-#   trained two seeds at a time (an interrupted pilot stays balanced), then scored.
+#   trained and scored two seeds at a time, in turn (an interrupted pilot stays balanced).
 # - Scored: chrF and BLEU, beam 5, on test.tatoeba and test.multi30k-2016 at x1 and x4 (the published family's
 #   splits and drops), every sentence; 1,000 bootstrap resamples (the pilot's p-values are not its question).
 # - Endpoint: for each arm, the pooled residual standard deviation of the family's chrF quantities (the x4 scores
@@ -21,15 +21,18 @@
 #
 #   bash bench/pilot_noise.sh [RUNS_DIR]       # default ../pilot-runs; returns at once, log: RUNS_DIR/pilot.log
 #
-# Resumable: run it again after any interruption; each study skips what is done. It trains from a worktree pinned
-# at PILOT_COMMIT (../pilot-wt, made beside this checkout when missing), in a session of its own, at low priority.
+# Resumable: run it again after any interruption; each study skips what is done. After an arm's pair of seeds is scored,
+# its runs of those seeds, without their weights (what the report needs: score files, hypotheses, logs,
+# TensorBoard events), are packed into bench/studies/noise-pilot/records/ to be committed; on a new machine the
+# pilot unpacks them and merges them into its studies (--merge), so only the seeds not yet kept are trained again.
+# It trains from a worktree pinned at PILOT_COMMIT (../pilot-wt, made beside this checkout when missing), in a session of its own, at low priority.
 set -u
 # The whole script is one function, read before it runs: an edit to this file while the pilot runs cannot change it.
 main() {
     ROOT=$(cd "$(dirname "$0")/.." && pwd)
     RUNS=$(realpath -m "${1:-$ROOT/../pilot-runs}")
     # shellcheck source=bench/worktree.sh
-    source "$ROOT/bench/worktree.sh"  # in_background, worktree DIR COMMIT, step DIR WHAT ARGS...
+    source "$ROOT/bench/worktree.sh"  # in_background, worktree DIR COMMIT, step DIR WHAT ARGS..., keep_runs, restore_runs
     in_background "$0" "$RUNS" pilot.log "noise pilot" 10
     PILOT_COMMIT=7186bb6  # trains and scores both arms
     COMMON="--preset train-short-test-long --variants sinusoidal,rope --steps 900 --eval-every 300
@@ -40,17 +43,27 @@ main() {
     mkdir -p "$RUNS" && exec >> "$RUNS/pilot.log" 2>&1 < /dev/null || exit 1
     WT=$(realpath -m "$ROOT/../pilot-wt")
     worktree "$WT" "$PILOT_COMMIT" || exit 1
-    arms() {  # both arms trained two seeds at a time (an interrupted pilot stays balanced), then scored
-        local seeds
+    KEEP=$ROOT/bench/studies/noise-pilot/records  # committed: what scoring needs outlives this machine
+    merged() {  # merged ARM: the --merge option of the arm's kept runs, if any
+        if [ -d "$RUNS/kept/study_pilot-$1/runs" ]; then echo "--merge $RUNS/kept/study_pilot-$1"; fi
+    }
+    arms() {  # each arm trained, scored and kept two seeds at a time, in turn (an interrupted pilot stays balanced)
+        local seeds arm opts
+        restore_runs "$RUNS/kept" "$KEEP"/pilot-*.tar.xz || return 1
         for seeds in 2 4 6; do
-            # shellcheck disable=SC2086  # the option strings split into words on purpose
-            step "$WT" "noise pilot: plain arm, seeds 1-$seeds" $COMMON $PLAIN --seeds "$seeds" --train-only &&
-                step "$WT" "noise pilot: cool arm, seeds 1-$seeds" $COMMON $COOL --seeds "$seeds" --train-only ||
-                return 1
+            for arm in plain cool; do
+                if [ "$arm" = cool ]; then opts=$COOL; else opts=$PLAIN; fi
+                # shellcheck disable=SC2086,SC2046  # the option strings split into words on purpose
+                step "$WT" "noise pilot: $arm arm, seeds 1-$seeds" $COMMON $opts --seeds "$seeds" --train-only \
+                    $(merged "$arm") &&
+                    step "$WT" "noise pilot: $arm arm, scoring seeds 1-$seeds" $COMMON $opts --seeds "$seeds" \
+                        --score-only &&
+                    keep_runs "$RUNS" "$KEEP/pilot-$arm.seeds$((seeds - 1))-$seeds.tar.xz" \
+                        "study_pilot-$arm/runs/"{sinusoidal,rope}/seed{$((seeds - 1)),"$seeds"} &&
+                    echo "== $(date -Is) kept the $arm arm's seeds $((seeds - 1))-$seeds in $KEEP (commit them)" ||
+                    return 1
+            done
         done
-        # shellcheck disable=SC2086
-        step "$WT" "noise pilot: plain arm, scoring" $COMMON $PLAIN --seeds 6 --score-only &&
-            step "$WT" "noise pilot: cool arm, scoring" $COMMON $COOL --seeds 6 --score-only
     }
 
     arms &&

@@ -40,3 +40,31 @@ step() {  # step DIR WHAT ARGS...: one bench/study.py command in a worktree
     echo "== $(date -Is) $what"
     (cd "$dir" && .venv/bin/python bench/study.py "$@")
 }
+
+keep_runs() {  # keep_runs RUNS OUT SEED_FOLDER...: the scored runs of these seed folders (paths inside RUNS), without
+    # their weights (*.pt), with the CPU that trained them (cpu.txt, unless a merged run brought its own), packed
+    # into OUT (an xz tar to commit: what a study's report needs when the machine is gone); made once, whole or not at all
+    local runs=$1 out=$2 folder
+    shift 2
+    [ -f "$out" ] && return 0
+    for folder in "$@"; do
+        if [ ! -d "$runs/$folder" ]; then
+            echo "keep_runs: $runs/$folder: no such seed folder; nothing kept"
+            return 1
+        fi
+    done
+    for folder in "$@"; do
+        [ -f "$runs/$folder/cpu.txt" ] || lscpu | grep -E '^(Model name|Flags):' > "$runs/$folder/cpu.txt" || return 1
+    done
+    mkdir -p "$(dirname "$out")" &&
+        tar -C "$runs" --exclude='*.pt' --exclude=train.lock -cJf "$out.partial" "$@" && mv "$out.partial" "$out"
+}
+
+restore_runs() {  # restore_runs INTO ARCHIVE...: unpack keep_runs's archives into INTO (a file there is left as it is)
+    local into=$1 archive
+    shift
+    for archive in "$@"; do
+        [ -f "$archive" ] || continue  # an unmatched glob: nothing kept yet
+        mkdir -p "$into" && tar -C "$into" --skip-old-files -xJf "$archive" || return 1
+    done
+}

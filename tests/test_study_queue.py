@@ -111,28 +111,73 @@ def test_the_steps_at_2250_and_the_continuation_are_run_once() -> None:
     assert [line.split()[:2] for line in steps] == [["once", "study-trained-2250"], ["once", "continuation-scored"]]
 
 
-def test_the_noise_pilot_trains_both_arms_two_seeds_at_a_time_then_scores_both(tmp_path: Path) -> None:
-    """bench/pilot_noise.sh: the declared arms (the published training, and a cool-down with an EMA) are trained side
-    by side two seeds at a time, so an interrupted pilot stays balanced, then scored; a failed step stops it."""
+def test_the_noise_pilot_trains_scores_and_keeps_each_arm_two_seeds_at_a_time(tmp_path: Path) -> None:
+    """bench/pilot_noise.sh: the declared arms (the published training, and a cool-down with an EMA) are trained,
+    scored and kept (their runs without weights, to commit) two seeds at a time, in turn, so an interrupted pilot
+    stays balanced; kept runs are unpacked first and merged into their arm; a failed step stops it."""
     pilot = (ROOT / "bench" / "pilot_noise.sh").read_text()
     assert "PILOT_COMMIT=7186bb6" in pilot and "--set train.cooldown=0.2 --set train.ema_decay=0.99" in pilot
 
-    def arms(fail_at: int | None = None) -> tuple[int, list[str]]:
-        log = tmp_path / f"log{fail_at}"
+    def arms(fail_at: int | None = None, kept: bool = False) -> tuple[int, list[str]]:
+        log = tmp_path / f"log{fail_at}{kept}"
+        if kept:
+            (tmp_path / "runs" / "kept" / "study_pilot-cool" / "runs").mkdir(parents=True, exist_ok=True)
         stub = (f'n=0; step() {{ n=$((n + 1)); echo "$*" >> {log}; [ "$n" != "{fail_at}" ]; }}\n'
-                'WT=W; COMMON="--preset p"; PLAIN="--name plain"; COOL="--name cool --set k=v"\n')
-        res = subprocess.run(["bash", "-c", stub + _function("arms", pilot) + "\narms"], capture_output=True,
-                             text=True, timeout=60)
-        return res.returncode, log.read_text().splitlines()
+                f'keep_runs() {{ echo "keep $*" >> {log}; }}\nrestore_runs() {{ echo "restore $*" >> {log}; }}\n'
+                f'RUNS={tmp_path}/runs; KEEP=K; WT=W; COMMON="--preset p"; PLAIN="--name plain"; '
+                'COOL="--name cool --set k=v"\n')
+        res = subprocess.run(["bash", "-c", stub + _function("merged", pilot) + "\n" + _function("arms", pilot) + "\narms"],
+                             capture_output=True, text=True, timeout=60)
+        return res.returncode, log.read_text().replace(str(tmp_path), "TMP").splitlines()
+
+    def block(k: int, arm: str, merge: str = "") -> list[str]:
+        name = {"plain": "plain", "cool": "cool --set k=v"}[arm]
+        return [f"W noise pilot: {arm} arm, seeds 1-{k} --preset p --name {name} --seeds {k} --train-only{merge}",
+                f"W noise pilot: {arm} arm, scoring seeds 1-{k} --preset p --name {name} --seeds {k} --score-only",
+                f"keep TMP/runs K/pilot-{arm}.seeds{k - 1}-{k}.tar.xz "
+                + " ".join(f"study_pilot-{arm}/runs/{v}/seed{s}" for v in ("sinusoidal", "rope") for s in (k - 1, k))]
 
     rc, log = arms()
-    trained = [f"W noise pilot: {arm} arm, seeds 1-{k} --preset p --name {name} --seeds {k} --train-only"
-               for k in (2, 4, 6) for arm, name in (("plain", "plain"), ("cool", "cool --set k=v"))]
-    scored = [f"W noise pilot: {arm} arm, scoring --preset p --name {name} --seeds 6 --score-only"
-              for arm, name in (("plain", "plain"), ("cool", "cool --set k=v"))]
-    assert rc == 0 and log == [*trained, *scored]
+    expected = [line for k in (2, 4, 6) for arm in ("plain", "cool") for line in block(k, arm)]
+    assert rc == 0 and log == ["restore TMP/runs/kept K/pilot-*.tar.xz", *expected]
     rc, log = arms(fail_at=3)
-    assert rc == 1 and log == trained[:3]
+    assert rc == 1 and log[1:] == expected[:4]  # plain trained, scored and kept; cool's training failed: stop
+    rc, log = arms(kept=True)  # a new machine: the cool arm's kept runs are merged into it
+    assert rc == 0 and log[4] == block(2, "cool", " --merge TMP/runs/kept/study_pilot-cool")[0]
+    assert log[2] == block(2, "plain")[1]
+
+
+def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path) -> None:
+    """bench/worktree.sh's keep_runs packs seed folders without *.pt files (with the CPU that trained them), once,
+    refusing a missing folder; restore_runs unpacks every archive, leaving a file already there as it is."""
+    runs = tmp_path / "runs"
+    run = runs / "study_x" / "runs" / "rope" / "seed1" / "bench_short_1"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"w" * 1000)
+    (run / "eval").mkdir()
+    (run / "eval" / "test.last.beam5.json").write_text('{"chrf": 40}')
+    (run / "train.log").write_text("trained")
+
+    def bash(call: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f"source {ROOT}/bench/worktree.sh\n{call}"], capture_output=True,
+                              text=True, timeout=60)
+
+    out = tmp_path / "kept" / "x.seeds1.tar.xz"
+    res = bash(f"keep_runs {runs} {out} study_x/runs/rope/seed1 study_x/runs/rope/seed2")
+    assert res.returncode == 1 and "seed2: no such seed folder; nothing kept" in res.stdout and not out.exists()
+    assert bash(f"keep_runs {runs} {out} study_x/runs/rope/seed1").returncode == 0
+    (run / "train.log").write_text("changed")
+    assert bash(f"keep_runs {runs} {out} study_x/runs/rope/seed1").returncode == 0  # made once
+    into = tmp_path / "new-machine"
+    (into / "study_x" / "runs" / "rope" / "seed1").mkdir(parents=True)
+    (into / "study_x" / "runs" / "rope" / "seed1" / "study.log").write_text("mine")
+    res = bash(f"restore_runs {into} {out} {tmp_path}/kept/none*.tar.xz")
+    assert res.returncode == 0, res.stderr
+    back = into / "study_x" / "runs" / "rope" / "seed1"
+    assert (back / "bench_short_1" / "train.log").read_text() == "trained"
+    assert (back / "bench_short_1" / "eval" / "test.last.beam5.json").read_text() == '{"chrf": 40}'
+    assert not (back / "bench_short_1" / "checkpoints" / "last.pt").exists()
+    assert (back / "cpu.txt").read_text().startswith("Model name:") and (back / "study.log").read_text() == "mine"
 
 
 def test_a_queue_goes_on_in_a_session_of_its_own_at_its_niceness_appending_to_its_log(tmp_path: Path) -> None:
