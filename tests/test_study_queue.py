@@ -126,8 +126,8 @@ def test_the_noise_pilot_trains_scores_and_keeps_each_arm_two_seeds_at_a_time(tm
                 f'keep_runs() {{ echo "keep $*" >> {log}; }}\nrestore_runs() {{ echo "restore $*" >> {log}; }}\n'
                 f'RUNS={tmp_path}/runs; KEEP=K; WT=W; COMMON="--preset p"; PLAIN="--name plain"; '
                 'COOL="--name cool --set k=v"\n')
-        res = subprocess.run(["bash", "-c", stub + _function("merged", pilot) + "\n" + _function("arms", pilot) + "\narms"],
-                             capture_output=True, text=True, timeout=60)
+        script = stub + _function("merged", pilot) + "\n" + _function("arms", pilot) + "\narms"
+        res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
         return res.returncode, log.read_text().replace(str(tmp_path), "TMP").splitlines()
 
     def block(k: int, arm: str, merge: str = "") -> list[str]:
