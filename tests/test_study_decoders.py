@@ -79,14 +79,12 @@ def test_the_rule_is_declared_on_the_long_validation_split_for_the_familys_syste
 KEEP = {"base": {0.0: 1.0}, "long": {0.0: 0.5, 0.25: 0.7, 0.5: 1.0}}  # share of each reference's words written
 
 
-@pytest.fixture(scope="module")
-def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Two systems x two seeds of fake runs, ``score_length`` run with a stand-in for test.py that writes what test.py
-    would: ``base`` writes whole references, ``long`` the first half of each, more with a floor, and a wrong first
-    word in its first 5 (seed 1) or 9 (seed 2) lines."""
+def _fake_study(tmp: Path) -> dict[str, Any]:
+    """Two systems x two seeds of fake runs, and ``score`` running ``score_length`` with a stand-in for test.py that
+    writes what test.py would: ``base`` writes whole references, ``long`` the first half of each, more with a floor,
+    and a wrong first word in its first 5 (seed 1) or 9 (seed 2) lines."""
     from data.sources import load_corpus
 
-    tmp = tmp_path_factory.mktemp("length")
     cfg = make_tiny_config(tmp)
     data = cfg.data.model_copy(update={"test": ["test", "test.x4", "validation.x4"]})
     corpus = load_corpus(data)
@@ -129,11 +127,33 @@ def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     sizes = {s: len(references[s]) for s in rule.splits}
     steps = {job.key: 8 for job in jobs}
 
-    def score() -> dict[str, Any]:
-        return score_length(rule, jobs, runs, steps, "best", None, sizes, data, fake_test_py)
+    def score(every_floor: bool = False) -> dict[str, Any]:
+        return score_length(rule, jobs, runs, steps, "best", None, sizes, data, fake_test_py, every_floor)
 
-    return {"rule": rule, "jobs": jobs, "runs": runs, "references": references, "rounds": rounds, "score": score,
-            "choice": score()}
+    return {"rule": rule, "jobs": jobs, "runs": runs, "references": references, "rounds": rounds, "score": score}
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``_fake_study`` scored once, choosing each floor as the rule goes."""
+    study = _fake_study(tmp_path_factory.mktemp("length"))
+    return {**study, "choice": study["score"]()}
+
+
+def test_every_floor_decoded_first_leaves_no_choice_that_needs_the_weights(scored: dict[str, Any],
+                                                                           tmp_path: Path) -> None:
+    """``every_floor`` (a study's --decode-only): every grid value on validation and the test sets for every run,
+    the same choice as deciding one value at a time; after it, a scoring without any checkpoint decodes nothing."""
+    study = _fake_study(tmp_path)
+    grid = study["rule"].grid
+    assert study["score"](every_floor=True) == scored["choice"]
+    assert [len(r) for r in study["rounds"]] == [len(grid) * 4, (len(grid) - 1) * 4]  # validation, then test sets
+    assert {tuple(argv[argv.index("--split"):argv.index("--tag")]) for argv in study["rounds"][1]} == {
+        ("--split", "test", "--split", "test.x4")}
+    for run in study["runs"].values():
+        (run / "checkpoints" / "best.pt").unlink()
+    rounds = len(study["rounds"])
+    assert study["score"]() == scored["choice"] and len(study["rounds"]) == rounds
 
 
 def test_the_floor_is_chosen_on_validation_one_grid_value_at_a_time_then_the_test_sets_decoded(

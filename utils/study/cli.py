@@ -67,7 +67,7 @@ from utils.study.spec import (
     recorded_labels,
     select_variants,
 )
-from utils.study.stages import Study, open_study, report, score, train
+from utils.study.stages import Study, attention, open_study, report, score, train
 
 
 def study_launcher(parser: argparse.ArgumentParser, args: argparse.Namespace, study: Path) -> Launcher | None:
@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--score-only", action="store_true",
                        help="score and report runs already trained to the budget (e.g. by another checkout "
                             "of the code); refuse, training nothing, if one is not")
+    stage.add_argument("--decode-only", action="store_true",
+                       help="decode runs already trained to the budget with every decoder on every split (each "
+                            "test variant too, and, with beam5-minlen, every floor of its grid), and cache their "
+                            "attention statistics: all that needs their weights, which may then be deleted or left "
+                            "behind on this machine; no statistics, no report (e.g. between a sequential study's "
+                            "looks); refuse, decoding nothing, if a run is not trained")
     launch = parser.add_argument_group("launcher")
     launch.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="where the train.py and test.py commands run (the study itself runs here): local, "
@@ -197,6 +203,11 @@ def command() -> int:
     if study.args.train_only:
         print(f"study {study.name}: every run trained to the budget (--train-only: not scored)")
         return 0
+    if study.args.decode_only:
+        attention(study, score(study, steps, every_floor=True))
+        print(f"study {study.name}: every run decoded and its attention cached (--decode-only: no statistics, no "
+              "report); its checkpoints are no longer needed to score it")
+        return 0
     report(study, score(study, steps))
     return 0
 
@@ -234,7 +245,7 @@ def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace, var
                         (args.jobs, "--jobs")):
         if value is not None and value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
-    if args.seeds < 2 and not args.train_only:  # refused before anything runs, not at the report after the scoring
+    if args.seeds < 2 and not (args.train_only or args.decode_only):  # refused before anything runs
         parser.error("scoring and the report need --seeds 2 or more (seeds are the blocks of every test); "
                      "train a pilot with --train-only")
     for flag, items in (("--set", args.overrides), ("--grid", args.grid)):  # what the study decides per run
@@ -288,7 +299,7 @@ def _load_variants(args: argparse.Namespace, config: str, variants: list[Variant
     configs: dict[str, dict[str, Any]] = {}
     for v in variants:
         trained = load_config(config, [*args.overrides, *v.overrides, *budget_sets])
-        if not args.score_only:
+        if not (args.score_only or args.decode_only):
             check_memory(trained)
         configs[v.label] = trained.to_dict()
         if trained.train.accumulate != 1:

@@ -123,12 +123,14 @@ def _lowercase(rule: LengthRule, jobs: list[Any], runs: dict[str, Path]) -> bool
 
 def score_length(rule: LengthRule, jobs: list[Any], runs: dict[str, Path], steps: dict[str, int], checkpoint: str,
                  max_sentences: int | None, sizes: dict[str, int], data: Any,
-                 run: Callable[[list[Command]], None]) -> dict[str, Any]:
+                 run: Callable[[list[Command]], None], every_floor: bool = False) -> dict[str, Any]:
     """Choose each system's floor on ``rule.validation`` (test.py on every seed's run, one grid value at a time,
     until the rule decides), then decode ``rule.splits`` (``sizes``: sentences scored of each) with it; ``run``
     runs test.py commands. -> ``{system: {"min_len_a": a, "validation_ratio": {"a": [each seed's]}}}``. ``data``:
     the study's data config (its validation split); ConfigError, one line, for a run whose checkpoint is gone
-    when something is still to decode."""
+    when something is still to decode. ``every_floor``: decode every value of the grid on the validation split
+    and on ``rule.splits`` first, so that any later choice (more seeds change the mean) finds its files without
+    the weights; the choice made is the same."""
     from data.sources import concatenate_pairs, length_shifted, load_corpus
     from utils.cli import project_command
     from utils.config import ConfigError
@@ -168,6 +170,14 @@ def score_length(rule: LengthRule, jobs: list[Any], runs: dict[str, Path], steps
         if commands:
             run(commands)
 
+    if every_floor:
+        run_some([command(s, j, a, [rule.validation], overrides(s, a, True)) for a in rule.grid for s in systems
+                  for j in s.jobs
+                  if not eval_current(path(s, j, rule.validation, a), len(refs), overrides(s, a, True), steps[j.key])])
+        run_some([command(s, j, a, list(rule.splits), overrides(s, a, False)) for a in rule.grid if a
+                  for s in systems for j in s.jobs
+                  if not all(eval_current(path(s, j, split, a), sizes[split], overrides(s, a, False), steps[j.key])
+                             for split in rule.splits)])
     ratios: dict[str, dict[float, list[float]]] = {s.name: {} for s in systems}
     chosen: dict[str, float] = {}
     for a in rule.grid:

@@ -103,8 +103,9 @@ def _train_commands(study: Study, steps: dict[str, int]) -> Commands:
     ``--runs`` finished with the same config is linked instead. ``steps`` gets the scored step of each run already
     trained."""
     args, todo = study.args, []
+    trains = not (args.score_only or args.decode_only)
     for job in study.jobs:
-        if args.score_only and (pid := training_elsewhere(job.root)) is not None:  # refused later, without waiting
+        if not trains and (pid := training_elsewhere(job.root)) is not None:  # refused later, without waiting
             todo.append((f"train {job.key} (pid {pid} trains it)", [], job.root / "study.log"))
             continue
         run = find_run(job.root)
@@ -148,12 +149,14 @@ def _settle_family(study: Study) -> None:
 
 def train(study: Study) -> dict[str, int]:
     """Train (or resume, or link) every run to the budget, after writing study.json; the scored training step of
-    each run trained before this call, by job key. ``--score-only`` refuses, training nothing, if a run is short."""
+    each run trained before this call, by job key. ``--score-only`` and ``--decode-only`` refuse, training nothing,
+    if a run is short."""
     steps: dict[str, int] = {}
     todo = _train_commands(study, steps)
     _settle_family(study)
-    if study.args.score_only and todo:
-        raise ConfigError(f"--score-only: {len(todo)} of {len(study.jobs)} runs are not trained to the budget "
+    if (study.args.score_only or study.args.decode_only) and todo:
+        stage = "--score-only" if study.args.score_only else "--decode-only"
+        raise ConfigError(f"{stage}: {len(todo)} of {len(study.jobs)} runs are not trained to the budget "
                           f"({', '.join(key.removeprefix('train ') for key, _, _ in todo)}); nothing was trained "
                           "or scored: train them first (--train-only)")
     from utils.io import atomic_write_text
@@ -212,9 +215,10 @@ class Scored:
     choice: dict[str, Any]
 
 
-def score(study: Study, steps: dict[str, int]) -> Scored:
+def score(study: Study, steps: dict[str, int], every_floor: bool = False) -> Scored:
     """Score every run on every split (``--splits``) with every decoder (``--decoders``), and each inference-only
-    test variant; a run whose checkpoint is gone is scored from its score files, which must all be there."""
+    test variant; a run whose checkpoint is gone is scored from its score files, which must all be there.
+    ``every_floor``: the length-controlled decoder's every floor too (``score_length``), not only those chosen."""
     from data.sources import load_corpus
 
     corpus = load_corpus(study.data)
@@ -225,12 +229,13 @@ def score(study: Study, steps: dict[str, int]) -> Scored:
     runs = {key: run for key, run in found.items() if run is not None}
     study.run(todo)
     choice = score_length(study.length, study.jobs, runs, steps, args.checkpoint, args.max_sentences, sizes,
-                          study.data, study.run) if study.length else {}
+                          study.data, study.run, every_floor) if study.length else {}
     return Scored(runs, steps, corpus, choice)
 
 
-def report(study: Study, scored: Scored) -> None:
-    """Attention statistics of every run, then every number (results.json) and the report (report.md)."""
+def attention(study: Study, scored: Scored) -> None:
+    """The attention statistics of every run that has its checkpoint (cached in its ``eval/``); a run without one
+    is said so, unless its cache holds the scored step's."""
     args, runs, steps = study.args, scored.runs, scored.steps
     for job in study.jobs:
         if RunDir(runs[job.key]).checkpoint(args.checkpoint).is_file():
@@ -239,6 +244,12 @@ def report(study: Study, scored: Scored) -> None:
                 "step") != steps[job.key]:  # none, or of another step: not this model's
             print(f"  {job.key}: no checkpoint, so no attention statistics (the report leaves its system's out)",
                   flush=True)
+
+
+def report(study: Study, scored: Scored) -> None:
+    """Attention statistics of every run, then every number (results.json) and the report (report.md)."""
+    args, runs, steps = study.args, scored.runs, scored.steps
+    attention(study, scored)
     from utils.study.files import Ledger
     from utils.study.report import aggregate, write_report
 
