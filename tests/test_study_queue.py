@@ -206,55 +206,86 @@ SEQUENTIAL = (ROOT / "bench" / "study_sequential.sh").read_text()
 
 
 def _looks(tmp: Path, looks: str, verdicts: list[str], fail: str = "") -> tuple[int, list[str]]:
-    """bench/study_sequential.sh's ``looks`` with ``step`` and ``kept`` logging their arguments (``kept`` makes the
-    look's results.json) and the scoring worktree's python printing the next of ``verdicts`` (bench/study_stop.py's
-    first line); a step whose description holds ``fail`` fails."""
+    """bench/study_sequential.sh's ``looks`` with ``step``, ``kept``, ``keep_runs`` and ``restore_runs`` logging their
+    arguments (``kept`` makes the look's results.json, ``keep_runs`` its archive) and the scoring worktree's python
+    printing the next of ``verdicts`` (bench/study_stop.py's first line); a step whose description holds ``fail``
+    fails. Each study's runs folder holds the five systems' seed folders of the seeds asked."""
     score = tmp / "score-wt"
     _answering_python(tmp, score, "stop-rule", [f"{verdict}\nresolved (0): -\n" for verdict in verdicts])
     stubs = (f'step() {{ echo "step $1 $2 | ${{*:3}}" >> {tmp}/log; [ -z "{fail}" ] || [[ "$2" != *"{fail}"* ]]; }}\n'
-             f'kept() {{ echo "kept $1 $2" >> {tmp}/log; mkdir -p "$2" && touch "$2/results.json"; }}\n')
-    script = (f'RUNS={tmp}/runs; PILOT=P; TRAIN_WT=T; SCORE_WT={score}; STUDY_DIR=D; ARM=cool; LOOKS="{looks}"\n'
-              'SHORT="--name s"; NATURAL="--name n --seeds 3"; SCORING="--score-only"\n'
-              + stubs + _function("looks", SEQUENTIAL) + "\nlooks\n")
+             f'kept() {{ echo "kept $1 $2" >> {tmp}/log; mkdir -p "$2" && touch "$2/results.json"; }}\n'
+             f'keep_runs() {{ echo "keep_runs $*" >> {tmp}/log; mkdir -p "$(dirname "$2")" && touch "$2"; }}\n'
+             f'restore_runs() {{ echo "restore_runs $*" >> {tmp}/log; }}\n')
+    for arm in ("extrapolation-sequential", "extrapolation-sequential-natural"):
+        for system in ("alibi", "sinusoidal"):
+            for seed in range(1, 15):
+                (tmp / "runs" / f"study_{arm}" / "runs" / system / f"seed{seed}").mkdir(parents=True, exist_ok=True)
+    functions = "\n".join(_function(f, SEQUENTIAL)
+                          for f in ("folder", "arm", "decoding", "merged", "block", "look", "looks"))
+    script = (f'RUNS={tmp}/runs; TRAIN_WT=T; SCORE_WT={score}; STUDY_DIR=D; KEEP={tmp}/records; '
+              f'LOOKS_DIR={tmp}/looks; LOOKS="{looks}"\nSHORT="--name s"; NATURAL="--name n"; SCORING="--score-only"\n'
+              + stubs + functions + "\nlooks\n")
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     log = tmp / "log"
     return res.returncode, log.read_text().replace(str(tmp), "TMP").splitlines() if log.is_file() else []
 
 
-def test_the_sequential_study_takes_its_looks_in_turn_until_the_stopping_rule_says_stop(tmp_path: Path) -> None:
-    """Each look trains every system to its seeds (the chosen arm's pilot runs merged in), scores it with the
-    family file and the three decoders and keeps its files; the natural-length arm follows the first look; the
-    stopping rule reads every look taken so far, and a stop ends the study before its last planned look."""
-    def look(k: int, n: int) -> list[str]:
-        return [f"step T look {k}: training to {n} seeds per system | --name s --seeds {n} --train-only --merge "
-                "P/study_pilot-cool",
-                f"step TMP/score-wt look {k}: scoring at {n} seeds per system | --name s --seeds {n} --score-only "
-                "--family TMP/score-wt/D/family.json --decoders beam5,greedy,beam5-minlen",
-                f"kept TMP/runs/study_extrapolation-sequential TMP/runs/looks/look-{k}"]
+SHORT_DECODING = "--family TMP/score-wt/D/family.json --decoders beam5,greedy,beam5-minlen"
 
-    natural = ["step T natural-length arm: training | --name n --seeds 3 --train-only",
-               "step TMP/score-wt natural-length arm: scoring | --name n --seeds 3 --score-only "
-               "--decoders beam5,greedy",
-               "kept TMP/runs/study_extrapolation-sequential-natural TMP/runs/looks/natural"]
+
+def _block(arm: str, seed: int, merge: str = "") -> list[str]:
+    name, study = (("s", "extrapolation-sequential") if arm == "short" else ("n", "extrapolation-sequential-natural"))
+    decoding = SHORT_DECODING if arm == "short" else "--decoders beam5,greedy"
+    return [f"step T {arm} arm, seed {seed}: training | --name {name} --seeds {seed} --train-only{merge}",
+            f"step TMP/score-wt {arm} arm, seed {seed}: decoding | --name {name} {decoding} --seeds {seed} "
+            f"--decode-only{merge}",
+            f"keep_runs TMP/runs TMP/records/{arm}.seed{seed}.tar.xz study_{study}/runs/alibi/seed{seed} "
+            f"study_{study}/runs/sinusoidal/seed{seed}"]
+
+
+def test_the_sequential_study_takes_its_looks_in_turn_until_the_stopping_rule_says_stop(tmp_path: Path) -> None:
+    """Each look trains, decodes and keeps one seed block at a time (each block's runs without weights, to commit),
+    then scores every seed so far with the family file and the three decoders and keeps the look's files; the
+    natural-length arm follows the first look; the stopping rule reads every look taken so far, and a stop ends
+    the study before its last planned look."""
+    def look(k: int, n: int, first: int = 1) -> list[str]:
+        return [*(line for seed in range(first, n + 1) for line in _block("short", seed)),
+                f"step TMP/score-wt look-{k}: scoring at {n} seeds per system | --name s {SHORT_DECODING} --seeds {n} "
+                "--score-only", f"kept TMP/runs/study_extrapolation-sequential TMP/looks/look-{k}"]
+
+    natural = [*(line for seed in (1, 2, 3) for line in _block("natural", seed)),
+               "step TMP/score-wt natural: scoring at 3 seeds per system | --name n --decoders beam5,greedy --seeds 3 "
+               "--score-only", "kept TMP/runs/study_extrapolation-sequential-natural TMP/looks/natural"]
 
     def rule(k: int) -> str:
-        return "stop-rule bench/study_stop.py " + " ".join(f"TMP/runs/looks/look-{i}" for i in range(1, k + 1))
+        return "stop-rule bench/study_stop.py " + " ".join(f"TMP/looks/look-{i}" for i in range(1, k + 1))
 
-    rc, log = _looks(tmp_path, "5 10 14", ["continue: 20 of 24 tests are open at look 1 of 3",
-                                           "stop: every test is resolved or futile"])
-    assert rc == 0 and log == [*look(1, 5), *natural, rule(1), *look(2, 10), rule(2)]
-    # Started again (a new machine, a killed queue): the looks and the arm already kept are not run again.
+    restore = "restore_runs TMP/runs/kept TMP/records/*.tar.xz"
+    rc, log = _looks(tmp_path, "3 6 8", ["continue: 20 of 24 tests are open at look 1 of 3",
+                                         "stop: every test is resolved or futile"])
+    assert rc == 0 and log == [restore, *look(1, 3), *natural, rule(1), *look(2, 6, first=4), rule(2)]
+    # Started again (a new machine, a killed queue): the looks and blocks already kept are not run again, and the
+    # kept runs unpacked are merged into each step of their arm.
     (tmp_path / "log").unlink()
     (tmp_path / "n").unlink()
     (tmp_path / "verdict1").write_text("continue: 2 of 24 tests are open at look 2 of 3\n")
-    (tmp_path / "verdict2").write_text("stop: the last planned look (14 seeds per system)\n")
-    rc, log = _looks(tmp_path, "5 10 14", [])
-    assert rc == 0 and log == [rule(1), rule(2), *look(3, 14), rule(3)]
+    (tmp_path / "verdict2").write_text("stop: the last planned look (8 seeds per system)\n")
+    (tmp_path / "runs" / "kept" / "study_extrapolation-sequential" / "runs").mkdir(parents=True)
+    rc, log = _looks(tmp_path, "3 6 8", [])
+    merge = " --merge TMP/runs/kept/study_extrapolation-sequential"
+    kept = " ".join(f"TMP/records/{arm}.seed{k}.tar.xz" for arm, n in (("natural", 3), ("short", 6))
+                    for k in range(1, n + 1))
+    assert rc == 0 and log == [f"restore_runs TMP/runs/kept {kept}", rule(1), rule(2),
+                               *_block("short", 7, merge), *_block("short", 8, merge),
+                               f"step TMP/score-wt look-3: scoring at 8 seeds per system | --name s {SHORT_DECODING} "
+                               f"--seeds 8 --score-only{merge}",
+                               "kept TMP/runs/study_extrapolation-sequential TMP/looks/look-3", rule(3)]
 
 
 def test_a_failed_step_stops_the_sequential_study_before_the_stopping_rule(tmp_path: Path) -> None:
-    rc, log = _looks(tmp_path, "5 10 14", ["continue: x"], fail="natural-length arm: scoring")
-    assert rc == 1 and log[-1].startswith("step TMP/score-wt natural-length arm: scoring")
+    rc, log = _looks(tmp_path, "3 6 8", ["continue: x"], fail="natural arm, seed 2: decoding")
+    assert rc == 1 and log[-1].startswith("step TMP/score-wt natural arm, seed 2: decoding")
+    assert "keep_runs TMP/runs TMP/records/natural.seed2.tar.xz" not in "\n".join(log)
     assert not any(line.startswith("stop-rule") for line in log)
 
 
