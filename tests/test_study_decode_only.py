@@ -1,49 +1,96 @@
 """bench/study.py --decode-only: everything that needs a run's weights (every decoder and split, each floor of the
 length-controlled decoder, the attention statistics) done right after training, so a study can drop its checkpoints
-(or lose its machine) between looks and still be scored and reported from its files."""
+(or lose its machine) between looks and still be scored and reported from its files. test.py is stood in for while
+decoding (it writes what test.py writes, from the references): what is checked is what the study asks of it."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from conftest import run_study
+import pytest
+from conftest import ROOT, run_study
 
+import utils.study.stages as stages
+from utils.run.checkpoint import load_checkpoint
 from utils.study.length_control import GRID
 
 DECODERS = ("--decoders", "beam5,greedy,beam5-minlen")
 
 
-def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path) -> None:
+def _fake_test_py(asked: list[list[str]], references: dict[str, list[str]]) -> Any:
+    """A stand-in for utils.study.plan.run_commands: train.py commands run; each test.py command is recorded in
+    ``asked`` and its score files written as test.py would (every split asked, or the config's ``test``; each
+    beam; the tag; the ``--set`` overrides; the checkpoint's step), with the references as hypotheses."""
+    real = stages.run_commands
+    import test as test_py
+    from utils.run.layout import RunDir
+
+    def run(commands: list[tuple[str, list[str], Path]], *args: Any, **kwargs: Any) -> None:
+        real([c for c in commands if "test.py" not in " ".join(map(str, c[1]))], *args, **kwargs)
+        for _, argv, _ in commands:
+            argv = [str(x) for x in argv]
+            if "test.py" not in " ".join(argv):
+                continue
+            asked.append(argv)
+            model = Path(argv[argv.index("--model_path") + 1])
+            step = load_checkpoint(model)["trainer"]["iteration"]
+            beams = []
+            for x in argv[argv.index("--beam") + 1:]:
+                if not x.isdigit():
+                    break
+                beams.append(int(x))
+            tag = argv[argv.index("--tag") + 1] if "--tag" in argv else None
+            sets = [argv[i + 1] for i, x in enumerate(argv) if x == "--set"]
+            for split in [argv[i + 1] for i, x in enumerate(argv) if x == "--split"] or ["test"]:
+                for beam in beams:
+                    entry = {"n_sentences": 12, "overrides": sets, "step": step, "bleu_signature": "nrefs:1",
+                             "chrf_signature": "nc:6"}
+                    test_py.write_scores(RunDir(model.parents[1]).eval_file(split, "best", beam, tag), entry,
+                                         references[split][:12])
+
+    return run
+
+
+def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from data.sources import load_corpus
+    from utils.config import load_config
+
     root = tmp_path / "study_t"
-    refused = run_study(tmp_path, "--seeds", "1", "--decode-only", *DECODERS)
+    refused = run_study(tmp_path, "--decode-only", *DECODERS)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith(
-        "error: --decode-only: 2 of 2 runs are not trained to the budget"), refused.stderr
-    assert run_study(tmp_path, "--seeds", "1", "--train-only").returncode == 0
-    decoded = run_study(tmp_path, "--seeds", "1", "--decode-only", *DECODERS)  # one seed: no statistics to refuse
+        "error: --decode-only: 4 of 4 runs are not trained to the budget"), refused.stderr
+    assert run_study(tmp_path, "--train-only").returncode == 0
+    corpus = load_corpus(load_config(ROOT / "configs" / "demo.yaml").data)
+    asked: list[list[str]] = []
+    monkeypatch.setattr(stages, "run_commands", _fake_test_py(asked, {s: list(corpus[s]["tgt"]) for s in corpus}))
+    decoded = run_study(tmp_path, "--decode-only", *DECODERS)
     assert decoded.returncode == 0, decoded.stdout + decoded.stderr
     assert "--decode-only: no statistics, no report" in decoded.stdout
     assert not (root / "results.json").exists() and not (root / "report.md").exists()
-    runs = sorted(root.glob("runs/*/seed1/demo_2*"))
-    assert len(runs) == 2
+    runs = sorted(root.glob("runs/*/seed*/demo_2*"))
+    assert len(runs) == 4 and len(asked) == 4 * (1 + len(GRID) + len(GRID) - 1)  # beams; validation; test sets
     floors = {f"minlen{a:g}" for a in GRID if a}
     for run in runs:
+        mine = [a for a in asked if a[a.index("--model_path") + 1].startswith(str(run))]
+        assert sorted(a[a.index("--beam") + 1] for a in mine) == ["5"] * (len(GRID) * 2 - 1) + ["5"]
         names = {p.name for p in (run / "eval").glob("*.json")}
         assert {"test.best.beam5.n12.json", "test.best.beam1.n12.json", "validation.best.beam5.n12.json",
-                "attention_stats.best.n6.json"} <= names
+                "attention_stats.best.n6.json"} <= names  # the attention statistics are real: computed here
         for split in ("validation", "test"):
             assert {n[n.index("minlen"):-5] for n in names if n.startswith(f"{split}.") and "minlen" in n} == floors
-    again = run_study(tmp_path, "--seeds", "1", "--decode-only", *DECODERS)
-    assert again.returncode == 0 and "  test " not in again.stdout  # nothing decoded twice
+    again = run_study(tmp_path, "--decode-only", *DECODERS)
+    assert again.returncode == 0 and len(asked) == 4 * 2 * len(GRID)  # nothing decoded twice
+    monkeypatch.undo()
 
-    # The weights go (or stay behind on a lost machine); seed 2 is trained and decoded later, and the study is
-    # scored and reported: seed 1 from its files alone, attention statistics included, nothing of it decoded.
-    for pt in root.glob("runs/*/seed1/demo_2*/checkpoints/*.pt"):
+    # The weights go (or stay behind on a lost machine): the study is scored and reported from its files alone,
+    # the attention statistics and every floor the rule reads included, and nothing is decoded.
+    for pt in root.glob("runs/*/seed*/demo_2*/checkpoints/*.pt"):
         pt.unlink()
-    assert run_study(tmp_path, "--train-only").returncode == 0
     reported = run_study(tmp_path, "--score-only", *DECODERS)
     assert reported.returncode == 0, reported.stdout + reported.stderr
-    assert "no checkpoint" not in reported.stdout and " seed 1 beam" not in reported.stdout
+    assert "no checkpoint" not in reported.stdout and "  test " not in reported.stdout
     results = json.loads((root / "results.json").read_text())
     assert results["seeds"] == [1, 2] and set(results["length_control"]["systems"]) == {
         "attention_pe=none", "attention_pe=rope"}
