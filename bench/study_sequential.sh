@@ -85,7 +85,8 @@ PY
         step "$TRAIN_WT" "$1 arm, seed $2: training" $(arm "$1") --seeds "$2" --train-only $(merged "$1") &&
             step "$SCORE_WT" "$1 arm, seed $2: decoding" $(arm "$1") $(decoding "$1") --seeds "$2" --decode-only \
                 $(merged "$1") &&
-            keep_runs "$RUNS" "$out" $(cd "$RUNS" && echo "$(folder "$1")"/runs/*/"seed$2")
+            keep_runs "$RUNS" "$out" $(cd "$RUNS" && echo "$(folder "$1")"/runs/*/"seed$2") &&
+            echo "== $(date -Is) kept the $1 arm's seed $2 in $out (commit it)"
     }
 
     look() {  # look ARM SEEDS NAME: every block of the arm's seeds, then the look scored and kept as NAME
@@ -122,7 +123,7 @@ PY
     ARM=$(design arm) && SETS=$(design sets) && LOOKS=$(design looks) || return 1
     echo "== $(date -Is) sequential study: the $ARM arm (${SETS:-no --set}), looks at $LOOKS seeds per system;" \
         "scored by $SCORE_COMMIT"
-    COMMON="--steps 900 --eval-every 300 --checkpoint last --runs $RUNS --jobs 2 $SETS"
+    COMMON="--steps 900 --eval-every 300 --checkpoint last --runs $RUNS --jobs 2 --no-link $SETS"
     SHORT="--preset train-short-test-long --name extrapolation-sequential --variants sinusoidal,learnable,alibi,t5,rope
         $COMMON"
     NATURAL="--preset train-natural-test-long --name extrapolation-sequential-natural

@@ -1,5 +1,5 @@
-# Sourced by bench/study_queue.sh and bench/pilot_noise.sh (with ROOT set to this checkout): a study's commands run
-# in the background, from a worktree pinned at one commit with a virtual environment of its own.
+# Sourced by bench/study_queue.sh, bench/pilot_noise.sh and bench/study_sequential.sh (with ROOT set to this
+# checkout): a study's commands run in the background, from a worktree pinned at one commit with a virtual environment of its own.
 
 in_background() {  # in_background SCRIPT RUNS LOG WHAT [NICENESS]: unless this shell leads a session of its own,
     # SCRIPT RUNS again in one (setsid: no terminal's hangup stops it), its output appended to RUNS/LOG; then exit
@@ -54,17 +54,22 @@ keep_runs() {  # keep_runs RUNS OUT SEED_FOLDER...: the scored runs of these see
         fi
     done
     for folder in "$@"; do
-        [ -f "$runs/$folder/cpu.txt" ] || lscpu | grep -E '^(Model name|Flags):' > "$runs/$folder/cpu.txt" || return 1
+        if [ ! -s "$runs/$folder/cpu.txt" ]; then
+            lscpu | grep -E '^(Model name|Flags):' > "$runs/$folder/cpu.txt.partial" &&
+                [ -s "$runs/$folder/cpu.txt.partial" ] && mv "$runs/$folder/cpu.txt.partial" "$runs/$folder/cpu.txt" ||
+                { echo "keep_runs: lscpu did not say which CPU this is; nothing kept"; return 1; }
+        fi
     done
     mkdir -p "$(dirname "$out")" &&
         tar -C "$runs" --exclude='*.pt' --exclude=train.lock -cJf "$out.partial" "$@" && mv "$out.partial" "$out"
 }
 
-restore_runs() {  # restore_runs INTO ARCHIVE...: unpack keep_runs's archives into INTO (a file there is left as it is)
+restore_runs() {  # restore_runs INTO ARCHIVE...: unpack keep_runs's archives into INTO, a staging folder that
+    # studies --merge from: each run whole as kept (a file an interrupted unpacking left half-written is written again)
     local into=$1 archive
     shift
     for archive in "$@"; do
         [ -f "$archive" ] || continue  # an unmatched glob: nothing kept yet
-        mkdir -p "$into" && tar -C "$into" --skip-old-files -xJf "$archive" || return 1
+        mkdir -p "$into" && tar -C "$into" -xJf "$archive" || return 1
     done
 }

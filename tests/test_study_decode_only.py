@@ -58,6 +58,11 @@ def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monke
     from utils.config import load_config
 
     root = tmp_path / "study_t"
+    one = run_study(tmp_path, "--seeds", "1", "--decode-only", *DECODERS)  # one seed: allowed, but not trained
+    assert one.returncode == 2 and one.stderr.strip().splitlines()[-1].startswith(
+        "error: --decode-only: 2 of 2 runs are not trained to the budget"), one.stderr
+    scoring = run_study(tmp_path, "--seeds", "1", "--score-only")
+    assert scoring.returncode == 2 and "scoring and the report need --seeds 2 or more" in scoring.stderr
     refused = run_study(tmp_path, "--decode-only", *DECODERS)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith(
         "error: --decode-only: 4 of 4 runs are not trained to the budget"), refused.stderr
@@ -67,7 +72,7 @@ def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monke
     monkeypatch.setattr(stages, "run_commands", _fake_test_py(asked, {s: list(corpus[s]["tgt"]) for s in corpus}))
     decoded = run_study(tmp_path, "--decode-only", *DECODERS)
     assert decoded.returncode == 0, decoded.stdout + decoded.stderr
-    assert "--decode-only: no statistics, no report" in decoded.stdout
+    assert "--decode-only: no statistics, no report); its attention cached" in decoded.stdout
     assert not (root / "results.json").exists() and not (root / "report.md").exists()
     runs = sorted(root.glob("runs/*/seed*/demo_2*"))
     assert len(runs) == 4 and len(asked) == 4 * (1 + len(GRID) + len(GRID) - 1)  # beams; validation; test sets

@@ -149,7 +149,8 @@ def test_the_noise_pilot_trains_scores_and_keeps_each_arm_two_seeds_at_a_time(tm
 
 def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path) -> None:
     """bench/worktree.sh's keep_runs packs seed folders without *.pt files (with the CPU that trained them), once,
-    refusing a missing folder; restore_runs unpacks every archive, leaving a file already there as it is."""
+    refusing a missing folder; restore_runs unpacks every archive whole (a file an interrupted unpacking left is
+    written again; what the archives do not hold is left)."""
     runs = tmp_path / "runs"
     run = runs / "study_x" / "runs" / "rope" / "seed1" / "bench_short_1"
     (run / "checkpoints").mkdir(parents=True)
@@ -157,6 +158,7 @@ def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path
     (run / "eval").mkdir()
     (run / "eval" / "test.last.beam5.json").write_text('{"chrf": 40}')
     (run / "train.log").write_text("trained")
+    (run.parent / "cpu.txt").write_text("")  # left empty by an lscpu that failed: written again
 
     def bash(call: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", "-c", f"source {ROOT}/bench/worktree.sh\n{call}"], capture_output=True,
@@ -171,6 +173,8 @@ def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path
     into = tmp_path / "new-machine"
     (into / "study_x" / "runs" / "rope" / "seed1").mkdir(parents=True)
     (into / "study_x" / "runs" / "rope" / "seed1" / "study.log").write_text("mine")
+    (into / "study_x" / "runs" / "rope" / "seed1" / "bench_short_1").mkdir()
+    (into / "study_x" / "runs" / "rope" / "seed1" / "bench_short_1" / "train.log").write_text("half")
     res = bash(f"restore_runs {into} {out} {tmp_path}/kept/none*.tar.xz")
     assert res.returncode == 0, res.stderr
     back = into / "study_x" / "runs" / "rope" / "seed1"

@@ -204,9 +204,10 @@ def command() -> int:
         print(f"study {study.name}: every run trained to the budget (--train-only: not scored)")
         return 0
     if study.args.decode_only:
-        attention(study, score(study, steps, every_floor=True))
-        print(f"study {study.name}: every run decoded and its attention cached (--decode-only: no statistics, no "
-              "report); its checkpoints are no longer needed to score it")
+        lacking = attention(study, score(study, steps, every_floor=True))
+        print(f"study {study.name}: every run decoded (--decode-only: no statistics, no report); " + (
+              f"no attention statistics for {', '.join(lacking)} (no checkpoint)" if lacking else
+              "its attention cached: its checkpoints are no longer needed to score it"))
         return 0
     report(study, score(study, steps))
     return 0
@@ -247,7 +248,7 @@ def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace, var
             parser.error(f"{flag} must be >= 1, got {value}")
     if args.seeds < 2 and not (args.train_only or args.decode_only):  # refused before anything runs
         parser.error("scoring and the report need --seeds 2 or more (seeds are the blocks of every test); "
-                     "train a pilot with --train-only")
+                     "train a pilot with --train-only, or decode runs with --decode-only")
     for flag, items in (("--set", args.overrides), ("--grid", args.grid)):  # what the study decides per run
         for item in items:
             key = item.partition("=")[0].strip()

@@ -233,10 +233,11 @@ def score(study: Study, steps: dict[str, int], every_floor: bool = False) -> Sco
     return Scored(runs, steps, corpus, choice)
 
 
-def attention(study: Study, scored: Scored) -> None:
+def attention(study: Study, scored: Scored) -> list[str]:
     """The attention statistics of every run that has its checkpoint (cached in its ``eval/``); a run without one
-    is said so, unless its cache holds the scored step's."""
+    is said so, unless its cache holds the scored step's. The runs without them, by job key."""
     args, runs, steps = study.args, scored.runs, scored.steps
+    lacking = []
     for job in study.jobs:
         if RunDir(runs[job.key]).checkpoint(args.checkpoint).is_file():
             compute_attention(runs[job.key], args.checkpoint, args.attention_sentences, steps[job.key])
@@ -244,6 +245,8 @@ def attention(study: Study, scored: Scored) -> None:
                 "step") != steps[job.key]:  # none, or of another step: not this model's
             print(f"  {job.key}: no checkpoint, so no attention statistics (the report leaves its system's out)",
                   flush=True)
+            lacking.append(job.key)
+    return lacking
 
 
 def report(study: Study, scored: Scored) -> None:
