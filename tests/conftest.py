@@ -300,6 +300,29 @@ def assert_same_weights(a: dict, b: dict, rtol: float = 1e-4, atol: float = 1e-5
         torch.testing.assert_close(other, tensor, rtol=rtol, atol=atol, msg=name)
 
 
+@pytest.fixture
+def study_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/study.py's train.py and test.py commands run in this process (``run_script``), one at a time, each
+    one's output appended to its log as the subprocess's would be and its progress said as usual: no interpreter
+    and torch start-up per command. A failed command stops the study as a failed process does. Tests of the
+    processes themselves (a killed study, progress while runs go on, the launchers) keep the real ones."""
+    import utils.study.plan as plan
+
+    def run(commands: list[tuple[str, list[str], Path]], devices: int, poll: float, jobs: int, progress: Any) -> None:
+        for label, cmd, log in commands:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            progress.say(f"  {label}: {' '.join(map(str, cmd[1:]))}")
+            progress.started(label, log, resumed="--resume" in cmd)
+            res = run_script(*map(str, cmd[1:]))
+            with open(log, "a", encoding="utf-8") as f:
+                f.write(res.stdout + res.stderr)
+            progress.ended(label, ok=res.returncode == 0)
+            if res.returncode != 0:
+                raise SystemExit(f"study: {label} failed (exit {res.returncode}); see {log}")
+
+    monkeypatch.setattr(plan, "_run_commands", run)
+
+
 def run_study(tmp: Path, *extra: str, grid: str = "model.attention_pe=none,rope",
               name: str = "t", cache: Path | None = None, process: bool = False) -> subprocess.CompletedProcess[str]:
     """``bench/study.py`` on a tiny grid of the demo config (2 seeds of 8 steps, validation BLEU on 6 sentences, 12

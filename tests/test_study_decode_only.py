@@ -53,7 +53,8 @@ def _fake_test_py(asked: list[list[str]], references: dict[str, list[str]]) -> A
     return run
 
 
-def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         study_in_process: None) -> None:
     from data.sources import load_corpus
     from utils.config import load_config
 
@@ -69,6 +70,7 @@ def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monke
     assert run_study(tmp_path, "--train-only").returncode == 0
     corpus = load_corpus(load_config(ROOT / "configs" / "demo.yaml").data)
     asked: list[list[str]] = []
+    real = stages.run_commands
     monkeypatch.setattr(stages, "run_commands", _fake_test_py(asked, {s: list(corpus[s]["tgt"]) for s in corpus}))
     decoded = run_study(tmp_path, "--decode-only", *DECODERS)
     assert decoded.returncode == 0, decoded.stdout + decoded.stderr
@@ -87,7 +89,7 @@ def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monke
             assert {n[n.index("minlen"):-5] for n in names if n.startswith(f"{split}.") and "minlen" in n} == floors
     again = run_study(tmp_path, "--decode-only", *DECODERS)
     assert again.returncode == 0 and len(asked) == 4 * 2 * len(GRID)  # nothing decoded twice
-    monkeypatch.undo()
+    monkeypatch.setattr(stages, "run_commands", real)
 
     # The weights go (or stay behind on a lost machine): the study is scored and reported from its files alone,
     # the attention statistics and every floor the rule reads included, and nothing is decoded.

@@ -19,7 +19,7 @@ from utils.study.files import slug
 from utils.study.runs import scored_step
 
 
-def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path) -> None:
+def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path, study_in_process: None) -> None:
     root = tmp_path / "study_t"
     # A run stopped after its first checkpoint, 4 of the 8 steps done: what a study killed mid-run leaves
     # (train.py writes last.pt when a signal stops it; tests/test_training.py checks that).

@@ -202,22 +202,6 @@ def test_training_with_a_pretrained_marian_tokenizer(tmp_path: Path, tiny_config
     assert metrics["loss"] > 0
 
 
-def test_attention_maps_are_logged_during_training(tmp_path: Path, tiny_config) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    cfg = tiny_config(tmp_path, epochs=2, log_attention_every=1, eval_every=0)
-    run = create_run_dir(cfg, tmp_path / "runs")
-    train(cfg, run)
-    ea = EventAccumulator(str(run / "tb"), size_guidance={"images": 0})
-    ea.Reload()
-    tags = set(ea.Tags()["images"])
-    assert {"attention/encoder/layer_0", "attention/decoder/layer_0", "attention/cross/layer_0"} <= tags
-    steps = [e.step for e in ea.Images("attention/encoder/layer_0")]
-    per_epoch = load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"] // 2
-    assert steps == [per_epoch, 2 * per_epoch]  # once per epoch, at the epoch's last step
-    assert load_checkpoint(run / "checkpoints" / "best.pt")["trainer"]["iteration"] in steps
-
-
 def test_early_stopping_ends_training_after_patience_evaluations(tmp_path: Path, tiny_config) -> None:
     # With a learning rate of 0 the validation BLEU never improves: patience 1 stops at the 2nd evaluation.
     cfg = tiny_config(tmp_path, epochs=50, eval_every=2, patience=1, lr=0.0)
@@ -308,7 +292,7 @@ def test_a_signal_on_an_epochs_last_step_keeps_that_epochs_validation(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """With eval_every 0 the validation (best.pt, early stopping) happens at the epoch's end; a stop request
     on that epoch's last step must not skip it, or it is lost for good (the resumed run counts the epoch
-    as done)."""
+    as done). The attention maps training logs (``train.log_attention_every``) are checked here too."""
     cfg = tiny_config(tmp_path, epochs=2, eval_every=0, log_attention_every=1)
     per_epoch = epoch_length(cfg, tmp_path)
     monkeypatch.setattr("utils.training.loop.StopRequest", StopSignalAt(per_epoch))
@@ -326,6 +310,9 @@ def test_a_signal_on_an_epochs_last_step_keeps_that_epochs_validation(tmp_path: 
     ea = EventAccumulator(str(run / "tb"), size_guidance={"images": 0})
     ea.Reload()
     assert [e.step for e in ea.Scalars("valid/bleu")] == [per_epoch, 2 * per_epoch]
+    # Attention maps are logged once per epoch, at its last step, for every kind of attention, across the resume.
+    assert {"attention/encoder/layer_0", "attention/decoder/layer_0", "attention/cross/layer_0"} <= set(
+        ea.Tags()["images"])
     assert [e.step for e in ea.Images("attention/encoder/layer_0")] == [per_epoch, 2 * per_epoch]
 
 
