@@ -191,7 +191,7 @@ def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_pa
     assert res.returncode == 2 and "Traceback" not in res.stderr and not (tmp_path / "study_seed-table").exists()
     assert res.stderr.strip().splitlines()[-1].endswith(
         "error: scoring and the report need --seeds 2 or more (seeds are the blocks of every test); train a pilot "
-        "with --train-only")
+        "with --train-only, or decode runs with --decode-only")
 
 
 def test_a_run_without_a_resume_point_is_started_again(tmp_path: Path) -> None:
