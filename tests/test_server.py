@@ -588,8 +588,8 @@ def test_the_load_benchmark_runs_every_engine_and_checks_each_answer(run_dir: Pa
 
 
 def test_the_batch_order_probe_decodes_every_order_to_the_same_translations(run_dir: Path) -> None:
-    res = subprocess.run([sys.executable, "bench/batch_order.py", "--model_path", str(run_dir), "--sentences", "12",
-                          "--batch", "4", "12", "--beam", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_script("bench/batch_order.py", "--model_path", str(run_dir), "--sentences", "12", "--batch", "4", "12",
+                     "--beam", "2")
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [line.split("|")[1:-1] for line in res.stdout.splitlines() if line.startswith("| 4 ") or
             line.startswith("| 12 ")]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_study
+from conftest import run_script, run_study
 
 from utils.study.launch import INSTALL, JobFailed, Launcher, LaunchError, Resources
 
@@ -134,10 +133,9 @@ def test_slurm_resources_and_refusals_are_one_line(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.skipif(shutil.which("srun") is not None, reason="a SLURM cluster is here")
 def test_study_with_slurm_and_no_cluster_stops_in_one_line_writing_nothing(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "bench/study.py", "--config", "configs/demo.yaml", "--grid",
-                          "model.attention_pe=none,rope", "--steps", "8", "--name", "t", "--runs", str(tmp_path),
-                          "--launcher", "slurm", "--slurm-time", "30"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    res = run_script("bench/study.py", "--config", "configs/demo.yaml", "--grid", "model.attention_pe=none,rope",
+                     "--steps", "8", "--name", "t", "--runs", str(tmp_path), "--launcher", "slurm",
+                     "--slurm-time", "30")
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1] == (
         'study.py: error: --launcher slurm: Could not detect "srun", are you indeed on a slurm cluster?; start the '
