@@ -50,6 +50,9 @@ def rows(first: dict[str, Any], second: dict[str, Any], level: float) -> list[di
     if not all((r.get("primary") or {}).get("power", {}).get("per_quantity") for r in (first, second)):
         raise ValueError("a study without a primary family's power figures (results.json: primary -> power)")
     a, b = first["primary"]["power"], second["primary"]["power"]
+    if first.get("seeds") != second.get("seeds"):
+        raise ValueError(f"the two studies are scored at different seeds ({first.get('seeds')} and "
+                         f"{second.get('seeds')}): score both at the same seeds")
     theirs = {q["label"]: q for q in b["per_quantity"]}
     missing = [q["label"] for q in a["per_quantity"] if q["label"] not in theirs]
     if missing or len(theirs) != len(a["per_quantity"]):

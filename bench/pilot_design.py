@@ -23,7 +23,8 @@ pre-registration's amendments): they first read the pooled residual of the pilot
 systems (RoPE, RoPE+NTK, RoPE+YaRN) are the same trained models, which understates the noise between trained models,
 and took it as a point estimate.
 
-Writes ``DIR/design.json`` (the rule's inputs and what it decided) and ``DIR/family.json`` (for
+Each folder must be its arm scored at all six seeds (its ``--set`` overrides say which arm it is): anything else is
+refused in one line. Writes ``DIR/design.json`` (the rule's inputs and what it decided) and ``DIR/family.json`` (for
 ``bench/study.py --family``: the first study's 24 tests with this design), and prints the decision.
 """
 
@@ -45,6 +46,7 @@ MIN_SEEDS, MAX_SEEDS = 6, 30
 CONFIDENCE = 0.8  # rule 2: the planning SD's upper confidence limit
 X1_SPLITS = ("test.tatoeba", "test.multi30k-2016")
 ARMS = {"cool": ["train.cooldown=0.2", "train.ema_decay=0.99"], "plain": []}  # the arms' --set overrides
+PILOT_SEEDS = [1, 2, 3, 4, 5, 6]  # the pilot's seeds: the rule reads them all
 DECLARED = ("pre-registered on 2026-11-29 (the second extrapolation study's pre-registration), before any of its "
             "runs; its training arm, seeds and looks by the rule fixed there, from the noise pilot "
             "(bench/pilot_design.py)")
@@ -97,6 +99,20 @@ def power_at(seeds: int, sd: float) -> float:
     fractions = [n / looks[-1] for n in looks]
     drift = EFFECT / (sd * math.sqrt(2)) * math.sqrt(seeds)
     return sum(crossing_probabilities(fractions, efficacy_bounds(fractions, ALPHA / FAMILY_SIZE, "obf"), drift))
+
+
+def not_the_arm(name: str, results: dict[str, Any]) -> str | None:
+    """Why ``results`` is not the pilot's ``name`` arm scored at all its seeds, or None: the seeds scored, and the
+    arm's own ``--set`` overrides (``ARMS``) present and the other arm's absent."""
+    if results.get("seeds") != PILOT_SEEDS:
+        return (f"scored at seeds {results.get('seeds')}, not the pilot's {PILOT_SEEDS[0]}-{PILOT_SEEDS[-1]} "
+                "(bench/pilot_noise.sh scores all six last: run it to its end)")
+    given = set((results.get("spec") or {}).get("overrides") or [])
+    others = {o.split("=", 1)[0] for arm in ARMS.values() for o in arm} - {o.split("=", 1)[0] for o in ARMS[name]}
+    if not set(ARMS[name]) <= given or any(o.split("=", 1)[0] in others for o in given):
+        return f"not the {name} arm (its overrides: {', '.join(sorted(given)) or 'none'}; the arm's: " \
+               f"{', '.join(ARMS[name]) or 'no train.cooldown or train.ema_decay'})"
+    return None
 
 
 def design(cool: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
@@ -167,10 +183,13 @@ def main() -> int:
     from utils.study.files import read_results
 
     arms = []
-    for folder in (args.cool, args.plain):
+    for name, folder in (("cool", args.cool), ("plain", args.plain)):
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json (score the pilot's arm first)")
         arms.append(read_results(folder))
+        why = not_the_arm(name, arms[-1])
+        if why:
+            parser.error(f"{folder}: {why}")
     try:
         decided = design(*arms)
     except (KeyError, TypeError) as e:

@@ -48,17 +48,21 @@ main() {
         if [ -d "$RUNS/kept/study_pilot-$1/runs" ]; then echo "--merge $RUNS/kept/study_pilot-$1"; fi
     }
     arms() {  # each arm trained, scored and kept two seeds at a time, in turn (an interrupted pilot stays balanced)
-        local seeds arm opts
+        local seeds arm opts out
         restore_runs "$RUNS/kept" "$KEEP"/pilot-*.tar.xz || return 1
         for seeds in 2 4 6; do
             for arm in plain cool; do
                 if [ "$arm" = cool ]; then opts=$COOL; else opts=$PLAIN; fi
+                out="$KEEP/pilot-$arm.seeds$((seeds - 1))-$seeds.tar.xz"
+                # A pair kept already is not scored again: the arm's results.json stays at the most seeds scored
+                # (the last pair's steps run whatever: they merge every kept seed and score all six).
+                if [ -f "$out" ] && [ "$seeds" != 6 ]; then continue; fi
                 # shellcheck disable=SC2086,SC2046  # the option strings split into words on purpose
                 step "$WT" "noise pilot: $arm arm, seeds 1-$seeds" $COMMON $opts --seeds "$seeds" --train-only \
                     $(merged "$arm") &&
                     step "$WT" "noise pilot: $arm arm, scoring seeds 1-$seeds" $COMMON $opts --seeds "$seeds" \
                         --score-only &&
-                    keep_runs "$RUNS" "$KEEP/pilot-$arm.seeds$((seeds - 1))-$seeds.tar.xz" \
+                    keep_runs "$RUNS" "$out" \
                         "study_pilot-$arm/runs/"{sinusoidal,rope}/seed{$((seeds - 1)),"$seeds"} &&
                     echo "== $(date -Is) kept the $arm arm's seeds $((seeds - 1))-$seeds in $KEEP (commit them)" ||
                     return 1

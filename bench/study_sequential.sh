@@ -10,7 +10,7 @@
 #   design.json (../sequential-score-wt); then kept: the block's runs without their weights, packed into
 #   bench/studies/extrapolation-sequential/records/ to be committed. A machine replaced between sessions loses at
 #   most the block it was training: on the next, the kept blocks are unpacked and merged (--merge), not trained again.
-# - Each look, once every block of its seeds is kept: scored from the records (--family family.json, beam 5, greedy
+# - Each look, once every block of its seeds is kept and committed (it waits for the commit): scored from the records (--family family.json, beam 5, greedy
 #   and the length-controlled decoding, 10,000 bootstrap resamples); its results.json, report.md, figures,
 #   hypotheses and tb are copied to bench/studies/extrapolation-sequential/looks/look-K, to be committed.
 # - After the first look, the natural-length arm (seeds 1-3), in blocks and scored the same way (looks/natural).
@@ -29,10 +29,16 @@ main() {
     KEEP=$ROOT/$STUDY_DIR/records  # committed: every decoded run without its weights
     LOOKS_DIR=$ROOT/$STUDY_DIR/looks  # committed: each look as published
     TRAIN_COMMIT=7186bb6  # the pilot's: every run of the study is trained by it
-    SCORE_COMMIT=$(git -C "$ROOT" log -1 --format=%h -- "$STUDY_DIR/design.json")  # the commit that fixed the design
+    # The commit that fixed the design (the first to add design.json): it decodes and scores every block and look.
+    SCORE_COMMIT=$(git -C "$ROOT" log --diff-filter=A --format=%h -- "$STUDY_DIR/design.json" | tail -n 1)
     if [ -z "$SCORE_COMMIT" ]; then
         echo "$STUDY_DIR/design.json is not committed: score the noise pilot, run bench/pilot_design.py on its two" \
             "arms with --out $STUDY_DIR, commit what it writes, then start this again"
+        return 1
+    fi
+    if ! git -C "$ROOT" diff --quiet "$SCORE_COMMIT" HEAD -- "$STUDY_DIR/design.json" "$STUDY_DIR/family.json"; then
+        echo "$STUDY_DIR/design.json or family.json differs from the commit that fixed the design ($SCORE_COMMIT):" \
+            "the design is fixed once; restore them as that commit has them"
         return 1
     fi
     # shellcheck source=bench/worktree.sh
@@ -89,11 +95,28 @@ PY
             echo "== $(date -Is) kept the $1 arm's seed $2 in $out (commit it)"
     }
 
+    recorded() {  # recorded ARM SEEDS: once every block of the arm's seeds is committed as kept (tracked, unchanged):
+        # a look is scored from committed records only, so that a later look on another machine merges the same runs
+        local seed record waiting=""
+        for seed in $(seq 1 "$2"); do
+            record=$KEEP/$1.seed$seed.tar.xz
+            until git -C "$ROOT" ls-files --error-unmatch -- "$record" > /dev/null 2>&1 &&
+                git -C "$ROOT" diff --quiet HEAD -- "$record"; do
+                if [ -z "$waiting" ]; then
+                    echo "== $(date -Is) waiting for $record to be committed (a look is scored from committed records)"
+                    waiting=1
+                fi
+                sleep "${RECORD_POLL:-60}"
+            done
+        done
+    }
+
     look() {  # look ARM SEEDS NAME: every block of the arm's seeds, then the look scored and kept as NAME
         local seed
         for seed in $(seq 1 "$2"); do
             block "$1" "$seed" || return 1
         done
+        recorded "$1" "$2" || return 1
         # shellcheck disable=SC2086,SC2046
         step "$SCORE_WT" "$3: scoring at $2 seeds per system" $(arm "$1") $(decoding "$1") --seeds "$2" $SCORING \
             $(merged "$1") && kept "$RUNS/$(folder "$1")" "$LOOKS_DIR/$3"

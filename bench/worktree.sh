@@ -2,11 +2,19 @@
 # checkout): a study's commands run in the background, from a worktree pinned at one commit with a virtual environment of its own.
 
 in_background() {  # in_background SCRIPT RUNS LOG WHAT [NICENESS]: unless this shell leads a session of its own,
-    # SCRIPT RUNS again in one (setsid: no terminal's hangup stops it), its output appended to RUNS/LOG; then exit
+    # SCRIPT RUNS again in one (setsid: no terminal's hangup stops it), its output appended to RUNS/LOG; then exit.
+    # One at a time: the run holds RUNS/<LOG's name>.lock (flock; its children inherit it) until it and they end.
+    local lock="$2/${3%.log}.lock"
     if [ "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" ]; then
-        return 0
+        exec 9>> "$lock" && flock -n 9 && return 0
+        echo "== $(date -Is) $4 is running already ($lock is held): not started twice"
+        exit 1
     fi
     mkdir -p "$2" || exit 1
+    if [ -f "$lock" ] && ! flock -n "$lock" true; then
+        echo "$4 is running already ($lock is held): not started twice; log: $2/$3"
+        exit 1
+    fi
     setsid nice -n "${5:-0}" bash "$1" "$2" < /dev/null >> "$2/$3" 2>&1 &
     echo "$4 started in the background (pid $!); log: $2/$3"
     exit 0
@@ -61,7 +69,8 @@ keep_runs() {  # keep_runs RUNS OUT SEED_FOLDER...: the scored runs of these see
         fi
     done
     mkdir -p "$(dirname "$out")" &&
-        tar -C "$runs" --exclude='*.pt' --exclude=train.lock -cJf "$out.partial" "$@" && mv "$out.partial" "$out"
+        tar -C "$runs" --exclude='*.pt' --exclude=train.lock -cJf "$out.partial" "$@" &&
+        tar -tJf "$out.partial" > /dev/null && sync "$out.partial" && mv "$out.partial" "$out"  # read back, on disk
 }
 
 restore_runs() {  # restore_runs INTO ARCHIVE...: unpack keep_runs's archives into INTO, a staging folder that

@@ -18,7 +18,7 @@ def _study(folder: Path, sds: list[float], pooled: float, df: int = 12, seeds: i
     power = {"pooled_residual_sd": pooled, "df": df, "seeds": seeds, "power_at_smallest_effect": 0.02,
              "seeds_for_80_at_smallest_effect": 40,
              "per_quantity": [{"label": label, "residual_sd": sd} for label, sd in zip(labels, sds, strict=True)]}
-    results = {"spec": {}, "systems": {}, "primary": {"power": power, "tests": []}}
+    results = {"spec": {}, "systems": {}, "primary": {"power": power, "tests": []}, "seeds": list(range(1, seeds + 1))}
     from utils.study.files import RESULTS_KEYS
 
     results |= {k: results.get(k, {}) for k in RESULTS_KEYS}
@@ -55,6 +55,11 @@ def test_studies_of_other_quantities_or_unscored_are_refused_in_one_line(tmp_pat
     res = run_script("bench/noise_ratio.py", str(three), str(two))
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         "noise_ratio.py: error: the two studies' families test different quantities (chrF q2)")
+    fewer = _study(tmp_path / "c", [1.0, 1.0, 1.0], 1.0, seeds=2)  # an arm whose scoring stopped at 2 seeds
+    res = run_script("bench/noise_ratio.py", str(three), str(fewer))
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "noise_ratio.py: error: the two studies are scored at different seeds ([1, 2, 3] and [1, 2]): score both "
+        "at the same seeds")
     res = run_script("bench/noise_ratio.py", str(three), str(tmp_path / "none"))
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
         "none: no results.json (score the study first)")

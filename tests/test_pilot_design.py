@@ -21,7 +21,7 @@ QUANTITIES = [("test.tatoeba.x4", "score"), ("test.tatoeba.x4", "drop"), ("test.
               ("test.multi30k-2016.x4", "drop")]
 
 
-def _arm(sd: float, chrf: float, pooled: float = 0.5) -> dict:
+def _arm(sd: float, chrf: float, pooled: float = 0.5, overrides: tuple[str, ...] = ()) -> dict:
     """A scored pilot arm whose trained systems' residual SD is ``sd``: RoPE's per-seed differences from sinusoidal
     on each quantity have variance 2 sd^2 (six seeds); RoPE+NTK, a decoding of the same models, has none (it is left
     out); the ANOVA's pooled residual is ``pooled``. Every trained system scores ``chrf`` at x1 on both sets."""
@@ -32,7 +32,8 @@ def _arm(sd: float, chrf: float, pooled: float = 0.5) -> dict:
              for system in ("rope", "rope+ntk") for split, kind in QUANTITIES]
     splits = {s: {"beam5": {"chrf": [chrf + d for d in (-0.5, 0.5, -0.25, 0.25, -1.0, 1.0)]}}
               for s in ("test.tatoeba", "test.multi30k-2016", "test.tatoeba.x4")}
-    return {"spec": {"variants": [{"label": s} for s in SYSTEMS]}, "baseline": "sinusoidal",
+    return {"spec": {"variants": [{"label": s} for s in SYSTEMS], "overrides": ["train.num_threads=1", *overrides]},
+            "seeds": [1, 2, 3, 4, 5, 6], "baseline": "sinusoidal",
             "systems": {**{s: {"splits": splits} for s in SYSTEMS},
                         "rope+ntk": {"splits": {"test.tatoeba": {"beam5": {"chrf": [0.0] * 6}}}}},
             "primary": {"tests": tests, "power": {"pooled_residual_sd": pooled, "df": 15, "seeds": 6}}}
@@ -79,10 +80,17 @@ def test_at_least_the_pilots_six_seeds() -> None:
     assert d["seeds_needed"] == 2 and (d["seeds"], d["looks"]) == (6, [2, 4, 6]) and d["power"] > 0.99
 
 
+COOL = ("train.cooldown=0.2", "train.ema_decay=0.99")
+
+
+def _write(folder: Path, arm: dict) -> None:
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(arm | {k: arm.get(k, {}) for k in RESULTS_KEYS}))
+
+
 def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> None:
-    for name, arm in (("cool", _arm(0.65, 55.7)), ("plain", _arm(1.30, 56.0))):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "results.json").write_text(json.dumps(arm | {k: arm.get(k, {}) for k in RESULTS_KEYS}))
+    for name, arm in (("cool", _arm(0.65, 55.7, overrides=COOL)), ("plain", _arm(1.30, 56.0))):
+        _write(tmp_path / name, arm)
     res = run_script("bench/pilot_design.py", str(tmp_path / "cool"), str(tmp_path / "plain"), "--out",
                      str(tmp_path / "d"))
     assert res.returncode == 0, res.stderr
@@ -95,6 +103,25 @@ def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> Non
                          str(tmp_path / "e"))
     assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].endswith(
         "none: no results.json (score the pilot's arm first)") and not (tmp_path / "e").exists()
+
+
+def test_only_the_two_arms_scored_at_all_six_seeds_are_read(tmp_path: Path) -> None:
+    """An arm whose last scoring was cut short (its results.json at fewer seeds) or the arms given the wrong way
+    round decide nothing: one line, no file written."""
+    short = _arm(0.65, 55.7, overrides=COOL) | {"seeds": [1, 2, 3, 4]}
+    for name, arm in (("cool", _arm(0.65, 55.7, overrides=COOL)), ("plain", _arm(1.30, 56.0)), ("short", short)):
+        _write(tmp_path / name, arm)
+    for first, second, said in (
+            ("short", "plain", "short: scored at seeds [1, 2, 3, 4], not the pilot's 1-6 (bench/pilot_noise.sh "
+                               "scores all six last: run it to its end)"),
+            ("plain", "cool", "plain: not the cool arm (its overrides: train.num_threads=1; the arm's: "
+                              "train.cooldown=0.2, train.ema_decay=0.99)"),
+            ("cool", "cool", "cool: not the plain arm (its overrides: train.cooldown=0.2, train.ema_decay=0.99, "
+                             "train.num_threads=1; the arm's: no train.cooldown or train.ema_decay)")):
+        res = run_script("bench/pilot_design.py", str(tmp_path / first), str(tmp_path / second), "--out",
+                         str(tmp_path / "d"))
+        assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(said), res.stderr
+        assert not (tmp_path / "d").exists()
 
 
 @pytest.mark.parametrize(("text", "said"), [

@@ -127,7 +127,7 @@ def test_the_noise_pilot_trains_scores_and_keeps_each_arm_two_seeds_at_a_time(tm
                 f'RUNS={tmp_path}/runs; KEEP=K; WT=W; COMMON="--preset p"; PLAIN="--name plain"; '
                 'COOL="--name cool --set k=v"\n')
         script = stub + _function("merged", pilot) + "\n" + _function("arms", pilot) + "\narms"
-        res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+        res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
         return res.returncode, log.read_text().replace(str(tmp_path), "TMP").splitlines()
 
     def block(k: int, arm: str, merge: str = "") -> list[str]:
@@ -145,6 +145,14 @@ def test_the_noise_pilot_trains_scores_and_keeps_each_arm_two_seeds_at_a_time(tm
     rc, log = arms(kept=True)  # a new machine: the cool arm's kept runs are merged into it
     assert rc == 0 and log[4] == block(2, "cool", " --merge TMP/runs/kept/study_pilot-cool")[0]
     assert log[2] == block(2, "plain")[1]
+    # Pairs kept already are neither trained nor scored again (an arm's results.json is never taken back to fewer
+    # seeds), but the last pair's steps run in any case: they merge every kept seed and score all six.
+    (tmp_path / "K").mkdir()
+    for name in ("plain.seeds1-2", "cool.seeds1-2", "plain.seeds3-4", "plain.seeds5-6", "cool.seeds5-6"):
+        (tmp_path / "K" / f"pilot-{name}.tar.xz").touch()
+    rc, log = arms(fail_at=99)
+    merge = " --merge TMP/runs/kept/study_pilot-cool"
+    assert rc == 0 and log[1:] == [*block(4, "cool", merge), *block(6, "plain"), *block(6, "cool", merge)]
 
 
 def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path) -> None:
@@ -219,7 +227,7 @@ def _looks(tmp: Path, looks: str, verdicts: list[str], fail: str = "") -> tuple[
     stubs = (f'step() {{ echo "step $1 $2 | ${{*:3}}" >> {tmp}/log; [ -z "{fail}" ] || [[ "$2" != *"{fail}"* ]]; }}\n'
              f'kept() {{ echo "kept $1 $2" >> {tmp}/log; mkdir -p "$2" && touch "$2/results.json"; }}\n'
              f'keep_runs() {{ echo "keep_runs $*" >> {tmp}/log; mkdir -p "$(dirname "$2")" && touch "$2"; }}\n'
-             f'restore_runs() {{ echo "restore_runs $*" >> {tmp}/log; }}\n')
+             f'restore_runs() {{ echo "restore_runs $*" >> {tmp}/log; }}\nrecorded() {{ :; }}\n')
     for arm in ("extrapolation-sequential", "extrapolation-sequential-natural"):
         for system in ("alibi", "sinusoidal"):
             for seed in range(1, 15):
@@ -322,3 +330,86 @@ def test_the_sequential_study_refuses_to_start_before_its_design_is_committed(tm
     assert res.returncode == 1 and res.stdout.startswith(
         "bench/studies/extrapolation-sequential/design.json is not committed: score the noise pilot")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "pilot-wt").exists()
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                   capture_output=True)
+
+
+def test_a_look_waits_until_every_record_of_its_seeds_is_committed_unchanged(tmp_path: Path) -> None:
+    """A look is scored from committed records only (a later look on a new machine merges those same runs): until
+    every block archive of its seeds is tracked and unchanged, the study says once that it waits, and waits."""
+    records = tmp_path / "records"
+    records.mkdir()
+    _git(tmp_path, "init", "-q")
+    for seed in (1, 2):
+        (records / f"short.seed{seed}.tar.xz").write_bytes(b"block %d" % seed)
+    call = (f"ROOT={tmp_path}; KEEP={records}; RECORD_POLL=0.05\n" + _function("recorded", SEQUENTIAL)
+            + "\nrecorded short 2\n")
+
+    def recorded() -> subprocess.CompletedProcess:
+        return subprocess.run(["timeout", "1", "bash", "-c", call], capture_output=True, text=True)
+
+    _git(tmp_path, "add", "records/short.seed1.tar.xz")
+    _git(tmp_path, "commit", "-qm", "seed 1")
+    res = recorded()  # seed 2's record is not committed
+    assert res.returncode == 124 and res.stdout.count("\n") == 1 and res.stdout.strip().endswith(
+        f"waiting for {records}/short.seed2.tar.xz to be committed (a look is scored from committed records)")
+    _git(tmp_path, "add", "records")
+    _git(tmp_path, "commit", "-qm", "seed 2")
+    assert recorded().returncode == 0
+    (records / "short.seed1.tar.xz").write_bytes(b"trained again")  # changed since its commit
+    assert recorded().returncode == 124
+
+
+def test_the_sequential_study_refuses_a_design_changed_after_the_commit_that_fixed_it(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    study = repo / "bench" / "studies" / "extrapolation-sequential"
+    study.mkdir(parents=True)
+    (repo / "bench" / "study_sequential.sh").write_text(SEQUENTIAL)
+    (study / "design.json").write_text('{"seeds": 12}')
+    (study / "family.json").write_text("{}")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "the design")
+    (study / "design.json").write_text('{"seeds": 8}')
+    _git(repo, "commit", "-qam", "a later edit")
+    first = subprocess.run(["git", "-C", str(repo), "rev-list", "--max-parents=0", "--abbrev-commit", "HEAD"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    res = subprocess.run(["bash", str(repo / "bench" / "study_sequential.sh"), str(tmp_path / "runs")],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and res.stdout == (
+        "bench/studies/extrapolation-sequential/design.json or family.json differs from the commit that fixed the "
+        f"design ({first}): the design is fixed once; restore them as that commit has them\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_queue_runs_once_at_a_time(tmp_path: Path) -> None:
+    """in_background's lock (RUNS/<log>.lock, held by the run and its children): started again while it runs, a
+    queue says so in one line and starts nothing; once it has ended, it starts."""
+    import time
+
+    script = tmp_path / "queue.sh"
+    script.write_text(f'source {ROOT}/bench/worktree.sh\nin_background "$0" "$1" q.log "the queue"\n'
+                      'echo started >> "$1/runs.txt"; sleep 2\n')
+    runs = tmp_path / "runs"
+
+    def start() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), str(runs)], capture_output=True, text=True, timeout=30)
+
+    assert start().returncode == 0
+    deadline = time.monotonic() + 20
+    while not (runs / "runs.txt").is_file():
+        assert time.monotonic() < deadline, "the background run did not start"
+        time.sleep(0.05)
+    again = start()
+    assert again.returncode == 1 and again.stdout == (
+        f"the queue is running already ({runs}/q.lock is held): not started twice; log: {runs}/q.log\n")
+    while subprocess.run(["flock", "-n", str(runs / "q.lock"), "true"]).returncode != 0:
+        assert time.monotonic() < deadline, "the background run did not end"
+        time.sleep(0.1)
+    assert start().returncode == 0
+    while (runs / "runs.txt").read_text().count("started") < 2:
+        assert time.monotonic() < deadline, "the queue did not start again"
+        time.sleep(0.05)
