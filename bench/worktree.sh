@@ -22,8 +22,8 @@ in_background() {  # in_background SCRIPT RUNS LOG WHAT [NICENESS]: unless this 
 
 worktree() {  # worktree DIR COMMIT [movable]: the pinned checkout, unchanged, and its virtual environment
     local dir=$1 commit=$2
-    if [ ! -d "$dir" ]; then
-        git -C "$ROOT" worktree add --detach "$dir" "$commit" || return 1
+    if [ ! -d "$dir" ]; then  # (prune: a worktree deleted by hand stays registered and would refuse the add)
+        git -C "$ROOT" worktree prune && git -C "$ROOT" worktree add --detach "$dir" "$commit" || return 1
     elif [ "${3:-}" = movable ] && [ -z "$(git -C "$dir" status --porcelain --untracked-files=no)" ]; then
         git -C "$dir" checkout -q --detach "$commit" || return 1  # reads only: a newer pin may replace it
     fi

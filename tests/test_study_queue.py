@@ -413,3 +413,22 @@ def test_a_queue_runs_once_at_a_time(tmp_path: Path) -> None:
     while (runs / "runs.txt").read_text().count("started") < 2:
         assert time.monotonic() < deadline, "the queue did not start again"
         time.sleep(0.05)
+
+
+def test_a_pinned_worktree_deleted_by_hand_is_made_again(tmp_path: Path) -> None:
+    """bench/worktree.sh's worktree: the checkout at its commit with a virtual environment (here the stand-in
+    interpreter of this checkout's, copied); deleted by hand (git still lists it), it is made again."""
+    repo = tmp_path / "repo"
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / ".venv" / "bin" / "python").write_text("#!/usr/bin/env bash\nexit 0\n")  # "imports torch, ignite..."
+    (repo / ".venv" / "bin" / "python").chmod(0o755)
+    (repo / "README.md").write_text("x")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "README.md")
+    _git(repo, "commit", "-qm", "x")
+    call = f"source {ROOT}/bench/worktree.sh\nROOT={repo}\nworktree {tmp_path}/wt HEAD\n"
+    for _ in range(2):
+        res = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert (tmp_path / "wt" / "README.md").read_text() == "x" and (tmp_path / "wt" / ".venv" / "bin").is_dir()
+        subprocess.run(["rm", "-rf", str(tmp_path / "wt")], check=True)
