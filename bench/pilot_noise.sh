@@ -9,8 +9,8 @@
 # - Systems: sinusoidal (the baseline) and rope, with the preset's RoPE test variants; seeds 1-6 in each arm, the
 #   same seed giving both arms the same tokenizer, initialisation and batch order; 900 optimizer steps (the
 #   published study's first budget), validation every 300, one CPU thread per run, two runs at a time; both arms
-#   trained, scored and kept one seed at a time, in turn (an interrupted pilot stays balanced; amended on
-#   2026-11-30, from two seeds at a time: see the second study's amendments).
+#   trained, scored and kept seeds 1-2 as a pair, then one seed at a time, in turn (an interrupted pilot stays
+#   balanced; amended on 2026-11-30, from two seeds at a time: see the second study's amendments).
 # - Scored: chrF and BLEU, beam 5, on test.tatoeba and test.multi30k-2016 at x1 and x4 (the published family's
 #   splits and drops), every sentence; 1,000 bootstrap resamples (the pilot's p-values are not its question).
 # - Endpoint: for each arm, the pooled residual standard deviation of the family's chrF quantities (the x4 scores
@@ -25,8 +25,7 @@
 # Resumable: run it again after any interruption; each study skips what is done. After an arm's seed is scored, its
 # runs of that seed, without their weights (what the report needs: score files, hypotheses, logs,
 # TensorBoard events), are packed into bench/studies/noise-pilot/records/ to be committed; on a new machine the
-# pilot unpacks them and merges them into its studies (--merge), so only the seeds not yet kept are trained again
-# (seeds 1-2 of the plain arm were kept as a pair, before the amendment).
+# pilot unpacks them and merges them into its studies (--merge), so only the seeds not yet kept are trained again.
 # It trains from a worktree pinned at PILOT_COMMIT (../pilot-wt, made beside this checkout when missing), in a session of its own, at low priority.
 set -u
 # The whole script is one function, read before it runs: an edit to this file while the pilot runs cannot change it.
@@ -49,28 +48,27 @@ main() {
     merged() {  # merged ARM: the --merge option of the arm's kept runs, if any
         if [ -d "$RUNS/kept/study_pilot-$1/runs" ]; then echo "--merge $RUNS/kept/study_pilot-$1"; fi
     }
-    kept() {  # kept ARM SEED: the seed's runs of the arm are kept (alone, or in a pair as the first kept them)
-        local pair=$(( $2 % 2 == 0 ? $2 - 1 : $2 ))
-        [ -f "$KEEP/pilot-$1.seed$2.tar.xz" ] || [ -f "$KEEP/pilot-$1.seeds$pair-$((pair + 1)).tar.xz" ]
-    }
-    arms() {  # each arm trained, scored and kept one seed at a time (both systems at once), in turn: a unit fits a
-        # session, and an interrupted pilot stays balanced
-        local seed arm opts
+    arms() {  # each arm trained, scored and kept one seed at a time (both systems at once; seeds 1-2 as a pair, as
+        # begun), the arms in turn: an interrupted pilot stays balanced
+        local unit first last arm opts out
         restore_runs "$RUNS/kept" "$KEEP"/pilot-*.tar.xz || return 1
-        for seed in 1 2 3 4 5 6; do
+        for unit in 1-2 3 4 5 6; do
+            first=${unit%-*} last=${unit#*-}
             for arm in plain cool; do
                 if [ "$arm" = cool ]; then opts=$COOL; else opts=$PLAIN; fi
-                # A seed kept already is not scored again: the arm's results.json stays at the most seeds scored
-                # (the last seed's steps run whatever: they merge every kept seed and score all six).
-                if kept "$arm" "$seed" && [ "$seed" != 6 ]; then continue; fi
+                out=$KEEP/pilot-$arm.seeds$unit.tar.xz
+                if [ "$first" = "$last" ]; then out=$KEEP/pilot-$arm.seed$last.tar.xz; fi
+                # A unit kept already is not scored again: the arm's results.json stays at the most seeds scored
+                # (the last unit's steps run whatever: they merge every kept seed and score all six).
+                if [ -f "$out" ] && [ "$last" != 6 ]; then continue; fi
                 # shellcheck disable=SC2086,SC2046  # the option strings split into words on purpose
-                step "$WT" "noise pilot: $arm arm, seeds 1-$seed" $COMMON $opts --seeds "$seed" --train-only \
+                step "$WT" "noise pilot: $arm arm, seeds 1-$last" $COMMON $opts --seeds "$last" --train-only \
                     $(merged "$arm") &&
-                    step "$WT" "noise pilot: $arm arm, scoring seeds 1-$seed" $COMMON $opts --seeds "$seed" \
+                    step "$WT" "noise pilot: $arm arm, scoring seeds 1-$last" $COMMON $opts --seeds "$last" \
                         --score-only &&
-                    { kept "$arm" "$seed" || keep_runs "$RUNS" "$KEEP/pilot-$arm.seed$seed.tar.xz" \
-                        "study_pilot-$arm/runs/"{sinusoidal,rope}/seed"$seed"; } &&
-                    echo "== $(date -Is) kept the $arm arm's seed $seed in $KEEP (commit it)" ||
+                    keep_runs "$RUNS" "$out" $(seq -f "study_pilot-$arm/runs/sinusoidal/seed%g" "$first" "$last") \
+                        $(seq -f "study_pilot-$arm/runs/rope/seed%g" "$first" "$last") &&
+                    echo "== $(date -Is) kept the $arm arm's seeds $unit in $KEEP (commit them)" ||
                     return 1
             done
         done
