@@ -24,7 +24,7 @@
 #
 # Resumable: run it again after any interruption; each study skips what is done. After an arm's seed is scored, its
 # runs of that seed, without their weights (what the report needs: score files, hypotheses, logs,
-# TensorBoard events), are packed into bench/studies/noise-pilot/records/ to be committed; on a new machine the
+# not the TensorBoard events), are packed into bench/studies/noise-pilot/records/ to be committed; on a new machine the
 # pilot unpacks them and merges them into its studies (--merge), so only the seeds not yet kept are trained again.
 # It trains from a worktree pinned at PILOT_COMMIT (../pilot-wt, made beside this checkout when missing), in a session of its own, at low priority.
 set -u

@@ -50,7 +50,7 @@ step() {  # step DIR WHAT ARGS...: one bench/study.py command in a worktree
 }
 
 keep_runs() {  # keep_runs RUNS OUT SEED_FOLDER...: the scored runs of these seed folders (paths inside RUNS), without
-    # their weights (*.pt), with the CPU that trained them (cpu.txt, unless a merged run brought its own), packed
+    # their weights (*.pt) and TensorBoard events (tb/: nothing scoring reads; the curves are in train.log), with the CPU that trained them (cpu.txt, unless a merged run brought its own), packed
     # into OUT (an xz tar to commit: what a study's report needs when the machine is gone); made once, whole or not at all
     local runs=$1 out=$2 folder
     shift 2
@@ -69,7 +69,7 @@ keep_runs() {  # keep_runs RUNS OUT SEED_FOLDER...: the scored runs of these see
         fi
     done
     mkdir -p "$(dirname "$out")" &&
-        tar -C "$runs" --exclude='*.pt' --exclude=train.lock -cJf "$out.partial" "$@" &&
+        tar -C "$runs" --exclude='*.pt' --exclude=train.lock --exclude=tb -cJf "$out.partial" "$@" &&
         tar -tJf "$out.partial" > /dev/null && sync "$out.partial" && mv "$out.partial" "$out"  # read back, on disk
 }
 

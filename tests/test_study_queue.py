@@ -171,6 +171,8 @@ def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path
     (run / "eval").mkdir()
     (run / "eval" / "test.last.beam5.json").write_text('{"chrf": 40}')
     (run / "train.log").write_text("trained")
+    (run / "tb").mkdir()
+    (run / "tb" / "events.out.tfevents.1").write_bytes(b"e" * 1000)
     (run.parent / "cpu.txt").write_text("")  # left empty by an lscpu that failed: written again
 
     def bash(call: str) -> subprocess.CompletedProcess:
@@ -194,6 +196,7 @@ def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path
     assert (back / "bench_short_1" / "train.log").read_text() == "trained"
     assert (back / "bench_short_1" / "eval" / "test.last.beam5.json").read_text() == '{"chrf": 40}'
     assert not (back / "bench_short_1" / "checkpoints" / "last.pt").exists()
+    assert not (back / "bench_short_1" / "tb").exists()
     assert (back / "cpu.txt").read_text().startswith("Model name:") and (back / "study.log").read_text() == "mine"
 
 
