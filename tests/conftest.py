@@ -108,6 +108,23 @@ def _isolated_hf_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     monkeypatch.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_put_back() -> Iterator[None]:
+    """A script's ``main`` run in a test (``visualize.main()`` under ``capsys``) sets up logging for the process:
+    the root logger's handlers and level are put back after each test, so none outlives the test into another's
+    output."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in root.handlers:
+        if h not in handlers:
+            h.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """The real data folder (../shared/data); tests needing it skip only where it is absent."""

@@ -486,3 +486,21 @@ def test_inference_starts_each_line_with_the_prefix_and_writes_each_lines_constr
     assert len(lines) == 3 and all(line.startswith("The dog") for line in lines), lines
     assert "sofa" in lines[0] and "red cat" in lines[2] and "bed" in lines[2]
     assert "constraints" not in res.stderr  # every line met its phrases: no warning
+
+
+def test_logs_go_to_the_current_stderr_not_one_closed_since(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script's logging set up under one standard error (a caller's capture), closed and replaced since: later
+    records reach the new one, with no "Logging error" from writing to the closed stream."""
+    import io
+    import logging
+
+    from utils.cli import setup_logging
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    setup_logging()
+    first.close()
+    monkeypatch.setattr(sys, "stderr", second)
+    logging.getLogger("config").warning("--set %s has no effect", "model.rope.factor=2")
+    assert second.getvalue().splitlines()[-1].endswith("config: --set model.rope.factor=2 has no effect")
+    assert "Logging error" not in second.getvalue()

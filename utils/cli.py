@@ -16,6 +16,23 @@ from pathlib import Path
 LOG_FORMAT = logging.Formatter("%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
+class StderrHandler(logging.StreamHandler):
+    """A ``StreamHandler`` writing to whatever ``sys.stderr`` is when a record is logged, not to the stream it
+    found at setup (as ``logging.lastResort`` does): logs follow a redirected or replaced standard error, and a
+    stream closed since (a caller's capture) is never written to."""
+
+    def __init__(self, level: int = logging.NOTSET) -> None:
+        logging.Handler.__init__(self, level)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:  # StreamHandler.setStream: the current stderr is always the target
+        pass
+
+
 class StopError(RuntimeError):
     """A command stopped for a reason its message states in one line (e.g. training diverged)."""
 
@@ -37,9 +54,9 @@ def project_command(script: str, *args: str | Path, overrides: Iterable[str] = (
 
 
 def setup_logging(log_file: str | None = None, buffer: bool = False) -> None:
-    """INFO logs to stderr (and ``log_file``). ``buffer``: also keep them until ``attach_log_file`` names the
-    file they belong in (train.py logs before its run directory exists)."""
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    """INFO logs to the current stderr (and ``log_file``). ``buffer``: also keep them until ``attach_log_file``
+    names the file they belong in (train.py logs before its run directory exists)."""
+    handlers: list[logging.Handler] = [StderrHandler()]
     if log_file:
         handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
     if buffer:
