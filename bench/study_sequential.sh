@@ -4,16 +4,22 @@
 # design the pre-registered rule gives (bench/pilot_design.py -> bench/studies/extrapolation-sequential/design.json
 # and family.json) is committed; without that commit it refuses to start.
 #
-# - Seed blocks: one seed of every system at a time, trained from a worktree pinned at the pilot's commit 7186bb6
-#   (../pilot-wt), two runs at a time, one thread each; then decoded (--decode-only: every decoder, split, test-time
-#   variant and length floor, and the attention statistics) from a worktree pinned at the commit that committed
-#   design.json (../sequential-score-wt); then kept: the block's runs without their weights, packed into
-#   bench/studies/extrapolation-sequential/records/ to be committed. A machine replaced between sessions loses at
-#   most the block it was training: on the next, the kept blocks are unpacked and merged (--merge), not trained again.
-# - Each look, once every block of its seeds is kept and committed (it waits for the commit): scored from the records (--family family.json, beam 5, greedy
-#   and the length-controlled decoding, 10,000 bootstrap resamples); its results.json, report.md, figures,
-#   hypotheses and tb are copied to bench/studies/extrapolation-sequential/looks/look-K, to be committed.
-# - After the first look, the natural-length arm (seeds 1-3), in blocks and scored the same way (looks/natural).
+# - One commit trains, decodes and scores every run: the one that committed design.json, in a worktree pinned at it
+#   (../sequential-score-wt). Before its first run, bench/same_training.py checks that it trains the study's five
+#   systems, with the design's keys, bit for bit as the pilot's commit 7186bb6 does (../pilot-wt); the check is kept
+#   in records/same_training.json (to be committed), and if they differ the study does not start.
+# - Runs two at a time, one thread each, in a queue: seed 1's five systems, then seed 2's, and so on (a pair may
+#   span two seeds: no core waits). Each pair is trained (--train-only --only), then decoded (--decode-only --only:
+#   every decoder, split, test-time variant and length floor, and the attention statistics), then each of its runs
+#   kept without its weights, one archive per run in bench/studies/extrapolation-sequential/records/, to be
+#   committed. A machine replaced between sessions loses at most the pair it was training: on the next, the kept
+#   runs are unpacked and merged (--merge), not trained again.
+# - Each look, once every run of its seeds is kept and committed (it waits for the commit): scored from the records
+#   (--family family.json, beam 5, greedy and the length-controlled decoding, 10,000 bootstrap resamples); its
+#   results.json, report.md, figures, hypotheses and tb are copied to
+#   bench/studies/extrapolation-sequential/looks/look-K, to be committed.
+# - After the first look, the natural-length arm (seeds 1-3), in the same queue and scored the same way
+#   (looks/natural).
 # - After each look, bench/study_stop.py: the study stops at the first look at which every primary test is resolved
 #   or futile, and otherwise at its last planned look.
 #
@@ -28,8 +34,8 @@ main() {
     STUDY_DIR=bench/studies/extrapolation-sequential
     KEEP=$ROOT/$STUDY_DIR/records  # committed: every decoded run without its weights
     LOOKS_DIR=$ROOT/$STUDY_DIR/looks  # committed: each look as published
-    TRAIN_COMMIT=7186bb6  # the pilot's: every run of the study is trained by it
-    # The commit that fixed the design (the first to add design.json): it decodes and scores every block and look.
+    PILOT_COMMIT=7186bb6  # the pilot's: the study's commit must train as it does
+    # The commit that fixed the design (the first to add design.json): it trains, decodes and scores every run.
     SCORE_COMMIT=$(git -C "$ROOT" log --diff-filter=A --format=%h -- "$STUDY_DIR/design.json" | tail -n 1)
     if [ -z "$SCORE_COMMIT" ]; then
         echo "$STUDY_DIR/design.json is not committed: score the noise pilot, run bench/pilot_design.py on its two" \
@@ -45,9 +51,9 @@ main() {
     source "$ROOT/bench/worktree.sh"  # in_background, worktree DIR COMMIT, step DIR WHAT ARGS..., keep_runs, restore_runs
     in_background "$0" "$RUNS" queue.log "sequential study" 10
     mkdir -p "$RUNS" && exec >> "$RUNS/queue.log" 2>&1 < /dev/null || return 1
-    TRAIN_WT=$(realpath -m "$ROOT/../pilot-wt")
+    PILOT_WT=$(realpath -m "$ROOT/../pilot-wt")
     SCORE_WT=$(realpath -m "$ROOT/../sequential-score-wt")
-    worktree "$TRAIN_WT" "$TRAIN_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" || return 1
+    worktree "$PILOT_WT" "$PILOT_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" || return 1
 
     design() {  # design arm|sets|looks: what the committed design.json decided
         "$SCORE_WT/.venv/bin/python" - "$SCORE_WT/$STUDY_DIR/design.json" "$1" <<'PY'
@@ -84,39 +90,74 @@ PY
         if [ -d "$RUNS/kept/$(folder "$1")/runs" ]; then echo "--merge $RUNS/kept/$(folder "$1")"; fi
     }
 
-    block() {  # block ARM SEED: one seed of every system of the arm trained, decoded and kept, unless kept already
-        local out="$KEEP/$1.seed$2.tar.xz"
-        [ -f "$out" ] && return 0
-        # shellcheck disable=SC2086,SC2046  # the option strings split into words on purpose
-        step "$TRAIN_WT" "$1 arm, seed $2: training" $(arm "$1") --seeds "$2" --train-only $(merged "$1") &&
-            step "$SCORE_WT" "$1 arm, seed $2: decoding" $(arm "$1") $(decoding "$1") --seeds "$2" --decode-only \
-                $(merged "$1") &&
-            keep_runs "$RUNS" "$out" $(cd "$RUNS" && echo "$(folder "$1")"/runs/*/"seed$2") &&
-            echo "== $(date -Is) kept the $1 arm's seed $2 in $out (commit it)"
+    record() {  # record ARM SYSTEM SEED: the archive that keeps one run
+        echo "$KEEP/$1.$2.seed$3.tar.xz"
     }
 
-    recorded() {  # recorded ARM SEEDS: once every block of the arm's seeds is committed as kept (tracked, unchanged):
-        # a look is scored from committed records only, so that a later look on another machine merges the same runs
-        local seed record waiting=""
+    pending() {  # pending ARM SEEDS: the arm's runs of seeds 1..SEEDS not kept yet, SYSTEM:SEED in queue order
+        local seed system
         for seed in $(seq 1 "$2"); do
-            record=$KEEP/$1.seed$seed.tar.xz
-            until git -C "$ROOT" ls-files --error-unmatch -- "$record" > /dev/null 2>&1 &&
-                git -C "$ROOT" diff --quiet HEAD -- "$record"; do
-                if [ -z "$waiting" ]; then
-                    echo "== $(date -Is) waiting for $record to be committed (a look is scored from committed records)"
-                    waiting=1
-                fi
-                sleep "${RECORD_POLL:-60}"
+            for system in $SYSTEMS; do
+                [ -f "$(record "$1" "$system" "$seed")" ] || echo "$system:$seed"
             done
         done
     }
 
-    look() {  # look ARM SEEDS NAME: every block of the arm's seeds, then the look scored and kept as NAME
-        local seed
-        for seed in $(seq 1 "$2"); do
-            block "$1" "$seed" || return 1
+    runs() {  # runs ARM SEEDS: every run of the arm's seeds 1..SEEDS trained, decoded and kept, two at a time
+        local todo pair item
+        # shellcheck disable=SC2207  # one word per run
+        todo=($(pending "$1" "$2"))
+        while [ "${#todo[@]}" -gt 0 ]; do
+            pair=$(IFS=,; echo "${todo[*]:0:2}")
+            # shellcheck disable=SC2086,SC2046  # the option strings split into words on purpose
+            step "$SCORE_WT" "$1 arm, $pair: training" $(arm "$1") --seeds "$2" --train-only --only "$pair" \
+                $(merged "$1") &&
+                step "$SCORE_WT" "$1 arm, $pair: decoding" $(arm "$1") $(decoding "$1") --seeds "$2" --decode-only \
+                    --only "$pair" $(merged "$1") || return 1
+            for item in "${todo[@]:0:2}"; do
+                keep_runs "$RUNS" "$(record "$1" "${item%:*}" "${item#*:}")" \
+                    "$(folder "$1")/runs/${item%:*}/seed${item#*:}" &&
+                    echo "== $(date -Is) kept the $1 arm's ${item%:*} seed ${item#*:} in $KEEP (commit it)" || return 1
+            done
+            todo=("${todo[@]:2}")
         done
-        recorded "$1" "$2" || return 1
+    }
+
+    same_training() {  # the study's commit trains as the pilot's does (checked once, kept in records/)
+        local out=$KEEP/same_training.json
+        [ -f "$out" ] && return 0
+        echo "== $(date -Is) checking that $SCORE_COMMIT trains the study's systems as $PILOT_COMMIT does"
+        # shellcheck disable=SC2086  # the option string splits into words on purpose
+        (cd "$SCORE_WT" && .venv/bin/python bench/same_training.py "$PILOT_WT" . --preset train-short-test-long \
+            --variants "${SYSTEMS// /,}" --steps 30 --eval-every 10 $SETS --set train.valid_bleu_sentences=16 \
+            --out "$out.partial") && mv "$out.partial" "$out" &&
+            echo "== $(date -Is) $SCORE_COMMIT trains as $PILOT_COMMIT does: $out (commit it)" || {
+            echo "== $(date -Is) $SCORE_COMMIT does not train as $PILOT_COMMIT does: the study does not start"
+            return 1
+        }
+    }
+
+    recorded() {  # recorded ARM SEEDS: once every run of the arm's seeds is committed as kept (tracked, unchanged):
+        # a look is scored from committed records only, so that a later look on another machine merges the same runs
+        local seed system record waiting=""
+        for seed in $(seq 1 "$2"); do
+            for system in $SYSTEMS; do
+                record=$(record "$1" "$system" "$seed")
+                until git -C "$ROOT" ls-files --error-unmatch -- "$record" > /dev/null 2>&1 &&
+                    git -C "$ROOT" diff --quiet HEAD -- "$record"; do
+                    if [ -z "$waiting" ]; then
+                        echo "== $(date -Is) waiting for $record to be committed (a look is scored from committed" \
+                            "records)"
+                        waiting=1
+                    fi
+                    sleep "${RECORD_POLL:-60}"
+                done
+            done
+        done
+    }
+
+    look() {  # look ARM SEEDS NAME: every run of the arm's seeds, then the look scored and kept as NAME
+        runs "$1" "$2" && recorded "$1" "$2" || return 1
         # shellcheck disable=SC2086,SC2046
         step "$SCORE_WT" "$3: scoring at $2 seeds per system" $(arm "$1") $(decoding "$1") --seeds "$2" $SCORING \
             $(merged "$1") && kept "$RUNS/$(folder "$1")" "$LOOKS_DIR/$3"
@@ -124,7 +165,7 @@ PY
 
     looks() {  # every look in turn, the natural-length arm after the first, until the stopping rule says stop
         local k=0 n verdict taken=()
-        restore_runs "$RUNS/kept" "$KEEP"/*.tar.xz || return 1
+        same_training && restore_runs "$RUNS/kept" "$KEEP"/*.tar.xz || return 1
         for n in $LOOKS; do
             k=$((k + 1))
             if [ ! -f "$LOOKS_DIR/look-$k/results.json" ]; then
@@ -146,11 +187,11 @@ PY
     ARM=$(design arm) && SETS=$(design sets) && LOOKS=$(design looks) || return 1
     echo "== $(date -Is) sequential study: the $ARM arm (${SETS:-no --set}), looks at $LOOKS seeds per system;" \
         "scored by $SCORE_COMMIT"
+    SYSTEMS="sinusoidal learnable alibi t5 rope"  # the preset's order, the queue's within a seed
     COMMON="--steps 900 --eval-every 300 --checkpoint last --runs $RUNS --jobs 2 --no-link $SETS"
-    SHORT="--preset train-short-test-long --name extrapolation-sequential --variants sinusoidal,learnable,alibi,t5,rope
+    SHORT="--preset train-short-test-long --name extrapolation-sequential --variants ${SYSTEMS// /,} $COMMON"
+    NATURAL="--preset train-natural-test-long --name extrapolation-sequential-natural --variants ${SYSTEMS// /,}
         $COMMON"
-    NATURAL="--preset train-natural-test-long --name extrapolation-sequential-natural
-        --variants sinusoidal,learnable,alibi,t5,rope $COMMON"
     SCORING="--score-only --bootstrap 10000"
     looks &&
         echo "== $(date -Is) sequential study done"

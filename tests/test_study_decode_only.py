@@ -102,3 +102,54 @@ def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monke
     assert results["seeds"] == [1, 2] and set(results["length_control"]["systems"]) == {
         "attention_pe=none", "attention_pe=rope"}
     assert all(len(e["attention"]) == 2 for e in results["systems"].values())  # both seeds' statistics
+
+
+def test_only_trains_and_decodes_the_runs_it_names_and_the_study_is_scored_from_them_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, study_in_process: None) -> None:
+    """--only: a study trained and decoded a few runs at a time (each then kept without its weights), scored once
+    every run is decoded, as if trained and decoded at once."""
+    from data.sources import load_corpus
+    from utils.config import load_config
+
+    root = tmp_path / "study_t"
+    for flags, line in (
+            (["--only", "attention_pe=rope:1"], "--only trains or decodes some runs (--train-only or --decode-only); "
+                                                "statistics and a report read every run of the study"),
+            (["--train-only", "--only", "rope:1"], "--only 'rope:1': not LABEL:SEED with a label of the study's "
+                                                   "variants (attention_pe=none, attention_pe=rope)"),
+            (["--train-only", "--only", "attention_pe=rope:3"], "--only 'attention_pe=rope:3': the seed must be "
+                                                                "one of 1..2 (--seeds 2)")):
+        refused = run_study(tmp_path, *flags)
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == f"study.py: error: {line}", \
+            refused.stderr
+    assert not root.exists()  # refused before anything was written
+
+    first = run_study(tmp_path, "--train-only", "--only", "attention_pe=rope:2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "4 runs" not in first.stdout and "1 runs (--only 1 of its 4), 0 trained, 1 to train" in first.stdout
+    assert [p.relative_to(root).parts[:3] for p in root.glob("runs/*/seed*/demo_2*")] == [
+        ("runs", "attention_pe_rope", "seed2")]
+    rest = "attention_pe=none:1,attention_pe=none:2,attention_pe=rope:1"
+    assert run_study(tmp_path, "--train-only", "--only", rest).returncode == 0
+    assert len(list(root.glob("runs/*/seed*/demo_2*"))) == 4
+
+    corpus = load_corpus(load_config(ROOT / "configs" / "demo.yaml").data)
+    asked: list[list[str]] = []
+    monkeypatch.setattr(stages, "run_commands", _fake_test_py(asked, {s: list(corpus[s]["tgt"]) for s in corpus}))
+    one = run_study(tmp_path, "--decode-only", "--only", "attention_pe=rope:2", *DECODERS)
+    assert one.returncode == 0, one.stdout + one.stderr
+    [run] = root.glob("runs/attention_pe_rope/seed2/demo_2*")
+    per_run = 1 + len(GRID) + len(GRID) - 1  # the beams; each floor on validation; each floor but 0 on the test set
+    assert len(asked) == per_run and all(a[a.index("--model_path") + 1].startswith(str(run)) for a in asked)
+    assert [p.parent.parent.parent.name for p in root.glob("runs/*/seed*/demo_2*/eval/attention_stats*")] == [
+        "seed2"]  # the attention statistics of the named run alone
+    assert run_study(tmp_path, "--decode-only", "--only", rest, *DECODERS).returncode == 0
+    assert len(asked) == 4 * per_run  # the other three, nothing decoded twice
+    assert run_study(tmp_path, "--decode-only", *DECODERS).returncode == 0 and len(asked) == 4 * per_run
+
+    for pt in root.glob("runs/*/seed*/demo_2*/checkpoints/*.pt"):
+        pt.unlink()
+    reported = run_study(tmp_path, "--score-only", *DECODERS)
+    assert reported.returncode == 0, reported.stdout + reported.stderr
+    results = json.loads((root / "results.json").read_text())
+    assert results["seeds"] == [1, 2] and all(len(e["attention"]) == 2 for e in results["systems"].values())

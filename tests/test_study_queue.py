@@ -225,26 +225,26 @@ def test_a_queue_goes_on_in_a_session_of_its_own_at_its_niceness_appending_to_it
 SEQUENTIAL = (ROOT / "bench" / "study_sequential.sh").read_text()
 
 
+SYSTEMS = ("sinusoidal", "learnable", "alibi", "t5", "rope")
+
+
 def _looks(tmp: Path, looks: str, verdicts: list[str], fail: str = "") -> tuple[int, list[str]]:
-    """bench/study_sequential.sh's ``looks`` with ``step``, ``kept``, ``keep_runs`` and ``restore_runs`` logging their
-    arguments (``kept`` makes the look's results.json, ``keep_runs`` its archive) and the scoring worktree's python
-    printing the next of ``verdicts`` (bench/study_stop.py's first line); a step whose description holds ``fail``
-    fails. Each study's runs folder holds the five systems' seed folders of the seeds asked."""
+    """bench/study_sequential.sh's ``looks`` with ``step``, ``kept``, ``keep_runs``, ``restore_runs`` and
+    ``same_training`` logging their arguments (``kept`` makes the look's results.json, ``keep_runs`` its archive)
+    and the scoring worktree's python printing the next of ``verdicts`` (bench/study_stop.py's first line); a step
+    whose description holds ``fail`` fails."""
     score = tmp / "score-wt"
     _answering_python(tmp, score, "stop-rule", [f"{verdict}\nresolved (0): -\n" for verdict in verdicts])
     stubs = (f'step() {{ echo "step $1 $2 | ${{*:3}}" >> {tmp}/log; [ -z "{fail}" ] || [[ "$2" != *"{fail}"* ]]; }}\n'
              f'kept() {{ echo "kept $1 $2" >> {tmp}/log; mkdir -p "$2" && touch "$2/results.json"; }}\n'
              f'keep_runs() {{ echo "keep_runs $*" >> {tmp}/log; mkdir -p "$(dirname "$2")" && touch "$2"; }}\n'
-             f'restore_runs() {{ echo "restore_runs $*" >> {tmp}/log; }}\nrecorded() {{ :; }}\n')
-    for arm in ("extrapolation-sequential", "extrapolation-sequential-natural"):
-        for system in ("alibi", "sinusoidal"):
-            for seed in range(1, 15):
-                (tmp / "runs" / f"study_{arm}" / "runs" / system / f"seed{seed}").mkdir(parents=True, exist_ok=True)
-    functions = "\n".join(_function(f, SEQUENTIAL)
-                          for f in ("folder", "arm", "decoding", "merged", "block", "look", "looks"))
-    script = (f'RUNS={tmp}/runs; TRAIN_WT=T; SCORE_WT={score}; STUDY_DIR=D; KEEP={tmp}/records; '
-              f'LOOKS_DIR={tmp}/looks; LOOKS="{looks}"\nSHORT="--name s"; NATURAL="--name n"; SCORING="--score-only"\n'
-              + stubs + functions + "\nlooks\n")
+             f'restore_runs() {{ echo "restore_runs $*" >> {tmp}/log; }}\nrecorded() {{ :; }}\n'
+             f'same_training() {{ echo "same_training" >> {tmp}/log; }}\n')
+    functions = "\n".join(_function(f, SEQUENTIAL) for f in ("folder", "arm", "decoding", "merged", "record",
+                                                              "pending", "runs", "look", "looks"))
+    script = (f'RUNS={tmp}/runs; SCORE_WT={score}; STUDY_DIR=D; KEEP={tmp}/records; '
+              f'LOOKS_DIR={tmp}/looks; LOOKS="{looks}"; SYSTEMS="{" ".join(SYSTEMS)}"\n'
+              'SHORT="--name s"; NATURAL="--name n"; SCORING="--score-only"\n' + stubs + functions + "\nlooks\n")
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     log = tmp / "log"
     return res.returncode, log.read_text().replace(str(tmp), "TMP").splitlines() if log.is_file() else []
@@ -253,29 +253,40 @@ def _looks(tmp: Path, looks: str, verdicts: list[str], fail: str = "") -> tuple[
 SHORT_DECODING = "--family TMP/score-wt/D/family.json --decoders beam5,greedy,beam5-minlen"
 
 
-def _block(arm: str, seed: int, merge: str = "") -> list[str]:
+def _queue_of(arm: str, seeds: int, first: int = 1, merge: str = "", kept: tuple = ()) -> list[str]:
+    """The queue's lines for the arm's runs of seeds ``first``..``seeds`` but those ``kept`` ((system, seed)): two
+    at a time in seed then system order, each pair trained, then decoded, then each run kept in an archive of its
+    own."""
     name, study = (("s", "extrapolation-sequential") if arm == "short" else ("n", "extrapolation-sequential-natural"))
     decoding = SHORT_DECODING if arm == "short" else "--decoders beam5,greedy"
-    return [f"step T {arm} arm, seed {seed}: training | --name {name} --seeds {seed} --train-only{merge}",
-            f"step TMP/score-wt {arm} arm, seed {seed}: decoding | --name {name} {decoding} --seeds {seed} "
-            f"--decode-only{merge}",
-            f"keep_runs TMP/runs TMP/records/{arm}.seed{seed}.tar.xz study_{study}/runs/alibi/seed{seed} "
-            f"study_{study}/runs/sinusoidal/seed{seed}"]
+    items = [(system, seed) for seed in range(first, seeds + 1) for system in SYSTEMS if (system, seed) not in kept]
+    lines = []
+    for i in range(0, len(items), 2):
+        pair = ",".join(f"{system}:{seed}" for system, seed in items[i:i + 2])
+        lines += [f"step TMP/score-wt {arm} arm, {pair}: training | --name {name} --seeds {seeds} --train-only "
+                  f"--only {pair}{merge}",
+                  f"step TMP/score-wt {arm} arm, {pair}: decoding | --name {name} {decoding} --seeds {seeds} "
+                  f"--decode-only --only {pair}{merge}"]
+        lines += [f"keep_runs TMP/runs TMP/records/{arm}.{system}.seed{seed}.tar.xz "
+                  f"study_{study}/runs/{system}/seed{seed}" for system, seed in items[i:i + 2]]
+    return lines
 
 
 def test_the_sequential_study_takes_its_looks_in_turn_until_the_stopping_rule_says_stop(tmp_path: Path) -> None:
-    """Each look trains, decodes and keeps one seed block at a time (each block's runs without weights, to commit),
-    then scores every seed so far with the family file and the three decoders and keeps the look's files; the
-    natural-length arm follows the first look; the stopping rule reads every look taken so far, and a stop ends
-    the study before its last planned look."""
+    """Each look trains, decodes and keeps its runs two at a time (seed 1's five systems, then seed 2's: a pair may
+    span two seeds; each run kept without its weights, to commit), then scores every seed so far with the family
+    file and the three decoders and keeps the look's files; the natural-length arm follows the first look; the
+    stopping rule reads every look taken so far, and a stop ends the study before its last planned look."""
     def look(k: int, n: int, first: int = 1) -> list[str]:
-        return [*(line for seed in range(first, n + 1) for line in _block("short", seed)),
+        return [*_queue_of("short", n, first),
                 f"step TMP/score-wt look-{k}: scoring at {n} seeds per system | --name s {SHORT_DECODING} --seeds {n} "
                 "--score-only", f"kept TMP/runs/study_extrapolation-sequential TMP/looks/look-{k}"]
 
-    natural = [*(line for seed in (1, 2, 3) for line in _block("natural", seed)),
+    natural = [*_queue_of("natural", 3),
                "step TMP/score-wt natural: scoring at 3 seeds per system | --name n --decoders beam5,greedy --seeds 3 "
                "--score-only", "kept TMP/runs/study_extrapolation-sequential-natural TMP/looks/natural"]
+    assert natural[0].startswith("step TMP/score-wt natural arm, sinusoidal:1,learnable:1: training") and \
+        natural[2 * 4].startswith("step TMP/score-wt natural arm, rope:1,sinusoidal:2: training")  # across seeds
 
     def rule(k: int) -> str:
         return "stop-rule bench/study_stop.py " + " ".join(f"TMP/looks/look-{i}" for i in range(1, k + 1))
@@ -283,29 +294,35 @@ def test_the_sequential_study_takes_its_looks_in_turn_until_the_stopping_rule_sa
     restore = "restore_runs TMP/runs/kept TMP/records/*.tar.xz"
     rc, log = _looks(tmp_path, "3 6 8", ["continue: 20 of 24 tests are open at look 1 of 3",
                                          "stop: every test is resolved or futile"])
-    assert rc == 0 and log == [restore, *look(1, 3), *natural, rule(1), *look(2, 6, first=4), rule(2)]
-    # Started again (a new machine, a killed queue): the looks and blocks already kept are not run again, and the
+    assert rc == 0 and log == ["same_training", restore, *look(1, 3), *natural, rule(1), *look(2, 6, first=4),
+                               rule(2)]
+    # Started again (a new machine, a killed queue): the looks and runs already kept are not run again, and the
     # kept runs unpacked are merged into each step of their arm.
     (tmp_path / "log").unlink()
     (tmp_path / "n").unlink()
     (tmp_path / "verdict1").write_text("continue: 2 of 24 tests are open at look 2 of 3\n")
     (tmp_path / "verdict2").write_text("stop: the last planned look (8 seeds per system)\n")
     (tmp_path / "runs" / "kept" / "study_extrapolation-sequential" / "runs").mkdir(parents=True)
+    (tmp_path / "records" / "short.sinusoidal.seed7.tar.xz").touch()  # kept before the machine was lost
     rc, log = _looks(tmp_path, "3 6 8", [])
     merge = " --merge TMP/runs/kept/study_extrapolation-sequential"
-    kept = " ".join(f"TMP/records/{arm}.seed{k}.tar.xz" for arm, n in (("natural", 3), ("short", 6))
-                    for k in range(1, n + 1))
-    assert rc == 0 and log == [f"restore_runs TMP/runs/kept {kept}", rule(1), rule(2),
-                               *_block("short", 7, merge), *_block("short", 8, merge),
+    kept = " ".join(sorted([*(f"TMP/records/{arm}.{system}.seed{k}.tar.xz" for arm, n in (("natural", 3), ("short", 6))
+                              for k in range(1, n + 1) for system in SYSTEMS),
+                            "TMP/records/short.sinusoidal.seed7.tar.xz"]))
+    queue = _queue_of("short", 8, 7, merge, kept=(("sinusoidal", 7),))
+    assert queue[0] == (f"step TMP/score-wt short arm, learnable:7,alibi:7: training | --name s --seeds 8 "
+                        f"--train-only --only learnable:7,alibi:7{merge}")
+    assert rc == 0 and log == ["same_training", f"restore_runs TMP/runs/kept {kept}", rule(1), rule(2), *queue,
                                f"step TMP/score-wt look-3: scoring at 8 seeds per system | --name s {SHORT_DECODING} "
                                f"--seeds 8 --score-only{merge}",
                                "kept TMP/runs/study_extrapolation-sequential TMP/looks/look-3", rule(3)]
 
 
 def test_a_failed_step_stops_the_sequential_study_before_the_stopping_rule(tmp_path: Path) -> None:
-    rc, log = _looks(tmp_path, "3 6 8", ["continue: x"], fail="natural arm, seed 2: decoding")
-    assert rc == 1 and log[-1].startswith("step TMP/score-wt natural arm, seed 2: decoding")
-    assert "keep_runs TMP/runs TMP/records/natural.seed2.tar.xz" not in "\n".join(log)
+    rc, log = _looks(tmp_path, "3 6 8", ["continue: x"], fail="natural arm, t5:2,rope:2: decoding")
+    assert rc == 1 and log[-1].startswith("step TMP/score-wt natural arm, t5:2,rope:2: decoding")
+    assert "TMP/records/natural.t5.seed2.tar.xz" not in "\n".join(log)
+    assert "TMP/records/natural.alibi.seed2.tar.xz" in "\n".join(log)  # the pairs before it are kept
     assert not any(line.startswith("stop-rule") for line in log)
 
 
@@ -347,27 +364,29 @@ def _git(repo: Path, *args: str) -> None:
 
 def test_a_look_waits_until_every_record_of_its_seeds_is_committed_unchanged(tmp_path: Path) -> None:
     """A look is scored from committed records only (a later look on a new machine merges those same runs): until
-    every block archive of its seeds is tracked and unchanged, the study says once that it waits, and waits."""
+    every run's archive of its seeds is tracked and unchanged, the study says once that it waits, and waits."""
     records = tmp_path / "records"
     records.mkdir()
     _git(tmp_path, "init", "-q")
     for seed in (1, 2):
-        (records / f"short.seed{seed}.tar.xz").write_bytes(b"block %d" % seed)
-    call = (f"ROOT={tmp_path}; KEEP={records}; RECORD_POLL=0.05\n" + _function("recorded", SEQUENTIAL)
-            + "\nrecorded short 2\n")
+        for system in ("sinusoidal", "rope"):
+            (records / f"short.{system}.seed{seed}.tar.xz").write_bytes(b"%s %d" % (system.encode(), seed))
+    call = (f'ROOT={tmp_path}; KEEP={records}; RECORD_POLL=0.05; SYSTEMS="sinusoidal rope"\n'
+            + _function("record", SEQUENTIAL) + "\n" + _function("recorded", SEQUENTIAL) + "\nrecorded short 2\n")
 
     def recorded() -> subprocess.CompletedProcess:
         return subprocess.run(["timeout", "1", "bash", "-c", call], capture_output=True, text=True)
 
-    _git(tmp_path, "add", "records/short.seed1.tar.xz")
-    _git(tmp_path, "commit", "-qm", "seed 1")
-    res = recorded()  # seed 2's record is not committed
+    for name in ("short.sinusoidal.seed1.tar.xz", "short.rope.seed1.tar.xz", "short.sinusoidal.seed2.tar.xz"):
+        _git(tmp_path, "add", f"records/{name}")
+    _git(tmp_path, "commit", "-qm", "three runs")
+    res = recorded()  # seed 2's rope run is not committed
     assert res.returncode == 124 and res.stdout.count("\n") == 1 and res.stdout.strip().endswith(
-        f"waiting for {records}/short.seed2.tar.xz to be committed (a look is scored from committed records)")
+        f"waiting for {records}/short.rope.seed2.tar.xz to be committed (a look is scored from committed records)")
     _git(tmp_path, "add", "records")
-    _git(tmp_path, "commit", "-qm", "seed 2")
+    _git(tmp_path, "commit", "-qm", "the fourth")
     assert recorded().returncode == 0
-    (records / "short.seed1.tar.xz").write_bytes(b"trained again")  # changed since its commit
+    (records / "short.rope.seed1.tar.xz").write_bytes(b"trained again")  # changed since its commit
     assert recorded().returncode == 124
 
 
@@ -440,3 +459,34 @@ def test_a_pinned_worktree_deleted_by_hand_is_made_again(tmp_path: Path) -> None
         assert res.returncode == 0, res.stdout + res.stderr
         assert (tmp_path / "wt" / "README.md").read_text() == "x" and (tmp_path / "wt" / ".venv" / "bin").is_dir()
         subprocess.run(["rm", "-rf", str(tmp_path / "wt")], check=True)
+
+
+def test_the_study_starts_only_once_its_commit_is_checked_to_train_as_the_pilots(tmp_path: Path) -> None:
+    """``same_training``: bench/same_training.py (the pilot's checkout against the study's, the design's keys) is
+    run once; its JSON is kept in records/ to be committed; if it says the two differ, the study does not start."""
+    score = tmp_path / "score-wt"
+    (score / ".venv" / "bin").mkdir(parents=True)
+    python = score / ".venv" / "bin" / "python"
+    python.write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path}/log\n'
+                      f'[ -f {tmp_path}/differs ] && exit 1\nout=${{@: -1}}\necho "{{}}" > "$out"\n')
+    python.chmod(0o755)
+    call = (f'KEEP={tmp_path}/records; SCORE_WT={score}; PILOT_WT=P; SCORE_COMMIT=abc; PILOT_COMMIT=7186bb6; '
+            f'SYSTEMS="sinusoidal rope"; SETS="--set train.cooldown=0.2"\n'
+            + _function("same_training", SEQUENTIAL) + "\nsame_training\n")
+    (tmp_path / "records").mkdir()
+    (tmp_path / "differs").touch()
+    res = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and res.stdout.strip().splitlines()[-1].endswith(
+        "abc does not train as 7186bb6 does: the study does not start")
+    assert not (tmp_path / "records" / "same_training.json").exists()
+    assert (tmp_path / "log").read_text().split("\n")[0] == (
+        f"bench/same_training.py P . --preset train-short-test-long --variants sinusoidal,rope --steps 30 "
+        f"--eval-every 10 --set train.cooldown=0.2 --set train.valid_bleu_sentences=16 --out "
+        f"{tmp_path}/records/same_training.json.partial")
+    (tmp_path / "differs").unlink()
+    res = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and res.stdout.strip().endswith(f"{tmp_path}/records/same_training.json (commit it)")
+    assert (tmp_path / "records" / "same_training.json").read_text() == "{}\n"
+    (tmp_path / "log").unlink()
+    assert subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30).returncode == 0
+    assert not (tmp_path / "log").exists()  # checked once

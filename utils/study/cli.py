@@ -162,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "attention statistics: all that needs their weights, which may then be deleted or left "
                             "behind on this machine; no statistics, no report (e.g. between a sequential study's "
                             "looks); refuse, decoding nothing, if a run is not trained")
+    parser.add_argument("--only", metavar="LABEL:SEED,...",
+                        help="with --train-only or --decode-only: only these runs of the study, each a trained "
+                             "variant's label and one of seeds 1..--seeds (e.g. rope:3,sinusoidal:4): a study "
+                             "trained and decoded a few runs at a time, each kept once decoded")
     launch = parser.add_argument_group("launcher")
     launch.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="where the train.py and test.py commands run (the study itself runs here): local, "
@@ -235,6 +239,28 @@ def _systems(parser: argparse.ArgumentParser, args: argparse.Namespace
     if not (args.config and args.grid):
         parser.error("give --preset NAME, or --config CONFIG with at least one --grid")
     return args.config, grid_variants(args.grid), None, {}
+
+
+def _only(parser: argparse.ArgumentParser, args: argparse.Namespace, labels: list[str]
+          ) -> list[tuple[str, int]] | None:
+    """``--only``'s runs as (label, seed), in its order; None without it. One line and exit 2 for an item that is
+    no run of the study, or without --train-only or --decode-only (statistics and a report read every run)."""
+    if args.only is None:
+        return None
+    if not (args.train_only or args.decode_only):
+        parser.error("--only trains or decodes some runs (--train-only or --decode-only); statistics and a report "
+                     "read every run of the study")
+    runs: list[tuple[str, int]] = []
+    for item in (x.strip() for x in args.only.split(",")):
+        label, _, seed = item.rpartition(":")
+        if label not in labels:
+            parser.error(f"--only {item!r}: not LABEL:SEED with a label of the study's variants "
+                         f"({', '.join(labels)})")
+        if not seed.isdigit() or not 1 <= int(seed) <= args.seeds:
+            parser.error(f"--only {item!r}: the seed must be one of 1..{args.seeds} (--seeds {args.seeds})")
+        if (label, int(seed)) not in runs:
+            runs.append((label, int(seed)))
+    return runs
 
 
 def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace, variants: list[Variant],
@@ -357,6 +383,7 @@ def define(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Study:
     baseline = args.baseline or baseline or labels[0]
     if baseline not in labels:
         parser.error(f"--baseline {baseline!r} is not a variant; variants: {', '.join(labels)}")
+    args.only = _only(parser, args, labels)
 
     from utils.config import load_config
 

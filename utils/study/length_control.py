@@ -104,21 +104,25 @@ class _System:
 
 
 def _systems(rule: LengthRule, jobs: list[Any]) -> list[_System]:
-    """Each of ``rule.systems``: a trained variant's label, or ``LABEL+TAG``, its test variant ``TAG``."""
+    """Each of ``rule.systems`` with runs among ``jobs`` (all of them, or a study's ``--only``): a trained variant's
+    label, or ``LABEL+TAG``, its test variant ``TAG``."""
     labels = {j.variant.label for j in jobs}
     out = []
     for name in rule.systems:
-        label, tag = (name, None) if name in labels else name.rsplit("+", 1)
+        label, tag = (name, None) if name in labels or "+" not in name else name.rsplit("+", 1)
         mine = [j for j in jobs if j.variant.label == label]
-        out.append(_System(name, tag, list(mine[0].variant.tests[tag]) if tag else [], mine))
+        if mine:
+            out.append(_System(name, tag, list(mine[0].variant.tests[tag]) if tag else [], mine))
     return out
 
 
 def _lowercase(rule: LengthRule, jobs: list[Any], runs: dict[str, Path]) -> bool:
-    """Whether the baseline's first run scores case-insensitively (its tokenizer lowercases), as the report does."""
+    """Whether the baseline's first run (without it among ``jobs``, the first job's) scores case-insensitively (its
+    tokenizer lowercases), as the report does."""
     from utils.study.runs import run_cfg
 
-    return bool(run_cfg(runs[next(j.key for j in jobs if j.variant.label == rule.systems[0])]).tokenizer.lowercase)
+    first = next((j for j in jobs if j.variant.label == rule.systems[0]), jobs[0])
+    return bool(run_cfg(runs[first.key]).tokenizer.lowercase)
 
 
 def score_length(rule: LengthRule, jobs: list[Any], runs: dict[str, Path], steps: dict[str, int], checkpoint: str,

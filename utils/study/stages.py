@@ -72,6 +72,12 @@ class Study:
                 for v in self.variants for seed in self.seeds]
 
     @property
+    def selected(self) -> list[Job]:
+        """The jobs this command trains or decodes: every job, or those ``--only`` names."""
+        only = getattr(self.args, "only", None)
+        return self.jobs if only is None else [j for j in self.jobs if (j.variant.label, j.seed) in only]
+
+    @property
     def spec_file(self) -> Path:
         return self.folder / "study.json"
 
@@ -104,7 +110,7 @@ def _train_commands(study: Study, steps: dict[str, int]) -> Commands:
     trained."""
     args, todo = study.args, []
     trains = not (args.score_only or args.decode_only)
-    for job in study.jobs:
+    for job in study.selected:
         if not trains and (pid := training_elsewhere(job.root)) is not None:  # refused later, without waiting
             todo.append((f"train {job.key} (pid {pid} trains it)", [], job.root / "study.log"))
             continue
@@ -156,14 +162,16 @@ def train(study: Study) -> dict[str, int]:
     _settle_family(study)
     if (study.args.score_only or study.args.decode_only) and todo:
         stage = "--score-only" if study.args.score_only else "--decode-only"
-        raise ConfigError(f"{stage}: {len(todo)} of {len(study.jobs)} runs are not trained to the budget "
+        raise ConfigError(f"{stage}: {len(todo)} of {len(study.selected)} runs are not trained to the budget "
                           f"({', '.join(key.removeprefix('train ') for key, _, _ in todo)}); nothing was trained "
                           "or scored: train them first (--train-only)")
     from utils.io import atomic_write_text
 
     atomic_write_text(study.spec_file, json.dumps(study.spec, indent=1) + "\n")
-    jobs = study.jobs
-    print(f"study {study.name}: {len(jobs)} runs, {len(jobs) - len(todo)} trained, {len(todo)} to train", flush=True)
+    jobs = study.selected
+    some = f" (--only {len(jobs)} of its {len(study.jobs)})" if len(jobs) < len(study.jobs) else ""
+    print(f"study {study.name}: {len(jobs)} runs{some}, {len(jobs) - len(todo)} trained, {len(todo)} to train",
+          flush=True)
     labels = {label for label, _, _ in todo}
     training = [job.root for job in jobs if f"train {job.key}" in labels]
     record_runs(training, ROOT)  # a run resumed now: this commit trains it on (utils.study.provenance)
@@ -177,7 +185,7 @@ def _test_commands(study: Study, runs: dict[str, Path | None], steps: dict[str, 
     """One test.py per run and system (trained or test variant) with the decoders not yet scored on every split;
     ``steps`` gets the scored step of each run trained (or linked) just now."""
     args, todo = study.args, []
-    for job in study.jobs:
+    for job in study.selected:
         run = runs[job.key]
         assert run is not None
         if job.key not in steps:  # trained (or linked) just now
@@ -224,11 +232,11 @@ def score(study: Study, steps: dict[str, int], every_floor: bool = False) -> Sco
     corpus = load_corpus(study.data)
     args = study.args
     sizes = {s: min(len(corpus[s]), args.max_sentences or len(corpus[s])) for s in study.splits}
-    found = {job.key: find_run(job.root) for job in study.jobs}
+    found = {job.key: find_run(job.root) for job in study.selected}
     todo = _test_commands(study, found, steps, sizes)  # every run found: asserted there
     runs = {key: run for key, run in found.items() if run is not None}
     study.run(todo)
-    choice = score_length(study.length, study.jobs, runs, steps, args.checkpoint, args.max_sentences, sizes,
+    choice = score_length(study.length, study.selected, runs, steps, args.checkpoint, args.max_sentences, sizes,
                           study.data, study.run, every_floor) if study.length else {}
     return Scored(runs, steps, corpus, choice)
 
@@ -238,7 +246,7 @@ def attention(study: Study, scored: Scored) -> list[str]:
     is said so, unless its cache holds the scored step's. The runs without them, by job key."""
     args, runs, steps = study.args, scored.runs, scored.steps
     lacking = []
-    for job in study.jobs:
+    for job in study.selected:
         if RunDir(runs[job.key]).checkpoint(args.checkpoint).is_file():
             compute_attention(runs[job.key], args.checkpoint, args.attention_sentences, steps[job.key])
         elif (read_attention(runs[job.key], args.checkpoint, args.attention_sentences) or {}).get(
