@@ -1,15 +1,15 @@
 """Do two checkouts of the code train the same models? Each system of a study preset is trained, with the same
 ``train.py`` command, by both checkouts (each its own ``.venv``), one CPU thread per run and the two checkouts'
 runs side by side; then every tensor of their last checkpoints (weights, EMA, optimizer and scheduler state) is
-compared bit for bit, and so are the values of the resolved configs (``config.yaml``) that both versions have (a key
-one of them lacks is a newer key, listed apart: its default keeps the older behaviour).
+compared bit for bit, and so are the resolved configs (``config.yaml``): a key only the second (newer) checkout has
+is listed apart (its default keeps the older behaviour), any other difference counts.
 
     python bench/same_training.py ../pilot-wt . --preset train-short-test-long --steps 12 --eval-every 6 \\
         --set train.cooldown=0.2 --set train.ema_decay=0.99 --out runs/same_training.json
 
 A checkout is a folder holding ``train.py`` and ``.venv`` (``bench/worktree.sh``'s ``worktree`` makes one pinned
-at a commit). Prints one row per system (identical, or the first tensor that differs and by how much) and exits 1
-if any differs.
+at a commit); the second is the newer one. Prints one row per system (identical, or the first values that differ, a
+tensor with its largest difference) and exits 3 if any system differs.
 """
 
 from __future__ import annotations
@@ -28,10 +28,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from utils.cli import add_set_arg, run_main, set_flags  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 
+#: Exit status when the two checkouts do not train the same (1 is a crash, 2 a bad command line).
+DIFFERS = 3
+FIRST_ONLY, SECOND_ONLY = ": in the first only", ": in the second only"
+
+
+def _bits(t: Any) -> Any:
+    """A tensor's bits as integers of its element size (-0.0 and 0.0 differ, a NaN equals its own bits)."""
+    import torch
+
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.contiguous().view(ints[t.element_size()]) if t.is_floating_point() or t.is_complex() else t
+
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
-    """Where two checkpoint values differ: a tensor not bit-identical (with its largest absolute difference), a
-    number, string or key not the same. ``[]``: identical."""
+    """Where two checkpoint values differ: a tensor not the same bits (with its largest absolute difference), a
+    number or string not the same, a key in the first or the second only. ``[]``: identical."""
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -39,12 +51,13 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
             return [f"{path}: a tensor in one, {type(b if isinstance(a, torch.Tensor) else a).__name__} in the other"]
         if a.shape != b.shape or a.dtype != b.dtype:
             return [f"{path}: {tuple(a.shape)} {a.dtype} against {tuple(b.shape)} {b.dtype}"]
-        if torch.equal(a, b):
+        if torch.equal(_bits(a), _bits(b)):
             return []
         gap = (a.double() - b.double()).abs().max().item() if a.is_floating_point() else float("nan")
         return [f"{path}: differs (largest difference {gap:.3g})"]
     if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{path}/{k}: in one only" for k in sorted(set(a) ^ set(b), key=str)]
+        out = sorted([f"{path}/{k}{FIRST_ONLY}" for k in set(a) - set(b)] +
+                     [f"{path}/{k}{SECOND_ONLY}" for k in set(b) - set(a)])
         for k in sorted(set(a) & set(b), key=str):
             out += differences(a[k], b[k], f"{path}/{k}")
         return out
@@ -64,15 +77,15 @@ def train_both(checkouts: list[Path], args: list[str], runs: Path) -> list[Path]
         procs.append((subprocess.Popen([str(code / ".venv" / "bin" / "python"), "train.py", "--runs",
                                         str(runs / str(i)), *args], cwd=code, env=env, stdout=log, stderr=log,
                                        stdin=subprocess.DEVNULL), log))
-    folders = []
-    for i, (proc, log) in enumerate(procs):
-        code = proc.wait()
+    codes = []
+    for proc, log in procs:  # both waited for: none left writing into a folder about to be deleted
+        codes.append(proc.wait())
         log.close()
+    for i, code in enumerate(codes):
         if code != 0:
             tail = (runs / f"{i}.log").read_text(encoding="utf-8").strip().splitlines()[-1:]
             raise ConfigError(f"{checkouts[i]}: train.py failed (exit {code}): {' '.join(tail)}")
-        folders.append(run_dirs(runs / str(i))[-1])
-    return folders
+    return [run_dirs(runs / str(i))[-1] for i in range(len(checkouts))]
 
 
 def compare(checkouts: list[Path], preset: str, labels: list[str] | None, sets: list[str], steps: int,
@@ -104,16 +117,18 @@ def compare(checkouts: list[Path], preset: str, labels: list[str] | None, sets: 
             folders = train_both(checkouts, ["--config", config or chosen.config, *set_flags(overrides)], runs)
             configs = [yaml.safe_load(RunDir(f).config.read_text(encoding="utf-8")) for f in folders]
             ckpts = [load_checkpoint(RunDir(f).last) for f in folders]
-            # A key one version has and the other lacks is a newer key (its default keeps the older behaviour, as
-            # every run an older version wrote keeps loading): said, not a difference; a value both have is compared.
-            config = differences(configs[0], configs[1], "config")
-            newer = [d.removesuffix(": in one only") for d in config if d.endswith(": in one only")]
-            found = [d for d in config if not d.endswith(": in one only")] + differences(ckpts[0], ckpts[1], "last.pt")
+            # A key only the second (newer) checkout has is a newer key (its default keeps the older behaviour, as
+            # every run an older version wrote keeps loading): said, not a difference. A key the second lacks, or a
+            # value both have and differ in, is a difference.
+            in_config = differences(configs[0], configs[1], "config")
+            newer = [d.removesuffix(SECOND_ONLY) for d in in_config if d.endswith(SECOND_ONLY)]
+            found = ([d for d in in_config if not d.endswith(SECOND_ONLY)]
+                     + differences(ckpts[0], ckpts[1], "last.pt"))
             tensors = sum(1 for _ in _tensors(ckpts[0]))
             rows.append({"system": v.label, "identical": not found, "tensors": tensors, "differences": found[:5],
-                         "keys_in_one_only": newer, "overrides": overrides})
+                         "keys_in_second_only": newer, "overrides": overrides})
             print(f"  {'identical' if not found else 'DIFFERENT: ' + '; '.join(found[:3])} ({tensors} tensors"
-                  + (f"; keys in one config only: {', '.join(newer)}" if newer else "") + ")", flush=True)
+                  + (f"; keys in the second config only: {', '.join(newer)}" if newer else "") + ")", flush=True)
     return rows
 
 
@@ -158,7 +173,7 @@ def main() -> int:
         atomic_write_text(args.out, json.dumps({"checkouts": [str(c) for c in args.checkouts], "commits": commits,
                                                 "steps": args.steps, "eval_every": args.eval_every,
                                                 "sets": args.overrides, "rows": rows}, indent=1) + "\n")
-    return 0 if same else 1
+    return 0 if same else DIFFERS
 
 
 if __name__ == "__main__":

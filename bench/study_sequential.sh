@@ -123,18 +123,39 @@ PY
         done
     }
 
-    same_training() {  # the study's commit trains as the pilot's does (checked once, kept in records/)
-        local out=$KEEP/same_training.json
-        [ -f "$out" ] && return 0
+    same_training() {  # the study's commit trains as the pilot's does: checked once (the warmup shortened so that
+        # 30 steps cover the warmup, the inverse-square-root decay and the cool-down), kept in records/ to be committed
+        local out=$KEEP/same_training.json rc
+        if [ -f "$out" ]; then  # a check made before: of these two commits, and every system identical
+            "$SCORE_WT/.venv/bin/python" - "$out" "$PILOT_COMMIT" "$SCORE_COMMIT" "$SYSTEMS" <<'PY' && return 0
+import json, sys
+d = json.load(open(sys.argv[1]))
+same = lambda a, b: a.startswith(b) or b.startswith(a)  # short hashes of either length
+ok = (len(d["commits"]) == 2 and same(d["commits"][0], sys.argv[2]) and same(d["commits"][1], sys.argv[3])
+      and [r["system"] for r in d["rows"]] == sys.argv[4].split() and all(r["identical"] for r in d["rows"]))
+sys.exit(0 if ok else 1)
+PY
+            echo "== $(date -Is) $out is not a check of $SCORE_COMMIT against $PILOT_COMMIT with every system" \
+                "identical: the study does not start"
+            return 1
+        fi
         echo "== $(date -Is) checking that $SCORE_COMMIT trains the study's systems as $PILOT_COMMIT does"
         # shellcheck disable=SC2086  # the option string splits into words on purpose
         (cd "$SCORE_WT" && .venv/bin/python bench/same_training.py "$PILOT_WT" . --preset train-short-test-long \
-            --variants "${SYSTEMS// /,}" --steps 30 --eval-every 10 $SETS --set train.valid_bleu_sentences=16 \
-            --out "$out.partial") && mv "$out.partial" "$out" &&
-            echo "== $(date -Is) $SCORE_COMMIT trains as $PILOT_COMMIT does: $out (commit it)" || {
-            echo "== $(date -Is) $SCORE_COMMIT does not train as $PILOT_COMMIT does: the study does not start"
-            return 1
-        }
+            --variants "${SYSTEMS// /,}" --steps 30 --eval-every 10 $SETS --set train.warmup_tokens=35000 \
+            --set train.valid_bleu_sentences=16 --out "$out.partial")
+        rc=$?
+        if [ "$rc" = 0 ] && mv "$out.partial" "$out"; then
+            echo "== $(date -Is) $SCORE_COMMIT trains as $PILOT_COMMIT does: $out (commit it)"
+            return 0
+        elif [ "$rc" = 3 ]; then
+            echo "== $(date -Is) $SCORE_COMMIT does not train as $PILOT_COMMIT does ($out.partial): the study does" \
+                "not start"
+        else
+            echo "== $(date -Is) the check that $SCORE_COMMIT trains as $PILOT_COMMIT does failed (exit $rc):" \
+                "the study does not start"
+        fi
+        return 1
     }
 
     recorded() {  # recorded ARM SEEDS: once every run of the arm's seeds is committed as kept (tracked, unchanged):

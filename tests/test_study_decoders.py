@@ -130,7 +130,8 @@ def _fake_study(tmp: Path) -> dict[str, Any]:
     def score(every_floor: bool = False) -> dict[str, Any]:
         return score_length(rule, jobs, runs, steps, "best", None, sizes, data, fake_test_py, every_floor)
 
-    return {"rule": rule, "jobs": jobs, "runs": runs, "references": references, "rounds": rounds, "score": score}
+    return {"rule": rule, "jobs": jobs, "runs": runs, "references": references, "rounds": rounds, "score": score,
+            "test_py": fake_test_py, "data": data}
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +261,19 @@ def test_the_natural_length_arm_trains_the_same_systems_on_every_length_and_test
     monkeypatch.setitem(REGISTRY["attention"], "later", type("Later", (), {"causal_only": False}))
     assert [v.label for v in presets()["train-short-test-long"].variants] == list(own)
     assert [v.label for v in presets()["train-natural-test-long"].variants] == list(own)
+
+
+def test_a_few_runs_decoded_at_every_floor_leave_the_others_alone(tmp_path: Path) -> None:
+    """``score_length`` on some of a study's runs (``--decode-only --only``): only theirs decoded; a system of the
+    rule without runs among them is left out, a trained variant named LABEL+TAG (not a test variant of LABEL)
+    included."""
+    study = _fake_study(tmp_path)
+    base = [j for j in study["jobs"] if j.variant.label == "base"]
+    rule = LengthRule("validation.x4", ("test", "test.x4"), ("base", "base+x"))  # base+x: trained, not chosen here
+    choice = score_length(rule, base[1:], study["runs"], {j.key: 8 for j in base}, "best", None,
+                          {s: len(study["references"][s]) for s in rule.splits}, study["data"], study["test_py"],
+                          every_floor=True)
+    decoded = [argv for r in study["rounds"] for argv in r]
+    assert list(choice) == ["base"] and len(decoded) == len(rule.grid) + len(rule.grid) - 1
+    assert {argv[argv.index("--model_path") + 1] for argv in decoded} == {
+        str(study["runs"]["base seed 2"] / "checkpoints" / "best.pt")}

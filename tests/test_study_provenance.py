@@ -148,3 +148,16 @@ def test_merge_takes_matching_runs_and_refuses_another_config_in_one_line(
     line = provenance_lines({"provenance": provenance})[0]
     assert line.startswith("Provenance: **the runs come from 2 commits, not one**: ")
     assert "ffffff (attention_pe=none seed 3; attention_pe=rope seed 3)" in line
+    assert provenance_lines({"provenance": provenance})[2:] == []  # no run recorded its CPU: nothing said
+    # The CPU each kept run recorded (keep_runs' cpu.txt in its seed folder): one seed split across two CPUs is named.
+    for job in jobs:
+        cpu = "Intel(R) Xeon(R) Platinum 8488C" if job.key == "attention_pe=rope seed 3" else "AMD EPYC 9R14"
+        (job.root / "cpu.txt").write_text(f"Model name:                           {cpu}\nFlags: fpu vme\n")
+    (jobs[0].root / "cpu.txt").write_text("Flags: fpu\n")  # no model name: not recorded
+    cpus = run_provenance(jobs, found)
+    assert cpus["runs"]["attention_pe=none seed 2"]["cpu"] == "AMD EPYC 9R14"
+    assert "cpu" not in cpus["runs"]["attention_pe=none seed 1"]
+    assert provenance_lines({"provenance": cpus})[2:] == [
+        "CPUs that trained the runs (each kept run's cpu.txt): AMD EPYC 9R14 (4 runs); Intel(R) Xeon(R) Platinum "
+        "8488C (1 run); not recorded for 1 run. **Seed 3: its systems were trained on more than one CPU** (a replaced "
+        "machine), so the CPUs' last-bit differences fall inside the contrasts of that seed.", ""]

@@ -5,8 +5,10 @@ not run again (the study's step at 2,250 and the continuation are wrapped so).""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from conftest import ROOT
@@ -462,31 +464,46 @@ def test_a_pinned_worktree_deleted_by_hand_is_made_again(tmp_path: Path) -> None
 
 
 def test_the_study_starts_only_once_its_commit_is_checked_to_train_as_the_pilots(tmp_path: Path) -> None:
-    """``same_training``: bench/same_training.py (the pilot's checkout against the study's, the design's keys) is
-    run once; its JSON is kept in records/ to be committed; if it says the two differ, the study does not start."""
+    """``same_training``: bench/same_training.py (the pilot's checkout against the study's, the design's keys, a
+    short warmup) is run once and its JSON kept in records/ to be committed; "different" (exit 3) and a failed
+    check (any other) are said apart, and the study does not start; a kept check is read again, and one of other
+    commits or with a system not identical is refused."""
     score = tmp_path / "score-wt"
     (score / ".venv" / "bin").mkdir(parents=True)
     python = score / ".venv" / "bin" / "python"
-    python.write_text(f'#!/usr/bin/env bash\necho "$*" >> {tmp_path}/log\n'
-                      f'[ -f {tmp_path}/differs ] && exit 1\nout=${{@: -1}}\necho "{{}}" > "$out"\n')
+    doc = json.dumps({"commits": ["7186bb6", "abc1234"],
+                      "rows": [{"system": s, "identical": True} for s in ("sinusoidal", "rope")]})
+    python.write_text(f'#!/usr/bin/env bash\n[ "$1" = - ] && exec {sys.executable} "$@"\n'
+                      f'echo "$*" >> {tmp_path}/log\n[ -f {tmp_path}/rc ] && exit "$(cat {tmp_path}/rc)"\n'
+                      f"out=${{@: -1}}\necho '{doc}' > \"$out\"\n")
     python.chmod(0o755)
-    call = (f'KEEP={tmp_path}/records; SCORE_WT={score}; PILOT_WT=P; SCORE_COMMIT=abc; PILOT_COMMIT=7186bb6; '
+    call = (f'KEEP={tmp_path}/records; SCORE_WT={score}; PILOT_WT=P; SCORE_COMMIT=abc1; PILOT_COMMIT=7186bb6; '
             f'SYSTEMS="sinusoidal rope"; SETS="--set train.cooldown=0.2"\n'
             + _function("same_training", SEQUENTIAL) + "\nsame_training\n")
+
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
+
     (tmp_path / "records").mkdir()
-    (tmp_path / "differs").touch()
-    res = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
-    assert res.returncode == 1 and res.stdout.strip().splitlines()[-1].endswith(
-        "abc does not train as 7186bb6 does: the study does not start")
-    assert not (tmp_path / "records" / "same_training.json").exists()
+    kept = tmp_path / "records" / "same_training.json"
+    for rc, said in (("3", "abc1 does not train as 7186bb6 does"), ("1", "the check that abc1 trains as 7186bb6 "
+                                                                        "does failed (exit 1)")):
+        (tmp_path / "rc").write_text(rc)
+        res = check()
+        assert res.returncode == 1 and said in res.stdout.strip().splitlines()[-1], res.stdout + res.stderr
+        assert res.stdout.strip().endswith("the study does not start") and not kept.exists()
     assert (tmp_path / "log").read_text().split("\n")[0] == (
-        f"bench/same_training.py P . --preset train-short-test-long --variants sinusoidal,rope --steps 30 "
-        f"--eval-every 10 --set train.cooldown=0.2 --set train.valid_bleu_sentences=16 --out "
-        f"{tmp_path}/records/same_training.json.partial")
-    (tmp_path / "differs").unlink()
-    res = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
-    assert res.returncode == 0 and res.stdout.strip().endswith(f"{tmp_path}/records/same_training.json (commit it)")
-    assert (tmp_path / "records" / "same_training.json").read_text() == "{}\n"
+        "bench/same_training.py P . --preset train-short-test-long --variants sinusoidal,rope --steps 30 "
+        "--eval-every 10 --set train.cooldown=0.2 --set train.warmup_tokens=35000 --set "
+        f"train.valid_bleu_sentences=16 --out {kept}.partial")
+    (tmp_path / "rc").unlink()
+    res = check()
+    assert res.returncode == 0 and res.stdout.strip().endswith(f"{kept} (commit it)") and kept.is_file()
     (tmp_path / "log").unlink()
-    assert subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30).returncode == 0
-    assert not (tmp_path / "log").exists()  # checked once
+    assert check().returncode == 0 and not (tmp_path / "log").exists()  # checked once, read again
+    kept.write_text(kept.read_text().replace('"rope", "identical": true', '"rope", "identical": false'))
+    assert '"identical": false' in kept.read_text()
+    res = check()
+    assert res.returncode == 1 and res.stdout.strip().endswith(
+        f"{kept} is not a check of abc1 against 7186bb6 with every system identical: the study does not start")
+    assert not (tmp_path / "log").exists()

@@ -106,13 +106,14 @@ class _System:
 def _systems(rule: LengthRule, jobs: list[Any]) -> list[_System]:
     """Each of ``rule.systems`` with runs among ``jobs`` (all of them, or a study's ``--only``): a trained variant's
     label, or ``LABEL+TAG``, its test variant ``TAG``."""
-    labels = {j.variant.label for j in jobs}
     out = []
     for name in rule.systems:
-        label, tag = (name, None) if name in labels or "+" not in name else name.rsplit("+", 1)
-        mine = [j for j in jobs if j.variant.label == label]
-        if mine:
-            out.append(_System(name, tag, list(mine[0].variant.tests[tag]) if tag else [], mine))
+        if mine := [j for j in jobs if j.variant.label == name]:  # a trained variant
+            out.append(_System(name, None, [], mine))
+        elif "+" in name:  # a test variant of a trained one (whose runs may all be left out)
+            label, tag = name.rsplit("+", 1)
+            if mine := [j for j in jobs if j.variant.label == label and tag in j.variant.tests]:
+                out.append(_System(name, tag, list(mine[0].variant.tests[tag]), mine))
     return out
 
 

@@ -107,7 +107,20 @@ def run_provenance(jobs: list, runs: dict[str, Path]) -> dict[str, Any]:
         out[job.key] = {"system": job.variant.label, "seed": job.seed,
                         "trained_by": (read(run) or {}).get("trained_by", []),
                         "config_sha256": config_sha256(load_config(RunDir(run).config).to_dict())}
+        if cpu := recorded_cpu(job.root):
+            out[job.key]["cpu"] = cpu
     return {"runs": out}
+
+
+def recorded_cpu(seed_folder: Path) -> str | None:
+    """The CPU that trained a kept run: the ``Model name`` line of its seed folder's ``cpu.txt`` (written by
+    ``keep_runs`` in bench/worktree.sh, lscpu's words); None where none was recorded."""
+    try:
+        text = (Path(seed_folder) / "cpu.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name:")),
+                None) or None
 
 
 def run_compute(jobs: list, runs: dict[str, Path], checkpoint: str, steps: dict[str, int] | None) -> dict[str, Any]:

@@ -155,6 +155,30 @@ def provenance_lines(results: dict[str, Any]) -> list[str]:
     mixed = [name for name, h in hashes.items() if len(h) > 1]
     line += (f"; **the seeds of {', '.join(mixed)} differ in config hash**" if mixed
              else "; each system's runs share one config hash") + " (each run's provenance.json)."
+    return [line, "", *_cpu_lines(runs)]
+
+
+def _cpu_lines(runs: dict[str, Any]) -> list[str]:
+    """Which CPUs trained the kept runs (their ``cpu.txt``), and each seed whose systems were trained on more than
+    one; nothing where no run recorded its CPU."""
+    cpus = {key: run["cpu"] for key, run in runs.items() if run.get("cpu")}
+    if not cpus:
+        return []
+    counts: dict[str, int] = {}
+    by_seed: dict[int, set[str]] = {}
+    for key, cpu in cpus.items():
+        counts[cpu] = counts.get(cpu, 0) + 1
+        by_seed.setdefault(runs[key]["seed"], set()).add(cpu)
+    line = "CPUs that trained the runs (each kept run's cpu.txt): " + "; ".join(
+        f"{cpu} ({n} run{'s' if n > 1 else ''})" for cpu, n in sorted(counts.items()))
+    if unknown := len(runs) - len(cpus):
+        line += f"; not recorded for {unknown} run{'s' if unknown > 1 else ''}"
+    split = sorted(seed for seed, found in by_seed.items() if len(found) > 1)
+    many = len(split) > 1
+    line += (f". **{'Seeds' if many else 'Seed'} {', '.join(map(str, split))}: {'their' if many else 'its'} systems "
+             "were trained on more than one CPU** (a replaced machine), so the CPUs' last-bit differences fall inside "
+             f"the contrasts of {'those seeds' if many else 'that seed'}." if split
+             else ". Every seed's systems were trained on one CPU.")
     return [line, ""]
 
 
