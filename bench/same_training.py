@@ -123,7 +123,7 @@ def compare(checkouts: list[Path], preset: str, labels: list[str] | None, sets: 
             in_config = differences(configs[0], configs[1], "config")
             newer = [d.removesuffix(SECOND_ONLY) for d in in_config if d.endswith(SECOND_ONLY)]
             found = ([d for d in in_config if not d.endswith(SECOND_ONLY)]
-                     + differences(ckpts[0], ckpts[1], "last.pt"))
+                     + differences(ckpts[0], ckpts[1], RunDir(folders[0]).last.name))
             tensors = sum(1 for _ in _tensors(ckpts[0]))
             rows.append({"system": v.label, "identical": not found, "tensors": tensors, "differences": found[:5],
                          "keys_in_second_only": newer, "overrides": overrides})
