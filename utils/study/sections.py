@@ -164,10 +164,11 @@ def _cpu_lines(runs: dict[str, Any]) -> list[str]:
     cpus = {key: run["cpu"] for key, run in runs.items() if run.get("cpu")}
     if not cpus:
         return []
-    counts: dict[str, int] = {}
+    from collections import Counter
+
+    counts = Counter(cpus.values())
     by_seed: dict[int, set[str]] = {}
     for key, cpu in cpus.items():
-        counts[cpu] = counts.get(cpu, 0) + 1
         by_seed.setdefault(runs[key]["seed"], set()).add(cpu)
     line = "CPUs that trained the runs (each kept run's cpu.txt): " + "; ".join(
         f"{cpu} ({n} run{'s' if n > 1 else ''})" for cpu, n in sorted(counts.items()))
