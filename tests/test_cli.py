@@ -504,3 +504,26 @@ def test_logs_go_to_the_current_stderr_not_one_closed_since(monkeypatch: pytest.
     logging.getLogger("config").warning("--set %s has no effect", "model.rope.factor=2")
     assert second.getvalue().splitlines()[-1].endswith("config: --set model.rope.factor=2 has no effect")
     assert "Logging error" not in second.getvalue()
+
+
+def test_a_command_that_needs_no_torch_starts_without_it_and_its_errors_stay_one_line() -> None:
+    """bench/sequential_design.py (boundaries and power: scipy, no model) runs without importing torch, the
+    several seconds a process takes to import it; run_main still turns a user's bad input into one line, and a
+    ConfigError raised by a command that imported only the config schema too."""
+    watch = "import atexit, sys; atexit.register(lambda: print('torch' in sys.modules, file=sys.stderr)); "
+    design = subprocess.run([sys.executable, "-c", watch + "import runpy; sys.argv = ['bench/sequential_design.py', "
+                             "'--looks', '6,12', '--family', '2', '--residual-sd', '1.3', '--effect', '1.0']; "
+                             "runpy.run_path('bench/sequential_design.py', run_name='__main__')"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert design.returncode == 0 and "| 12 |" in design.stdout, design.stderr
+    assert design.stderr.splitlines()[-1] == "False"
+    bad = subprocess.run([sys.executable, "-c", watch + "import runpy; sys.argv = ['bench/sequential_design.py', "
+                          "'--looks', '12,6']; runpy.run_path('bench/sequential_design.py', run_name='__main__')"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == "False", bad.stderr
+    assert "error: argument --looks" in bad.stderr.splitlines()[-2]
+    schema = subprocess.run([sys.executable, "-c", watch + "from utils.cli import run_main; "
+                             "from utils.schema import ConfigError; "
+                             "run_main(lambda: (_ for _ in ()).throw(ConfigError('model.d_model: must be > 0')))"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert schema.returncode == 2 and schema.stderr.splitlines() == ["error: model.d_model: must be > 0", "False"]

@@ -37,6 +37,19 @@ class StopError(RuntimeError):
     """A command stopped for a reason its message states in one line (e.g. training diverged)."""
 
 
+#: The errors a user's input can cause, by the module that defines each: ``run_main`` prints them as one line. An
+#: error can only be raised by a module the program imported, so they are looked up among the imported modules and
+#: none is imported for it (a command that needs no torch, such as bench/sequential_design.py, starts without it).
+USER_ERRORS = (("data.lines", "DataError"), ("models.positional.absolute", "PositionLimitError"),
+               ("tokenizer.base", "TokenizerError"), ("utils.schema", "ConfigError"), ("utils.io", "PathError"),
+               ("utils.run.checkpoint", "CheckpointError"), ("utils.translation.translate", "InputError"))
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """``StopError`` and those of ``USER_ERRORS`` whose module is imported."""
+    return (StopError, *(getattr(sys.modules[module], name) for module, name in USER_ERRORS if module in sys.modules))
+
+
 #: The repository root: the project's scripts (train.py, test.py, ...) are named relative to it.
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,21 +189,13 @@ def threads_note(threads: int | None) -> str:
 
 
 def run_main(main: Callable[[], int | None]) -> None:
-    """Run ``main``; expected user errors print one line 'error: ...' and exit 2, never a traceback."""
-    from data.sources import DataError
-    from models.positional import PositionLimitError
-    from tokenizer import TokenizerError
-    from utils.config import ConfigError
-    from utils.io import PathError
-    from utils.run.checkpoint import CheckpointError
-    from utils.translation.translate import InputError
-
+    """Run ``main``; expected user errors (``user_errors()``) print one line 'error: ...' and exit 2, never a
+    traceback."""
     if sys.stderr is None:  # closed (2>&-): messages must not land in standard output, print()'s fallback
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
         sys.exit(main() or 0)
-    except (ConfigError, CheckpointError, DataError, TokenizerError, InputError, PositionLimitError, PathError,
-            StopError) as e:
+    except user_errors() as e:  # evaluated when an exception reaches it: the modules imported by then
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
     except subprocess.CalledProcessError as e:  # a benchmark's child command failed: it said why above
