@@ -88,11 +88,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``inference.py ARGS``: an export in a process of its own, as is decoding an export (``run_script``); a run
-    decodes in this one."""
-    if "--export-ctranslate2" in args:
-        return subprocess.run([sys.executable, "inference.py", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300)
+    """``inference.py ARGS`` (``run_script``): a run decodes and exports in this process (CTranslate2's converter
+    starts no thread pool), and a command given an export runs in a process of its own."""
     return run_script("inference.py", *args)
 
 

@@ -4,12 +4,11 @@ bit for bit."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 from bench.same_training import differences
 
@@ -49,12 +48,11 @@ def test_two_checkouts_each_system_identical_or_not_and_a_newer_key_listed_apart
         "    config.write_text(config.read_text() + 'newer_key: 1\\n')\n"
         "sys.exit(code)\n")
     out = tmp_path / "same.json"
-    res = subprocess.run([sys.executable, "bench/same_training.py", ".", str(newer), "--preset", "seed-table",
-                          "--config", "configs/demo.yaml", "--variants", "sinusoidal,rope", "--steps", "2",
-                          "--eval-every", "2", "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set",
-                          "model.encoder_layers=1", "--set", "model.decoder_layers=1", "--set",
-                          "train.valid_bleu_sentences=4", "--set", f"data.cache_dir={tmp_path / 'c'}", "--out",
-                          str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = run_script("bench/same_training.py", ".", str(newer), "--preset", "seed-table", "--config",
+                     "configs/demo.yaml", "--variants", "sinusoidal,rope", "--steps", "2", "--eval-every", "2",
+                     "--set", "model.d_model=32", "--set", "model.d_ff=64", "--set", "model.encoder_layers=1",
+                     "--set", "model.decoder_layers=1", "--set", "train.valid_bleu_sentences=4", "--set",
+                     f"data.cache_dir={tmp_path / 'c'}", "--out", str(out))
     assert res.returncode == 3, res.stdout + res.stderr
     assert res.stdout.strip().splitlines()[-1].startswith("NOT identical: 1 of 2 systems train the same weights with ")
     doc = json.loads(out.read_text())
@@ -64,7 +62,6 @@ def test_two_checkouts_each_system_identical_or_not_and_a_newer_key_listed_apart
     assert sinusoidal["tensors"] > 10 and doc["steps"] == 2
     assert rope["system"] == "rope" and not rope["identical"] and rope["differences"][0] == (
         "config/train/lr: 0.002 against 0.003") and rope["differences"][1].startswith("last.pt/")
-    bad = subprocess.run([sys.executable, "bench/same_training.py", ".", str(tmp_path)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    bad = run_script("bench/same_training.py", ".", str(tmp_path))
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
         f"{tmp_path}: not a checkout with its .venv (train.py and .venv/bin/python)")
