@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from script_host import run_here
 
 from utils.config import Config, from_dict
 
@@ -197,71 +198,66 @@ def run_script(script: str, *args: str, stdin: str | None = None) -> subprocess.
     without starting an interpreter and importing torch again (about 2 s a call). What a script changes in the
     process is put back: argv, standard streams, working directory, environment, torch's thread count, signal
     handlers, logging handlers and levels, warning filters. Behaviour of the process itself (closed streams,
-    signals, exit at interpreter shutdown, child processes' environment) is tested with a real subprocess, and so is
-    a command given a CTranslate2 export (its thread pool and PyTorch's fight in one process)."""
+    signals, exit at interpreter shutdown, child processes' environment) is tested with a real subprocess. A command
+    given a CTranslate2 export runs in ``SCRIPT_HOST``, a process of its own (its thread pool and PyTorch's fight in
+    one process)."""
     if any(Path(a, "fr2en_ctranslate2.json").is_file() for a in args if "\n" not in a and len(a) < 4096):
-        # CTranslate2 decoding beside PyTorch in one process: their thread pools fight (a real process instead)
-        return subprocess.run([sys.executable, script, *args], cwd=ROOT, input=stdin, capture_output=True, text=True,
-                              timeout=600)
-    import io
-    import logging
-    import runpy
-    import signal
-    import traceback
-    import warnings
+        return SCRIPT_HOST.run(script, list(args), stdin)
+    code, out, err = run_here(script, list(args), stdin)
+    return subprocess.CompletedProcess([sys.executable, script, *args], code, out, err)
 
-    import torch
 
-    saved_streams, saved_argv, saved_cwd = (sys.stdin, sys.stdout, sys.stderr), sys.argv, os.getcwd()
-    saved_path = list(sys.path)
-    saved_env, saved_threads = dict(os.environ), torch.get_num_threads()
-    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
-                                                      signal.SIGUSR2)}
-    loggers = [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(x, logging.Logger))]
-    saved_logs = {id(x): (x, list(x.handlers), x.level) for x in loggers}
-    out, err = io.BytesIO(), io.BytesIO()
-    stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
-    stderr = io.TextIOWrapper(err, encoding="utf-8", write_through=True)
-    code = 0
-    try:
-        with warnings.catch_warnings():
-            sys.argv = [script, *args]
-            sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode("utf-8")), encoding="utf-8")
-            sys.stdout, sys.stderr = stdout, stderr
-            os.chdir(ROOT)
-            sys.path.insert(0, str((ROOT / script).parent))  # as ``python SCRIPT`` has it
+class ScriptHost:
+    """One kept Python process (tests/script_host.py) that runs the scripts ``run_script`` gives a CTranslate2
+    export, one after another: each in a process of its own kind (CTranslate2's thread pool and PyTorch's fight in
+    one process), without an interpreter and a torch import per command. Started on first use; one that died (a
+    crash, a timeout) is replaced for the next command."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[str] | None = None
+
+    def run(self, script: str, args: list[str], stdin: str | None,
+            timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
+        import select
+
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("script_host.py"))],
+                                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = self.process
+        assert proc.stdin is not None and proc.stdout is not None
+        request = {"script": script, "args": args, "stdin": stdin, "env": dict(os.environ)}
+        proc.stdin.write(json.dumps(request) + "\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if ready else ""
+        if not line:  # it died, or hangs: a command that never ended, as subprocess.run reports it
+            proc.kill()
+            proc.wait()
+            self.process = None
+            if not ready:
+                raise subprocess.TimeoutExpired([sys.executable, script, *args], timeout)
+            return subprocess.CompletedProcess([sys.executable, script, *args], proc.returncode, "", "")
+        reply = json.loads(line)
+        return subprocess.CompletedProcess([sys.executable, script, *args], reply["code"], reply["stdout"],
+                                           reply["stderr"])
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
             try:
-                runpy.run_path(str(ROOT / script), run_name="__main__")
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                if e.code is not None and not isinstance(e.code, int):
-                    print(e.code, file=sys.stderr)
-            except BaseException:  # what the interpreter does with an uncaught exception
-                traceback.print_exc(file=stderr)
-                code = 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None and not stream.closed:
-                stream.flush()
-        sys.stdin, sys.stdout, sys.stderr = saved_streams
-        sys.argv, sys.path[:] = saved_argv, saved_path
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
-        torch.set_num_threads(saved_threads)
-        for sig, handler in saved_signals.items():
-            signal.signal(sig, handler)
-        for x in [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values()
-                                         if isinstance(x, logging.Logger))]:
-            own, handlers, level = saved_logs.get(id(x), (x, [], logging.NOTSET))
-            for h in x.handlers:
-                if h not in handlers:
-                    h.close()
-            x.handlers[:] = handlers
-            x.setLevel(level)
-    return subprocess.CompletedProcess([sys.executable, script, *args], code, out.getvalue().decode("utf-8"),
-                                       err.getvalue().decode("utf-8"))
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+SCRIPT_HOST = ScriptHost()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _script_host_closed() -> Iterator[None]:
+    yield
+    SCRIPT_HOST.close()
 
 
 @pytest.fixture
