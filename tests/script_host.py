@@ -93,8 +93,6 @@ def run_here(script: str, args: list[str], stdin: str | None, fds: bool = False)
     return code, texts[0], texts[1]
 
 
-
-
 def main() -> None:
     """Serve ``run_here`` over the standard streams: one JSON line ``{"script", "args", "stdin", "env"}`` in, one
     ``{"code", "stdout", "stderr"}`` out, until standard input ends. The script runs under the sender's
