@@ -4,6 +4,7 @@ tables by source length."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from utils.study.stats import fmt_mean_std
@@ -164,8 +165,6 @@ def _cpu_lines(runs: dict[str, Any]) -> list[str]:
     cpus = {key: run["cpu"] for key, run in runs.items() if run.get("cpu")}
     if not cpus:
         return []
-    from collections import Counter
-
     counts = Counter(cpus.values())
     by_seed: dict[int, set[str]] = {}
     for key, cpu in cpus.items():
