@@ -142,6 +142,22 @@ def test_the_gpu_presets_load_and_scale_the_schedule_with_the_batch() -> None:
     assert study_defaults("slurm") == (1, [])
 
 
+def test_several_gpus_share_the_runs_at_a_time_evenly_16_on_each_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several GPUs, N runs at a time (``--jobs N``) spread evenly over them, each run seeing one GPU, and a
+    study given no ``--jobs`` runs 16 on each (it ran one per GPU whatever ``--jobs`` said, and said 16)."""
+    from utils.study.plan import slot_envs
+
+    assert slot_envs(2, 5) == [{"CUDA_VISIBLE_DEVICES": d} for d in "01010"]
+    assert slot_envs(4, 2) == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in slot_envs(3, 48)] == [str(i % 3) for i in range(48)]
+    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    assert slot_envs(1, 2) == slot_envs(0, 2) == [{"OMP_NUM_THREADS": threads}] * 2  # one GPU, or the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert study_defaults("local") == (3 * STUDY_RUNS_PER_GPU, GPU_KEYS)
+    assert study_defaults("slurm") == (1, [])
+
+
 def test_a_study_on_a_cuda_machine_without_jobs_trains_16_at_once_with_the_gpu_keys(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """bench/study.py in this process, its commands captured, not run: with CUDA, 16 runs at a time and every

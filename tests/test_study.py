@@ -278,18 +278,21 @@ def test_cached_scores_and_attention_are_reused_only_for_the_same_sentences_and_
 
 
 def test_each_gpu_takes_the_next_run_as_soon_as_its_own_ends(tmp_path: Path) -> None:
+    """Two runs at a time on two GPUs, one each: a GPU whose run ends takes the next at once."""
     job = ("import os, sys, time; print(os.environ['CUDA_VISIBLE_DEVICES'], time.time(), flush=True); "
            "time.sleep(float(sys.argv[1])); print(time.time())")
     logs = [tmp_path / f"{i}.log" for i in range(3)]
     run_commands([(f"job {i}", [sys.executable, "-c", job, str(t)], log)
-                        for i, (t, log) in enumerate(zip((3.0, 0.2, 0.2), logs, strict=True))], devices=2, poll=0.05)
+                        for i, (t, log) in enumerate(zip((3.0, 0.2, 0.2), logs, strict=True))], devices=2, poll=0.05,
+                 jobs=2)
     dev0, _, end0 = logs[0].read_text().split()
     dev2, start2, _ = logs[2].read_text().split()
     assert (dev0, logs[1].read_text().split()[0], dev2) == ("0", "1", "1")
     assert float(start2) < float(end0)  # job 2 ran on GPU 1 while GPU 0 was still busy with job 0
     with pytest.raises(SystemExit, match="job 1 failed"):
         run_commands([("job 0", [sys.executable, "-c", job, "30"], logs[0]),
-                            ("job 1", [sys.executable, "-c", "raise SystemExit(3)"], logs[1])], devices=2, poll=0.05)
+                            ("job 1", [sys.executable, "-c", "raise SystemExit(3)"], logs[1])], devices=2, poll=0.05,
+                     jobs=2)
 
 
 def test_length_buckets_from_sentence_statistics_are_test_pys_scores_by_length() -> None:

@@ -18,9 +18,9 @@ same ``--runs`` folder already finished with exactly the same config (seed and b
 not trained again: ``all-encodings`` reuses ``seed-table``'s sinusoidal, learnable and RoPE runs (``--no-link``
 trains them again: a config does not pin the code, e.g. runs from another commit whose loss sums in another
 order; comparisons are exactly paired only among runs trained by the same code). With
-several GPUs, one process per device. Writes ``results.json`` (every number), ``report.md`` (tables,
-figures, significance in words), ``figures/*.png`` and ``tb/`` (TensorBoard HParams: compare the runs in
-the HParams tab).
+several GPUs, the runs at a time spread evenly over them, each seeing one. Writes ``results.json`` (every
+number), ``report.md`` (tables, figures, significance in words), ``figures/*.png`` and ``tb/`` (TensorBoard
+HParams: compare the runs in the HParams tab).
 
 Test-time variants: ``--test-variant rope+linear:model.rope.scaling=linear,model.rope.factor=8`` scores the
 trained models of variant ``rope`` again under inference-only overrides, as the system ``rope+linear``
@@ -48,7 +48,7 @@ from utils.cli import add_set_arg
 from utils.config import ConfigError
 from utils.study.decoders import DECODERS, LENGTH_DECODER
 from utils.study.files import slug
-from utils.study.gpu import study_defaults
+from utils.study.gpu import STUDY_RUNS_PER_GPU, study_defaults
 from utils.study.launch import LAUNCHERS, Launcher, LaunchError, Resources
 from utils.study.length_control import LengthRule
 from utils.study.looks import Design, look_fractions
@@ -114,9 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--steps", type=int, help="optimizer steps per run")
     budget.add_argument("--tokens", type=int, help="target tokens per run")
-    parser.add_argument("--eval-every", type=int, help="validation every N iterations (default: a fifth of --steps)")
+    parser.add_argument("--eval-every", type=int,
+                        help="validation every N iterations (default: a fifth of --steps; 200 with --tokens)")
     parser.add_argument("--name", help="study name: runs/study_<name>/ (default: the preset's name)")
-    parser.add_argument("--baseline", help="variant label the others are compared with (default: the first)")
+    parser.add_argument("--baseline", help="variant label the others are compared with (default: the preset's "
+                        "baseline; with --grid, the first variant)")
     parser.add_argument("--variants", metavar="LABEL,...",
                         help="with --preset: only these of its variants (and its baseline), e.g. the ones a study was "
                              "pre-registered with after others joined the preset")
@@ -349,7 +351,9 @@ def define(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Study:
     if args.jobs is None:
         args.jobs, gpu_sets = study_defaults(args.launcher)
         if gpu_sets:
-            print(f"study: a CUDA GPU: {args.jobs} runs at a time, each with {' '.join(gpu_sets)} "
+            gpus = args.jobs // STUDY_RUNS_PER_GPU
+            print(f"study: {'a CUDA GPU' if gpus == 1 else f'{gpus} CUDA GPUs'}: {args.jobs} runs at a time"
+                  f"{'' if gpus == 1 else f' ({STUDY_RUNS_PER_GPU} on each)'}, each with {' '.join(gpu_sets)} "
                   "(configs/gpu_study.yaml; --jobs N to choose)", flush=True)
     user_sets = list(args.overrides)
     config, variants, baseline, family = _systems(parser, args)

@@ -2,7 +2,7 @@
 study's small model, several runs sharing one GPU), and what a study takes from the latter on a CUDA machine.
 
 A study (bench/study.py) given no ``--jobs``, on a machine where CUDA is available and its commands run locally,
-trains ``STUDY_RUNS_PER_GPU`` runs at a time, one process each, every run with the ``train`` keys that
+trains ``STUDY_RUNS_PER_GPU`` runs at a time on each GPU, one process each, every run with the ``train`` keys that
 ``configs/gpu_study.yaml`` sets itself (not those of its base): how the runs train, not what they learn (static
 shapes give the loss of unpadded batches; a GPU run is not bit-reproducible anyway).
 """
@@ -32,13 +32,13 @@ def own_sets(path: Path) -> list[str]:
 
 
 def study_defaults(launcher: str) -> tuple[int, list[str]]:
-    """(runs at a time, ``--set`` lines for every run) of a study given no ``--jobs``: ``STUDY_RUNS_PER_GPU`` and
-    the GPU preset's train keys where CUDA is available and ``launcher`` runs the commands on this machine, else
-    (1, [])."""
+    """(runs at a time, ``--set`` lines for every run) of a study given no ``--jobs``: ``STUDY_RUNS_PER_GPU`` on
+    each GPU and the GPU preset's train keys where CUDA is available and ``launcher`` runs the commands on this
+    machine, else (1, [])."""
     if launcher == "slurm":
         return 1, []
     import torch
 
     if not torch.cuda.is_available():
         return 1, []
-    return STUDY_RUNS_PER_GPU, own_sets(GPU_STUDY)
+    return STUDY_RUNS_PER_GPU * max(1, torch.cuda.device_count()), own_sets(GPU_STUDY)

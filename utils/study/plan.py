@@ -50,11 +50,12 @@ def train_command(job: Job, config: str, overrides: list[str], budget: list[str]
 
 
 def slot_envs(devices: int, jobs: int) -> list[dict[str, str]]:
-    """The environment of each slot commands run in: one per GPU when there are several, else ``jobs`` on the
-    CPU, each limited to its share of the cores (``OMP_NUM_THREADS``: two runs of one thread each keep both cores
-    busy without the stalls two threads suffer when anything else wants a core)."""
+    """The environment of each of the ``jobs`` slots commands run in: with several GPUs, slot i on GPU i mod
+    ``devices`` (the runs spread evenly, each seeing one GPU); else each limited to its share of the cores
+    (``OMP_NUM_THREADS``: two runs of one thread each keep both cores busy without the stalls two threads suffer
+    when anything else wants a core)."""
     if devices > 1:
-        return [{"CUDA_VISIBLE_DEVICES": str(device)} for device in range(devices)]
+        return [{"CUDA_VISIBLE_DEVICES": str(slot % devices)} for slot in range(max(1, jobs))]
     threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))} if jobs > 1 else {}
     return [dict(threads) for _ in range(max(1, jobs))]
 
