@@ -241,7 +241,7 @@ def translate(parser: argparse.ArgumentParser, args: argparse.Namespace, overrid
     if engine.run is not None:  # a PyTorch run (CTranslate2's threads are its own unless --threads)
         threads = threads if engine.run.model.device.type == "cpu" else None
     else:
-        threads = args.threads if args.device != "cuda" else None
+        threads = args.threads if engine.device == "cpu" else None
     print(f"translated {report.lines} sentences in {report.seconds:.1f}s ({speed:.1f} sentences/s"
           f"{threads_note(threads)})", file=sys.stderr)
     return 0
@@ -338,8 +338,8 @@ def load_engine(parser: argparse.ArgumentParser, args: argparse.Namespace,
         from utils.translation.engines import CT2Model
 
         try:
-            engine = CT2Model(args.model_path, device="cuda" if args.device == "cuda" else "cpu",
-                              compute_type=args.compute_type, threads=args.threads or 0)
+            engine = CT2Model(args.model_path, device=args.device, compute_type=args.compute_type,
+                              threads=args.threads or 0)
         except ImportError:
             parser.error("this is a CTranslate2 model: pip install '.[export]' to run it")
         except (ValueError, RuntimeError, OSError) as err:  # a compute type or device it lacks, a damaged model

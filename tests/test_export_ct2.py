@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -136,6 +137,31 @@ def test_an_exported_trained_model_translates_like_the_run(trained: Path, tmp_pa
     res = cli("--model_path", str(tmp_path / "int8"), "--src_text", "Oui.")
     assert res.returncode != 0 and "cannot load the CTranslate2 model" in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_device_auto_lets_ctranslate2_choose_as_a_run_does(trained: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--device auto`` (the default) on an export is CTranslate2's auto, its GPU where it has one, as a PyTorch
+    run takes the GPU when present (it meant the CPU); the engine says which it got. Loaded only, not decoding."""
+    import ctranslate2
+
+    import inference
+
+    out = tmp_path / "ct2"
+    assert cli("--model_path", str(trained), "--export-ctranslate2", str(out)).returncode == 0
+    asked, real = [], ctranslate2.Translator
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs["device"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ctranslate2, "Translator", spy)
+    parser = inference.build_parser()
+    for device in ("auto", "cpu"):
+        args = parser.parse_args(["--model_path", str(out), "--src_text", "Oui.", "--device", device])
+        paths = inference.model_paths(parser, args)
+        assert inference.load_engine(parser, args, [], paths).device == "cpu"  # CTranslate2's choice here: no GPU
+    assert asked == ["auto", "cpu"]
 
 
 def test_the_translator_is_freed_before_the_interpreter_exits(trained: Path, tmp_path: Path) -> None:

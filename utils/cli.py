@@ -163,7 +163,8 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     add_alias_args(parser, "batch_size", type=int, help="sentences per batch")
     add_average_args(parser)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                        help="where the model runs (default auto: the config's train.device, CUDA when present)")
+                        help="where the model runs (default auto: a run's train.device, CUDA when present; a "
+                             "CTranslate2 export: its GPU when CTranslate2 has one)")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads for decoding (default: $OMP_NUM_THREADS, else every core); 1 when other "
                         "work shares the cores: more threads than free cores stall each other")

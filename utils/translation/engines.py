@@ -155,6 +155,8 @@ class CT2Model:
 
     def __init__(self, export_dir: Path | str, device: str = "cpu", compute_type: str = "default",
                  threads: int = 0) -> None:
+        """``device``: cpu, cuda, or auto (CTranslate2's choice: its GPU where it has one); ``threads``: CPU
+        threads (0: CTranslate2's default)."""
         import ctranslate2
 
         export_dir = Path(export_dir)
@@ -163,6 +165,7 @@ class CT2Model:
         self.tokenizer = load_tokenizer(RunDir(export_dir).tokenizer)
         self._options = dict(device=device, compute_type=compute_type, intra_threads=threads)
         self.translator = ctranslate2.Translator(str(export_dir), **self._options)
+        self.device: str = self.translator.device  # what "auto" chose: "cpu" or "cuda"
         # Freed when this object goes, or at the latest when the interpreter starts to exit (atexit):
         # a CTranslate2 worker frees each finished job there, and a job holding a Python callback (greedy
         # decoding's ``stop_at_cap``) needs the GIL for that; during finalization Python ends such a thread and

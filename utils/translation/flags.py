@@ -56,8 +56,9 @@ def add_mode_args(parser: argparse.ArgumentParser) -> None:
          "with --sample: the samples of a sentence depend on this seed and the sentence alone, so the same seed "
          "repeats them exactly (default: a fresh seed each time)"),
     ):
+        metavar = {"top_k": "K", "top_p": "P", "num_samples": "N"}.get(name, name.upper()[0])
         group.add_argument(f"--{name}", *([f"--{name.replace('_', '-')}"] if "_" in name else []), dest=name,
-                           type=kind, metavar=name.upper()[0] if name != "num_samples" else "N", help=help_text)
+                           type=kind, metavar=metavar, help=help_text)
     group.add_argument("--mbr", type=number(int, 2, 1024), metavar="N",
                        help="minimum Bayes risk decoding over N candidates (N samples with --sample, else the beam's "
                             "N-best, N at most --beam): the output is the candidate of highest mean utility against "
