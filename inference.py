@@ -376,13 +376,15 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, overrides: 
     from utils.serve.access import Access
     from utils.serve.app import bind
     from utils.serve.app import serve as serve_http
+    from utils.translation.export import is_export
 
+    exported = len(paths) == 1 and is_export(paths[0])
+    if args.batching == "continuous" and (exported or args.decode_in_server):  # before the (slow) model loading
+        raise ConfigError("--batching continuous needs a PyTorch run decoding in its own process "
+                          f"({'not a CTranslate2 export' if exported else 'not --decode-in-server'})")
     sock = bind(args.host, args.port)  # a taken port fails before the (slow) model loading
     engine = load_engine(parser, args, overrides, paths)
     run = engine.run
-    if args.batching == "continuous" and (run is None or args.decode_in_server):
-        raise ConfigError("--batching continuous needs a PyTorch run decoding in its own process "
-                          f"({'not --decode-in-server' if run is not None else 'not a CTranslate2 export'})")
     if run is not None and not args.decode_in_server:  # a PyTorch run: decoding in a process of its own
         from utils.serve.worker import DecoderError, ProcessDecoder
 

@@ -548,7 +548,7 @@ def test_a_ctranslate2_export_is_served_and_translates_as_its_cli(run_dir: Path,
     assert "Traceback" not in (tmp_path / "ct2.log").read_text()
 
 
-def test_serve_command_line_errors_are_one_line(run_dir: Path, server: Server) -> None:
+def test_serve_command_line_errors_are_one_line(run_dir: Path, server: Server, tmp_path: Path) -> None:
     res = run_script("inference.py", "--model_path", str(run_dir), "--serve", "--src_text", "Oui.")
     assert res.returncode == 2 and "--serve takes no --src_text or --input" in res.stderr
     res = run_script("inference.py", "--model_path", str(run_dir), "--serve", "--max-lines", "0")
@@ -556,10 +556,13 @@ def test_serve_command_line_errors_are_one_line(run_dir: Path, server: Server) -
     res = cli("--model_path", str(run_dir), "--serve", "--port", str(server.port))  # taken by the shared server
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert f"cannot listen on 127.0.0.1:{server.port}" in res.stderr.strip().splitlines()[-1]
-    res = run_script("inference.py", "--model_path", str(run_dir), "--serve", "--port", "0", "--decode-in-server",
-                     "--batching", "continuous")
-    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
-        "error: --batching continuous needs a PyTorch run decoding in its own process (not --decode-in-server)")
+    unweighted = tmp_path / "unweighted"  # the run without its checkpoints: refused before the model would load
+    shutil.copytree(run_dir, unweighted, ignore=shutil.ignore_patterns("*.pt"))
+    for model in (run_dir, unweighted):
+        res = run_script("inference.py", "--model_path", str(model), "--serve", "--port", "0", "--decode-in-server",
+                         "--batching", "continuous")
+        assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+            "error: --batching continuous needs a PyTorch run decoding in its own process (not --decode-in-server)")
     res = run_script("inference.py", "--model_path", str(run_dir), "--serve", "--port", "0", "--join", "-1")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
         "inference.py: error: argument --join: must be a finite number >= 0, got -1")
