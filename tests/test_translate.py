@@ -36,10 +36,14 @@ def test_batching_does_not_change_results(tok) -> None:
 
 
 def test_over_long_input_is_a_clear_error_or_truncated(tok) -> None:
-    model = model_for(tok, "learnable", max_positions=12)
+    """The limit is the input encoding's, whichever key sets it (a learned table's model.max_positions, a one-hot
+    code's model.d_model): the message names none of them wrongly."""
     long = " ".join(["le chien mange une pomme"] * 5)
-    with pytest.raises(InputError, match=r"sentence 2 has \d+ tokens, over the model's limit of 12"):
-        translate(model, tok, ["bonjour", long], DecodeConfig(beam=2))
+    for name, sets, limit in (("learnable", {"max_positions": 12}, 12), ("onehot", {}, 16)):
+        with pytest.raises(InputError, match=rf"sentence 2 has \d+ tokens, over the model's limit of {limit} \(the "
+                           r"positions its input position encoding represents\)$"):
+            translate(model_for(tok, name, **sets), tok, ["bonjour", long], DecodeConfig(beam=2))
+    model = model_for(tok, "learnable", max_positions=12)
     out = translate(model, tok, ["bonjour", long], DecodeConfig(beam=2), strict=False)
     assert len(out) == 2  # truncated with a warning, never an index error
     for nbest in out:

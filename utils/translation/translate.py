@@ -111,7 +111,7 @@ def encode_sources(
             if strict:
                 raise InputError(
                     f"sentence {n} has {len(seq) + 1} tokens, over the model's limit of {max_length} "
-                    "(model.max_positions of the learnable position table)"
+                    "(the positions its input position encoding represents)"
                 )
             seq = seq[: max_length - 1]
             truncated += 1
