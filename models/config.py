@@ -55,3 +55,13 @@ def model_config_class(registry: dict[str, dict[str, type | None]]) -> type[Tran
 
 
 ModelConfig = model_config_class(REGISTRY)
+
+
+def inference_only_keys(registry: dict[str, dict[str, type | None]] = REGISTRY) -> tuple[str, ...]:
+    """Model keys (dotted, under ``model``) that shape no parameter and may differ between training and inference:
+    dropout, the training-time position augmentation, and the keys each encoding's settings declare
+    (``Settings.inference_only``, e.g. ``rope.scaling``)."""
+    own = ("dropout", "attention_dropout", "activation_dropout",
+           *(f"augment.{key}" for key in AugmentConfig.model_fields))  # training-time positions only
+    return (*own, *(f"{key}.{name}" for key, section in encoding_sections(registry).items()
+                    for name in getattr(section, "inference_only", ())))

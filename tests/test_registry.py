@@ -319,6 +319,34 @@ def test_an_encodings_own_settings_live_beside_it_and_become_one_model_section()
         model_config_class({**REGISTRY, "attention": {**REGISTRY["attention"], "clash": Clash}})
 
 
+def test_the_keys_a_trained_model_may_change_are_declared_by_each_encodings_settings() -> None:
+    """A checkpoint's fingerprint leaves out the model keys that shape no parameter: dropout, the training-time
+    augmentation, and those an encoding's settings declare ``inference_only`` (RoPE's scalings). A new encoding
+    declares its own beside it; no list elsewhere names encodings, and the set is what earlier versions used."""
+    from pydantic import Field
+
+    from models.config import inference_only_keys
+    from utils.run.checkpoint import model_fingerprint
+
+    class TemperatureSettings(Settings):
+        gain: float = Field(1.0, gt=0)  # applied at inference: no parameter
+        width: int = Field(4, ge=1)  # shapes a parameter
+        inference_only = ("gain",)
+
+    class TemperaturePE(DistanceBiasPE):
+        settings = ("temperature", TemperatureSettings)
+
+    keys = inference_only_keys({**REGISTRY, "attention": {**REGISTRY["attention"], "temperature": TemperaturePE}})
+    assert "temperature.gain" in keys and "temperature.width" not in keys
+    assert set(inference_only_keys()) == {
+        "dropout", "attention_dropout", "activation_dropout", "augment.method", "augment.shape", "augment.randomized",
+        "augment.cape", "rope.scaling", "rope.factor", "rope.original_max_len", "rope.beta_fast", "rope.beta_slow"}
+    rope = ModelConfig(input_pe="none", attention_pe="rope")
+    yarn = ModelConfig(input_pe="none", attention_pe="rope", rope={"scaling": "yarn", "factor": 8})
+    theta = ModelConfig(input_pe="none", attention_pe="rope", rope={"theta": 500})
+    assert model_fingerprint(yarn, 100) == model_fingerprint(rope, 100) != model_fingerprint(theta, 100)
+
+
 def test_fire_trains_and_translates_through_the_cli(tmp_path: Path) -> None:
     """The registered ``fire`` end to end, as a user runs it: train.py (3 steps of a d 32 model, FIRE alone, one of its
     settings set), inference.py on the run; and the export refused in one line (CTranslate2 has no MLP bias)."""

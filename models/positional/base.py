@@ -126,6 +126,10 @@ class Settings(Section):
     its keys to each other and to the Transformer's fields (``check``): validation applies them to every config,
     whether or not the encoding is in use, as it applies each field's bounds."""
 
+    #: Its keys that shape no parameter, so a trained model may be run with other values (e.g. RoPE's length
+    #: scalings, ``--set model.rope.scaling=yarn``): a checkpoint's model fingerprint leaves them out.
+    inference_only: ClassVar[tuple[str, ...]] = ()
+
     def check(self, model: ModelConfig) -> None:
         """ConfigError, one line naming the key, where this section's values do not go together or with ``model``'s
         (e.g. ``model.rope.dim`` beyond the head dimension). Nothing by default."""

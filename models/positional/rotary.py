@@ -43,6 +43,8 @@ class RopeConfig(Settings):
     (``--set model.rope.scaling=yarn``) to run a trained model on longer inputs without retraining.
     """
 
+    inference_only = ("scaling", "factor", "original_max_len", "beta_fast", "beta_slow")
+
     theta: float = Field(10000.0, gt=1, le=1e12, description="The base: dimension pair j rotates by position * "
                          "theta^(-2j/d).")
     dim: int | None = Field(None, ge=2, le=65536, description="Rotate only the first `dim` dimensions of each head "

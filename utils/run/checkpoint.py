@@ -16,16 +16,14 @@ from typing import Any
 
 import torch
 
+from models.config import inference_only_keys
 from utils.config import ModelConfig
 from utils.io import atomic_path
 from utils.run.layout import CHECKPOINT_EXT, PERIODIC_PREFIX
 
-#: Model keys (dotted) that shape no parameter and may differ between training and inference.
-INFERENCE_ONLY_KEYS = (
-    "dropout", "attention_dropout", "activation_dropout",
-    "rope.scaling", "rope.factor", "rope.original_max_len", "rope.beta_fast", "rope.beta_slow",
-    "augment.method", "augment.shape", "augment.randomized", "augment.cape",  # training-time positions only
-)
+#: Model keys (dotted) that shape no parameter and may differ between training and inference (the encodings
+#: declare theirs: ``Settings.inference_only``).
+INFERENCE_ONLY_KEYS = inference_only_keys()
 
 
 def model_shape_items(cfg: ModelConfig) -> dict[str, object]:
