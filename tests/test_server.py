@@ -285,12 +285,19 @@ def test_a_decoding_process_killed_mid_job_fails_the_jobs_it_held_and_the_next_o
         decoder.submit(LINES * 4, run.cfg.decode, lambda i, nbest: first_done.set(),
                        lambda err: (errors.append(err), failed.set()))
         assert first_done.wait(60)  # the job is decoding: some sentences are back, the longer ones are not
+        before = decoder.stats
+        assert before[0] >= 1 and before[1] >= 1
         os.kill(pid, signal.SIGKILL)
         assert failed.wait(30)
         assert len(errors) == 1 and isinstance(errors[0], DecoderError)
         assert str(errors[0]) == "the decoding process ended (exit code -9)"
         again = decoder.translate(LINES[:2], run.cfg.decode)  # a new child answers
         assert len(again) == 2 and decoder.restarts == 1 and decoder.pid != pid
+        # /health's counters go on from the ended child's: the new one's continuous batch and steps come on top
+        answered = threading.Event()
+        decoder.submit(LINES[:1], run.cfg.decode, lambda i, nbest: answered.set(), lambda err: answered.set())
+        assert answered.wait(60)
+        assert decoder.stats[0] >= before[0] + 1 and decoder.stats[1] > before[1], (before, decoder.stats)
     finally:
         decoder.close()
 
@@ -362,7 +369,8 @@ BAD_REQUESTS = [  # (method, path, body, status, message part)
      "9 lines in one request, over the limit of 8 (--max-lines)"),
     ("POST", "/translate", json.dumps({"text": "a" * 301}).encode(), 413,
      "text has 301 characters, over the limit of 300 (--max-chars)"),
-    ("POST", "/translate", b'{"text": "' + b"a" * 20000 + b'"}', 413, "the request body has 20012 bytes"),
+    ("POST", "/translate", b'{"text": "' + b"a" * 20000 + b'"}', 413, "the request body has 20012 bytes, over the "
+     "limit of 18496 (what --max-lines lines of --max-chars characters allow)"),
     ("POST", "/translate", b'{"text": "Caf\xe9"}', 400, "the request body is not valid UTF-8 (byte 13)"),
     ("POST", "/translate", b'{"text": "Oui \\ud800"}', 400, "text is not valid Unicode (a lone surrogate"),
     ("POST", "/translate", b'{"text": "Oui \\u0000"}', 400, "text holds a NUL character"),

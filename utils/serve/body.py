@@ -68,6 +68,11 @@ def json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+#: What a body over its limit is told: the limit follows from two flags.
+BODY_HINT = (" (what --max-lines lines of --max-chars characters allow): send fewer or shorter lines, or start the "
+             "server with larger ones")
+
+
 async def read_body(request: Request, limits: Limits) -> bytes:
     """The bytes of a POST's body: 415 unless it says it is JSON, 413 as soon as it is over ``limits.max_body``, 400
     if its client leaves before it is whole."""
@@ -79,13 +84,14 @@ async def read_body(request: Request, limits: Limits) -> bytes:
         raise RequestError(415, f"send the body as JSON with the header Content-Type: application/json (got {got})")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body:
-        raise RequestError(413, f"the request body has {declared} bytes, over the limit of {limits.max_body}")
+        raise RequestError(413, f"the request body has {declared} bytes, over the limit of {limits.max_body}"
+                                f"{BODY_HINT}")
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limits.max_body:
-                raise RequestError(413, f"the request body is over the limit of {limits.max_body} bytes")
+                raise RequestError(413, f"the request body is over the limit of {limits.max_body} bytes{BODY_HINT}")
             chunks.append(chunk)
     except ClientDisconnect:  # nobody is left to answer: no traceback in the log either
         raise RequestError(400, "the client disconnected before its request was complete") from None

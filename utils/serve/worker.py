@@ -236,9 +236,16 @@ class ProcessDecoder:
         #: The id of the job ``translate`` waits for now (None: none), for ``cancel``.
         self.translating: int | None = None
         self.restarts = 0
-        #: The child's continuous decoder so far: (batches started, decoder steps, sentence-steps).
-        self.stats = (0, 0, 0)
+        self._ended_children = (0, 0, 0)  # the counts of the children that ended (``stats``)
+        self._child_stats = (0, 0, 0)  # the current child's
         self._start()
+
+    @property
+    def stats(self) -> tuple[int, int, int]:
+        """The continuous decoders' counts since this object started, every child's: (batches started, decoder
+        steps, sentence-steps)."""
+        (a, b, c), (x, y, z) = self._ended_children, self._child_stats
+        return a + x, b + y, c + z
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch thread pools
@@ -260,7 +267,7 @@ class ProcessDecoder:
                 self.close()
                 raise DecoderError(f"the decoding process loaded {got[0]} (step {got[1]}), not the server's "
                                    f"{want[0]} (step {want[1]}): the run changed; restart the server")
-        self.stats = (0, 0, 0)  # a new child counts from zero
+        self._ended_children, self._child_stats = self.stats, (0, 0, 0)  # a new child counts from zero
         self._jobs, self._ended_child = {}, threading.Event()
         threading.Thread(target=self._read, args=(self._conn, self._jobs, self._ended_child, self._proc),
                          name="fr2en-decode-reader", daemon=True).start()
@@ -289,7 +296,7 @@ class ProcessDecoder:
             except (EOFError, OSError):
                 break
             if status == "done":
-                job_id, i, nbest, self.stats = payload
+                job_id, i, nbest, self._child_stats = payload
                 job = jobs.get(job_id)
                 if job is not None:
                     job.left -= 1
