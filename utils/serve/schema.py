@@ -228,8 +228,8 @@ def request_models(limits: "Limits", cfg: "Config",
                                               "`beam`, or `mbr`; 1 when sampling)")
         lenpen: float | None = Field(decode.lenpen, ge=0.0, le=10.0, description=(
             "GNMT length penalty alpha: hypotheses are ranked by log-probability / ((5 + length in tokens) / 6)^alpha, "
-            "so a larger alpha favours longer ones and 0 ranks by log-probability alone; absent or null: the server's "
-            "`--lenpen`"))
+            "so a larger alpha favours longer ones and 0 ranks by log-probability alone (greedy search, beam 1, ranks "
+            "nothing: unused); absent or null: the server's `--lenpen`"))
         prefix: Annotated[start | starts | None, by_shape(text_or_list, start, starts, null=True)] = Field(
             None, description=(
                 "a target prefix: every translation starts with it (its tokens forced, kept in the output and counted "
@@ -259,7 +259,7 @@ def request_models(limits: "Limits", cfg: "Config",
             f"samples at most {limits.max_beam_tokens} (`--max-beam-tokens`)" + sampling))
         seed: int | None = Field(decode.seed, ge=0, le=2**63 - 1, description=(
             "the samples of a line depend on this seed and the line alone, so the same seed repeats them exactly "
-            "(null: a fresh seed each request)" + sampling))
+            "(a server started without `--seed`: a fresh seed each request)" + sampling))
         mbr: int | None = Field(decode.mbr, ge=0, le=limits.max_beam, description=(
             "minimum Bayes risk decoding over N candidates: N samples with sampling, else the beam's N-best (N at "
             "most `beam`); the translations are the distinct candidates ranked by their mean `mbr_utility` against "
@@ -326,8 +326,9 @@ class Hypothesis(Answer):
     """One hypothesis of a line's n-best list."""
 
     text: str = Field(description="the translation")
-    score: float = Field(description="its log-probability divided by the GNMT length penalty: what the n-best list is "
-                                     "sorted by (higher is better; under MBR the list is sorted by `utility`)")
+    score: float = Field(description="its log-probability divided by the GNMT length penalty (greedy search, beam 1: "
+                                     "the log-probability itself): what the n-best list is sorted by (higher is "
+                                     "better; under MBR the list is sorted by `utility`)")
     logprob: float = Field(description="its log-probability, summed over its tokens")
     utility: float = absent("MBR decoding: its mean utility (0-100) against all the candidates, itself included")
     constraints_met: bool = absent("a line with constraints: whether the hypothesis holds every phrase (false: it "
@@ -369,7 +370,8 @@ class TranslateAnswer(Answer):
     top_k: int = absent("sampling: the top-k used (0: off)")
     top_p: float = absent("sampling: the top-p used (1: off)")
     epsilon: float = absent("sampling: the epsilon used (0: off)")
-    num_samples: int = absent("sampling: the samples drawn per line (with `mbr`: 1, the candidates being `mbr`)")
+    num_samples: int = absent("sampling: the samples drawn per line (with `mbr` and no `num_samples` asked: 1, the "
+                              "candidates being `mbr`)")
     seed: int | None = Field(None, description="sampling: the seed used; null: a fresh one (absent without sampling)",
                              json_schema_extra=_no_default)
     mbr: int = Field(description="MBR decoding's candidates per line (0: off)")
@@ -458,8 +460,8 @@ class DecodeDefaults(Answer):
     min_len_a: float = Field(description="end-of-sentence is blocked until a hypothesis has a * source length + b "
                                          "tokens (at most the cap; 0 and 0: no floor): a")
     min_len_b: int = Field(description="... and b")
-    no_repeat_ngram_size: int = Field(0, description="n-grams of this many tokens never repeat in a translation (0: "
-                                                     "off)")
+    no_repeat_ngram_size: int = Field(description="n-grams of this many tokens never repeat in a translation (0: "
+                                                  "off)")
     beam_stop: str = Field(description="when a sentence's beam search ends: `bound` (no alive beam can beat the "
                                        "finished n-best) or `k_finished` (after K finished hypotheses)")
     sample: bool = Field(description="whether translations are sampled")
