@@ -145,7 +145,8 @@ def _tensors(value: Any):
             yield from _tensors(x)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of bench/same_training.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkouts", nargs=2, type=Path, metavar="CHECKOUT", help="two folders of the code")
     parser.add_argument("--preset", default="train-short-test-long", help="the study preset whose systems are trained")
@@ -155,6 +156,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run (default 12)")
     parser.add_argument("--eval-every", type=int, default=6, help="validation (and checkpoint) every N steps")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     args = parser.parse_args()
     for code in args.checkouts:
         if not (code / "train.py").is_file() or not (code / ".venv" / "bin" / "python").is_file():

@@ -56,6 +56,8 @@ COMMANDS: tuple[Command, ...] = (
             "family file, by the rule fixed before the pilot was scored."),
     Command("study_stop", "bench/study_stop.py", SECTIONS[1],
             "Whether a group-sequential study has reached its declared stopping rule, from each look's results."),
+    Command("same_training", "bench/same_training.py", SECTIONS[1],
+            "Train a preset's systems with two checkouts of the code and compare their checkpoints bit for bit."),
     Command("length_study", "bench/length_study.py", SECTIONS[1]),
     Command("peers", "bench/peers.py", SECTIONS[2]),
     Command("speed", "bench/speed.py", SECTIONS[2]),
