@@ -86,7 +86,7 @@ def quality(results: dict[str, Any]) -> dict[str, Any]:
 
 def table(first: Path, second: Path, level: float = 0.95) -> str:
     """The Markdown report of ``first`` against ``second`` (two scored study folders)."""
-    a, b = read_results(first), read_results(second)
+    a, b = (read_results(f, need=("primary", "primary.power")) for f in (first, second))
     lines = [f"Residual SD of {first.name} (first) against {second.name} (second), {level:.0%} interval of the ratio "
              f"(F on {a['primary']['power']['df']} and {b['primary']['power']['df']} degrees of freedom)", "",
              "| quantity | first | second | first / second | interval |", "|---|---|---|---|---|"]

@@ -186,7 +186,7 @@ def main() -> int:
     for name, folder in (("cool", args.cool), ("plain", args.plain)):
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json (score the pilot's arm first)")
-        arms.append(read_results(folder))
+        arms.append(read_results(folder, need=("primary", "primary.power")))
         why = not_the_arm(name, arms[-1])
         if why:
             parser.error(f"{folder}: {why}")

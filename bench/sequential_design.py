@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
-    if args.family < 1:
-        parser.error(f"--family must be >= 1, got {args.family}")
+    if not 1 <= args.family <= 10**6:
+        parser.error(f"--family must be in 1..1000000 (tests in the family), got {args.family}")
     if (args.effect is None) != (args.residual_sd is None):
         parser.error("--effect and --residual-sd go together (the design's drift needs both)")
     from utils.study.sequential import (

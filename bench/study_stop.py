@@ -38,7 +38,7 @@ def main() -> int:
     for folder in args.looks:
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json")
-        latest = read_results(folder)
+        latest = read_results(folder, need=("primary",))
         primaries.append(latest["primary"])
     try:
         verdict = settled(primaries)

@@ -201,10 +201,24 @@ def run_script(script: str, *args: str, stdin: str | None = None) -> subprocess.
     signals, exit at interpreter shutdown, child processes' environment) is tested with a real subprocess. A command
     given a CTranslate2 export runs in ``SCRIPT_HOST``, a process of its own (its thread pool and PyTorch's fight in
     one process)."""
-    if any(Path(a, "fr2en_ctranslate2.json").is_file() for a in args if "\n" not in a and len(a) < 4096):
+    if any(_is_export(a) for a in args):
         return SCRIPT_HOST.run(script, list(args), stdin)
     code, out, err = run_here(script, list(args), stdin)
     return subprocess.CompletedProcess([sys.executable, script, *args], code, out, err)
+
+
+def results_doc(**keys: Any) -> dict[str, Any]:
+    """A study's ``results.json`` made by hand: ``keys`` over the least every reader of one needs
+    (``utils.study.files.RESULTS_KEYS``, each of the kind a study writes)."""
+    return {"spec": {}, "systems": {}, "seeds": [], "splits": [], "baseline": "sinusoidal", **keys}
+
+
+def _is_export(arg: str) -> bool:
+    """Whether a command-line argument names a CTranslate2 export (a folder holding its marker file)."""
+    try:
+        return "\n" not in arg and Path(arg, "fr2en_ctranslate2.json").is_file()
+    except OSError:  # not a path: too long a name, or one the system refuses
+        return False
 
 
 class ScriptHost:

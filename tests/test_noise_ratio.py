@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_script
+from conftest import results_doc, run_script
 
 from bench.noise_ratio import sd_ratio, table
 
@@ -18,10 +18,7 @@ def _study(folder: Path, sds: list[float], pooled: float, df: int = 12, seeds: i
     power = {"pooled_residual_sd": pooled, "df": df, "seeds": seeds, "power_at_smallest_effect": 0.02,
              "seeds_for_80_at_smallest_effect": 40,
              "per_quantity": [{"label": label, "residual_sd": sd} for label, sd in zip(labels, sds, strict=True)]}
-    results = {"spec": {}, "systems": {}, "primary": {"power": power, "tests": []}, "seeds": list(range(1, seeds + 1))}
-    from utils.study.files import RESULTS_KEYS
-
-    results |= {k: results.get(k, {}) for k in RESULTS_KEYS}
+    results = results_doc(primary={"power": power, "tests": []}, seeds=list(range(1, seeds + 1)))
     (folder / "results.json").write_text(json.dumps(results))
     return folder
 

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_script
+from conftest import results_doc, run_script
 
 from bench.pilot_design import design, family, paired_residual, upper_limit
-from utils.study.files import RESULTS_KEYS
 from utils.study.presets import EXTRAPOLATION_FAMILY
 from utils.study.spec import read_family
 
@@ -85,7 +84,7 @@ COOL = ("train.cooldown=0.2", "train.ema_decay=0.99")
 
 def _write(folder: Path, arm: dict) -> None:
     folder.mkdir()
-    (folder / "results.json").write_text(json.dumps(arm | {k: arm.get(k, {}) for k in RESULTS_KEYS}))
+    (folder / "results.json").write_text(json.dumps(results_doc(**arm)))
 
 
 def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> None:

@@ -275,6 +275,54 @@ def test_published_hypotheses_and_results_are_checked_and_refused_in_one_line(
     assert len(err.splitlines()) == 1 and err.rstrip().endswith("not a study's results")
 
 
+def test_a_results_json_of_another_shape_is_one_line_for_every_command_that_reads_it(tmp_path: Path) -> None:
+    """A results.json without its checksum (an older version's, or hand-made) whose keys hold something else than a
+    study writes: study_stop, noise_ratio, pilot_design and study_report each say so in one line, exit 2, and write
+    nothing (they raised KeyError, AttributeError or TypeError). Out-of-range counts are refused the same way, before
+    a report is rewritten with them."""
+    from conftest import run_script
+
+    base = {"spec": {"config": "configs/demo.yaml"}, "systems": {"a": {}}, "seeds": [1, 2, 3, 4, 5, 6],
+            "splits": ["test"], "baseline": "a"}
+    cases = {"no_primary": (base, "no 'primary': not a study's results"),
+             "bad_primary": ({**base, "primary": "oops"}, "'primary' is not an object with a list of tests"),
+             "no_power": ({**base, "primary": {"tests": []}}, "no 'primary.power'"),
+             "bad_spec": ({**base, "spec": "x", "systems": []}, "'spec' is not an object"),
+             "bad_seeds": ({**base, "seeds": ["one"]}, "'seeds' is not a list of seeds")}
+    for name, (doc, _) in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(doc))
+    commands = [("bench/study_stop.py", ["no_primary", "bad_primary"]),
+                ("bench/noise_ratio.py", ["no_power", "bad_primary"]),
+                ("bench/pilot_design.py", ["bad_spec", "no_power"]),
+                ("bench/study_report.py", ["bad_spec", "bad_seeds"])]
+    for script, names in commands:
+        for name in names:
+            folder = str(tmp_path / name)
+            args = {"bench/noise_ratio.py": [folder, folder], "bench/pilot_design.py": [folder, folder, "--out",
+                    str(tmp_path / "design")]}.get(script, [folder])
+            res = run_script(script, *args)
+            last = res.stderr.strip().splitlines()[-1]
+            assert res.returncode == 2 and "Traceback" not in res.stderr, (script, name, res.stderr[-2000:])
+            assert cases[name][1] in last and str(tmp_path / name / "results.json") in last, (script, name, last)
+    assert not (tmp_path / "design").exists()
+    assert {p.name for p in tmp_path.rglob("*") if p.is_file()} == {"results.json"}  # nothing written
+    published = ROOT / "bench" / "studies" / "seed-table"
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "results.json").write_bytes((published / "results.json").read_bytes())
+    for bad in ("-1", "0"):
+        res = run_script("bench/study_report.py", str(copy), "--bootstrap", bad)
+        assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
+            f"error: --bootstrap must be in 1..10000000 (resamples), got {bad}")
+    assert [p.name for p in copy.iterdir()] == ["results.json"]
+    assert (copy / "results.json").read_bytes() == (published / "results.json").read_bytes()
+    res = run_script("bench/sequential_design.py", "--looks", "2,3", "--family", "1" + "0" * 300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].endswith("error: --family must be in 1..1000000 (tests in the family), "
+                                                        "got 1" + "0" * 300)
+
+
 def test_the_site_generator_says_one_line_for_a_damaged_results_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from docs import generate, study_pages

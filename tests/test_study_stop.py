@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_script
+from conftest import results_doc, run_script
 
 from utils.config import ConfigError
-from utils.study.files import RESULTS_KEYS
 from utils.study.looks import settled
 
 LABELS = ("chrF x4", "chrF drop")
@@ -55,7 +54,7 @@ def test_looks_of_another_design_or_family_are_refused_in_one_line() -> None:
 def test_the_command_says_stop_or_continue_first(tmp_path: Path) -> None:
     for k, look in ((1, _look(1, 2, resolved={"rope: chrF x4"})), (2, _look(2, 2))):
         (tmp_path / f"look{k}").mkdir()
-        results = {"primary": look} | {key: {} for key in RESULTS_KEYS if key != "primary"}
+        results = results_doc(primary=look)
         results["compute"] = {"runs": {}, "total": {"runs": 10 * k, "train_cpu_hours": 6.0 * k, "decode_cpu_hours": k,
                                                     "train_gpu_minutes": 0.0, "decode_gpu_minutes": 0.0,
                                                     "threads_unrecorded": []}}

@@ -169,17 +169,42 @@ class Ledger:
 # ---------------------------------------------------------------------------------------------- a study's folder
 
 RESULTS_KEYS = ("spec", "systems", "seeds", "splits", "baseline")
+#: What each key of a study's results holds, where the commands that read them rely on it: key (dotted: within
+#: another) -> (a test of its value, what it should be).
+RESULTS_SHAPE: dict[str, tuple[Any, str]] = {
+    "spec": (lambda v: isinstance(v, dict), "an object"),
+    "systems": (lambda v: isinstance(v, dict) and all(isinstance(e, dict) for e in v.values()),
+                "an object of one object per system"),
+    "seeds": (lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+              "a list of seeds"),
+    "splits": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of split names"),
+    "baseline": (lambda v: isinstance(v, str), "a system's name"),
+    "primary": (lambda v: isinstance(v, dict) and isinstance(v.get("tests"), list)
+                and all(isinstance(t, dict) for t in v["tests"]), "an object with a list of tests"),
+    "primary.power": (lambda v: isinstance(v, dict), "an object"),
+    "primary.design": (lambda v: v is None or isinstance(v, dict), "an object"),
+}
 
 
-def read_results(folder: Path) -> dict[str, Any]:
-    """A study's ``results.json``: a JSON object holding a study's results, unchanged since written where it
-    records its checksum; StudyFileError naming it otherwise."""
+def read_results(folder: Path, need: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A study's ``results.json``: a JSON object holding a study's results (``RESULTS_KEYS``, and the keys of
+    ``need``, dotted within another: ``primary.power``), each of the shape ``RESULTS_SHAPE`` gives, unchanged since
+    written where it records its checksum; StudyFileError naming it otherwise (one line)."""
     path = Path(folder) / "results.json"
     doc = read_json(path, "a study's results")
-    missing = [k for k in RESULTS_KEYS if k not in doc]
-    if missing:
-        raise StudyFileError(f"{path}: no {', '.join(repr(k) for k in missing)}: not a study's results")
     verify_own(path, doc, "restore it as it was published or written (it cannot be recomputed from itself)")
+    for key in (*RESULTS_KEYS, *need, *(k for k in RESULTS_SHAPE if k not in RESULTS_KEYS and k not in need)):
+        parent, _, last = key.rpartition(".")
+        holder = doc if not parent else doc.get(parent)
+        if not isinstance(holder, dict) or last not in holder:
+            if key in RESULTS_KEYS or key in need:
+                raise StudyFileError(f"{path}: no {key!r}: not a study's results (or a study scored by an older "
+                                     "version, without it)")
+            continue
+        test, what = RESULTS_SHAPE.get(key, (lambda v: True, ""))
+        if not test(holder[last]):
+            raise StudyFileError(f"{path}: {key!r} is not {what}: not a study's results as a study writes them; "
+                                 "restore it as it was published or written")
     return doc
 
 

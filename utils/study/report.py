@@ -477,6 +477,8 @@ def main() -> int:
         args.folder = sorted(p.parent for p in (ROOT / "bench" / "studies").glob("*/results.json"))
     if not args.folder:
         parser.error("the study folder is missing")
+    if args.bootstrap is not None and not 1 <= args.bootstrap <= 10**7:
+        parser.error(f"--bootstrap must be in 1..10000000 (resamples), got {args.bootstrap}")
     for folder in args.folder:
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json")
