@@ -132,8 +132,11 @@ def run(local_rank: int, args: argparse.Namespace) -> None:
     rank = idist.get_rank()
     cfg = resolve_config(args)
     if args.resume:
+        from utils.run.checkpoint import check_checkpoint_file
+
         run_dir = RunDir(args.resume).root  # through a <name>_latest link: the run itself
         if rank == 0:
+            check_checkpoint_file(RunDir(run_dir).last)  # a damaged last.pt: one line, nothing written
             lock_run(run_dir)  # before anything is written: a second --resume of this run stops here
     else:
         corpus = None

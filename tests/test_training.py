@@ -166,6 +166,13 @@ def test_resume_refuses_a_model_change_and_a_missing_checkpoint(tmp_path: Path, 
     assert res.stderr.strip().splitlines()[-1].startswith("error: --set has model.d_model=64")
     res = run_script("train.py", "--resume", str(tmp_path))
     assert res.returncode == 2 and "no checkpoints/last.pt" in res.stderr
+    # A damaged last.pt is one line before anything is written: no lock, no log line, no TensorBoard file.
+    (run / "checkpoints" / "last.pt").write_bytes(b"random bytes, not a checkpoint")
+    before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    res = run_script("train.py", "--resume", str(run), "--set", "train.max_steps=3")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        f"error: {run / 'checkpoints' / 'last.pt'} is not a PyTorch checkpoint (torch.save writes a zip archive)")
+    assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path, tiny_config) -> None:

@@ -76,6 +76,23 @@ def _free_space(folder: Path) -> str:
 def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """A checkpoint's dict, read with ``weights_only=True`` (never unpickled); CheckpointError, one line, if
     the file is missing, empty, not a checkpoint, damaged, or holds Python objects beyond tensors."""
+    path = check_checkpoint_file(path)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a damaged archive raises many kinds
+        if type(e).__name__ == "UnpicklingError":  # weights_only refused a Python object
+            raise CheckpointError(f"{path} holds Python objects beyond tensors and numbers: refused, "
+                                  "this toolkit never unpickles checkpoints") from None
+        raise CheckpointError(f"checkpoint {path} is damaged ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a checkpoint of this toolkit (it holds a {type(state).__name__})")
+    return state
+
+
+def check_checkpoint_file(path: Path | str) -> Path:
+    """``path``, a file that ``torch.save`` wrote whole: CheckpointError, one line, if it is missing, a folder,
+    empty, not a zip archive, or one whose members fail their CRC check (what ``load_checkpoint`` checks before
+    reading; ``train.py --resume`` checks it before it writes anything)."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder, not a checkpoint file")
@@ -89,16 +106,7 @@ def load_checkpoint(path: Path | str, map_location: str | torch.device = "cpu") 
                                   "it was written)")
         raise CheckpointError(f"{path} is not a PyTorch checkpoint (torch.save writes a zip archive)")
     _check_crc(path)
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - a damaged archive raises many kinds
-        if type(e).__name__ == "UnpicklingError":  # weights_only refused a Python object
-            raise CheckpointError(f"{path} holds Python objects beyond tensors and numbers: refused, "
-                                  "this toolkit never unpickles checkpoints") from None
-        raise CheckpointError(f"checkpoint {path} is damaged ({type(e).__name__})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path} is not a checkpoint of this toolkit (it holds a {type(state).__name__})")
-    return state
+    return path
 
 
 def _check_crc(path: Path) -> None:
