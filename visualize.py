@@ -76,9 +76,12 @@ def main() -> int:
         raise ConfigError(f"--length must be >= 1, got {args.length}")
     check_length(args)
     run = load_run(args.model_path, args.config, args.overrides, args.device)
+    from utils.figures.maps import check_layer
     from utils.io import ensure_dir
     from utils.run.layout import RunDir
 
+    if args.alignment:
+        check_layer(args.layer, run.model.cfg.decoder_layers)  # before anything is written
     rd = RunDir(run.run_dir)
     out_dir = ensure_dir(args.out if args.out else rd.figures, "--out")
 
@@ -169,13 +172,13 @@ def align_file(args: argparse.Namespace) -> int:
     import sys
 
     from utils.config import ConfigError
-    from utils.figures.maps import alignment, attention_from_ids, encode_pair
+    from utils.figures.maps import alignment, attention_from_ids, check_layer, encode_pair
     from utils.io import atomic_write_text, ensure_dir
     from utils.run.load import load_run
     from utils.translation.translate import InputError, StreamReport, open_source, source_lines
 
     run = load_run(args.model_path, args.config, args.overrides, args.device)
-    out_dir = ensure_dir(args.out if args.out else run.run_dir / "visualize", "--out")
+    check_layer(args.layer, run.model.cfg.decoder_layers)  # every check before anything is written
     with open_source(args.input) as stream:
         sources = list(source_lines(stream, args.input, StreamReport()))
     targets: list[str | None] = [None] * len(sources)
@@ -184,6 +187,7 @@ def align_file(args: argparse.Namespace) -> int:
             targets = list(source_lines(stream, args.tgt_input, StreamReport()))
         if len(targets) != len(sources):
             raise ConfigError(f"--tgt_input has {len(targets)} lines but --input has {len(sources)}")
+    out_dir = ensure_dir(args.out if args.out else run.run_dir / "visualize", "--out")
     lines, agreement, skipped = [], [], 0
     for src, tgt in zip(sources, targets, strict=True):
         try:

@@ -363,3 +363,16 @@ def test_alignment_cli_for_a_sentence_and_a_file(runs: dict[str, Path], tmp_path
     assert (tmp_path / "e" / "alignment.txt").read_text() == "" and "no sentence aligned" in res.stdout
     bad = cli("--model_path", str(runs["rope"]), "--alignment", "--src_text", SRC, "--layer", "5")
     assert bad.returncode == 2 and "--layer 5: the decoder has 1 layers" in bad.stderr
+    # Refused before anything is written: no --out folder left behind.
+    binary = tmp_path / "bin.dat"
+    binary.write_bytes(b"\x00\x01\x02 binary")
+    two = tmp_path / "two.txt"
+    two.write_text("a\nb\n", encoding="utf-8")
+    for n, (flags, why) in enumerate(((["--src_text", SRC, "--layer", "5"], "--layer 5: the decoder has 1 layers"),
+                                      (["--input", str(src), "--layer", "5"], "--layer 5: the decoder has 1 layers"),
+                                      (["--input", str(binary)], "is not a text file"),
+                                      (["--input", str(src), "--tgt_input", str(two)], "--tgt_input has 2 lines"))):
+        out = tmp_path / f"refused{n}"
+        bad = cli("--model_path", str(runs["rope"]), "--alignment", *flags, "--out", str(out))
+        assert bad.returncode == 2 and why in bad.stderr.strip().splitlines()[-1], bad.stderr
+        assert not out.exists(), flags

@@ -139,11 +139,16 @@ class Alignment:
         return sum(near) / max(tt, 1)
 
 
+def check_layer(layer: int, layers: int) -> None:
+    """InputError, one line, unless ``layer`` names one of a decoder's ``layers`` (-1: the last)."""
+    if not -layers <= layer < layers:
+        raise InputError(f"--layer {layer}: the decoder has {layers} layers (0..{layers - 1}, or -1 for the last)")
+
+
 def alignment(src_tokens: list[str], tgt_tokens: list[str], attention: Attention, layer: int = -1) -> Alignment:
     """Hard alignment from cross-attention ``layer`` (default the last), mean over heads."""
     n = len(attention.cross)
-    if not -n <= layer < n:
-        raise InputError(f"--layer {layer}: the decoder has {n} layers (0..{n - 1}, or -1 for the last)")
+    check_layer(layer, n)
     w = attention.cross[layer][0].mean(0)
     return Alignment(src_tokens, predicted_labels(tgt_tokens), w.argmax(-1).tolist(), w, layer % n)
 
