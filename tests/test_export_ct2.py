@@ -143,8 +143,6 @@ def test_device_auto_lets_ctranslate2_choose_as_a_run_does(trained: Path, tmp_pa
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """``--device auto`` (the default) on an export is CTranslate2's auto, its GPU where it has one, as a PyTorch
     run takes the GPU when present (it meant the CPU); the engine says which it got. Loaded only, not decoding."""
-    import ctranslate2
-
     import inference
 
     out = tmp_path / "ct2"

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 from utils.cli import run_main
 from utils.config import ConfigError
@@ -280,8 +280,6 @@ def test_a_results_json_of_another_shape_is_one_line_for_every_command_that_read
     study writes: study_stop, noise_ratio, pilot_design and study_report each say so in one line, exit 2, and write
     nothing (they raised KeyError, AttributeError or TypeError). Out-of-range counts are refused the same way, before
     a report is rewritten with them."""
-    from conftest import run_script
-
     base = {"spec": {"config": "configs/demo.yaml"}, "systems": {"a": {}}, "seeds": [1, 2, 3, 4, 5, 6],
             "splits": ["test"], "baseline": "a"}
     cases = {"no_primary": (base, "no 'primary': not a study's results"),
