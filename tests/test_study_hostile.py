@@ -321,6 +321,46 @@ def test_a_results_json_of_another_shape_is_one_line_for_every_command_that_read
                                                         "got 1" + "0" * 300)
 
 
+def test_a_study_command_out_of_range_or_a_damaged_definition_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    """bench/study.py: seeds beyond any study, a non-ASCII digit in --only, a --merge folder that is no study, a
+    family's design of the wrong types and a damaged study.json were tracebacks, or left a study folder and its lock
+    behind; --score-only of a study never trained is refused as before, its folder not left behind either."""
+    runs = tmp_path / "runs"
+    base = ["--config", "configs/demo.yaml", "--grid", "model.attention_pe=none,rope", "--name", "g", "--steps", "10",
+            "--runs", str(runs)]
+    family = tmp_path / "family.json"
+    cases = [(["--seeds", "100000000000", "--score-only"], "--seeds must be at most 10000, got 100000000000"),
+             (["--only", "attention_pe=rope:\u00b2", "--train-only"], "the seed must be one of 1..3 (--seeds 3)"),
+             (["--merge", str(tmp_path / "nowhere"), "--score-only"],
+              f"--merge {tmp_path / 'nowhere'}: not a study folder (it has no runs/)"),
+             (["--score-only"], "error: --score-only: 6 of 6 runs are not trained to the budget")]
+    designs = (({"looks": [2, 4], "spending": {}}, "family.sequential.spending: {} is not one of: obf, pocock"),
+               ({"looks": [2, 4], "beta": "abc"}, "family.sequential.beta: 'abc' is not a number"),
+               ({"looks": [2, 4], "futility": "yes"}, "family.sequential.futility: 'yes' is not true or false"))
+    for design, why in designs:
+        cases.append((["--family", str(family), "--train-only", "--seeds", "4"], why))
+        family.write_text(json.dumps({"declared": "before the runs", "sequential": design}))
+        res = run_script("bench/study.py", *base, *cases[-1][0])
+        assert res.returncode == 2 and "Traceback" not in res.stderr and why in res.stderr.strip().splitlines()[-1], \
+            res.stderr[-2000:]
+    for flags, why in cases[:4]:
+        res = run_script("bench/study.py", *base, *flags)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert why in res.stderr.strip().splitlines()[-1], (flags, res.stderr[-1000:])
+        assert not runs.exists() or not any(runs.iterdir()), list(runs.rglob("*"))  # nothing made
+    folder = runs / "study_g"
+    folder.mkdir(parents=True)
+    variants = [{"label": "attention_pe=none", "overrides": ["model.attention_pe=none"]},
+                {"label": "attention_pe=rope", "overrides": [{}]}]
+    damaged = (({"variants": variants, "steps": 10}, "its variants are not a list of label and overrides"),
+               ({"variants": variants[:1], "steps": "abc"}, "its budget (steps, tokens) or seeds are not counts"))
+    for spec, why in damaged:
+        (folder / "study.json").write_text(json.dumps(spec))
+        res = run_script("bench/study.py", *base, "--score-only")
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert res.stderr.strip().splitlines()[-1] == f"error: {folder / 'study.json'}: {why}: not a study's definition"
+
+
 def test_the_site_generator_says_one_line_for_a_damaged_results_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from docs import generate, study_pages

@@ -69,6 +69,9 @@ from utils.study.spec import (
 )
 from utils.study.stages import Study, attention, open_study, report, score, train
 
+#: The most seeds a study may ask for (a seed is a run of every variant).
+MAX_SEEDS = 10_000
+
 
 def study_launcher(parser: argparse.ArgumentParser, args: argparse.Namespace, study: Path) -> Launcher | None:
     """The launcher ``--launcher`` names (None: local, the study's own processes), checked before the study
@@ -258,7 +261,7 @@ def _only(parser: argparse.ArgumentParser, args: argparse.Namespace, labels: lis
         if label not in labels:
             parser.error(f"--only {item!r}: not LABEL:SEED with a label of the study's variants "
                          f"({', '.join(labels)})")
-        if not seed.isdigit() or not 1 <= int(seed) <= args.seeds:
+        if not (seed.isascii() and seed.isdigit()) or not 1 <= int(seed) <= args.seeds:
             parser.error(f"--only {item!r}: the seed must be one of 1..{args.seeds} (--seeds {args.seeds})")
         if (label, int(seed)) not in runs:
             runs.append((label, int(seed)))
@@ -274,6 +277,8 @@ def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace, var
                         (args.jobs, "--jobs")):
         if value is not None and value < 1:
             parser.error(f"{flag} must be >= 1, got {value}")
+    if args.seeds > MAX_SEEDS:
+        parser.error(f"--seeds must be at most {MAX_SEEDS}, got {args.seeds}")
     if args.seeds < 2 and not (args.train_only or args.decode_only):  # refused before anything runs
         parser.error("scoring and the report need --seeds 2 or more (seeds are the blocks of every test); "
                      "train a pilot with --train-only, or decode runs with --decode-only")
@@ -368,6 +373,9 @@ def define(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Study:
     check_free(folder)  # another process runs this study: refused at once, nothing read or written
     spec_file = folder / "study.json"
     recorded = read_spec(spec_file) if spec_file.is_file() else None  # this study's, when resumed
+    for other in args.merge:  # checked before the study's folder is made
+        if not (Path(other) / "runs").is_dir():
+            parser.error(f"--merge {other}: not a study folder (it has no runs/)")
     if args.grid and recorded is not None:
         variants = recorded_labels(variants, recorded)
     _check_values(parser, args, variants, user_sets)

@@ -208,6 +208,11 @@ def read_results(folder: Path, need: tuple[str, ...] = ()) -> dict[str, Any]:
     return doc
 
 
+def _count_or_none(value: Any) -> bool:
+    """Whether ``value`` is a whole number of 0 or more (not a boolean), or None."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
 def read_spec(path: Path) -> dict[str, Any]:
     """A study's ``study.json`` (its definition: variants, seeds, budget); StudyFileError naming it if it is not
     one (truncated, not JSON, variants that are not label and overrides)."""
@@ -215,8 +220,12 @@ def read_spec(path: Path) -> dict[str, Any]:
     variants = doc.get("variants", [])
     if not isinstance(variants, list) or not all(
             isinstance(v, dict) and isinstance(v.get("label"), str) and isinstance(v.get("overrides"), list)
-            for v in variants):
+            and all(isinstance(o, str) for o in v["overrides"]) for v in variants):
         raise StudyFileError(f"{path}: its variants are not a list of label and overrides: not a study's definition")
+    seeds = doc.get("seeds", [])
+    if not (_count_or_none(doc.get("steps")) and _count_or_none(doc.get("tokens")) and isinstance(seeds, list)
+            and all(_count_or_none(s) and s is not None for s in seeds)):
+        raise StudyFileError(f"{path}: its budget (steps, tokens) or seeds are not counts: not a study's definition")
     return doc
 
 

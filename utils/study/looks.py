@@ -56,8 +56,16 @@ class Design:
                 or looks[0] < 2 or list(looks) != sorted(set(looks))):
             raise ConfigError(f"family.sequential.looks: {looks!r}: increasing seed counts, each at least 2 "
                               "(a seed test needs two), e.g. [6, 12, 18, 24]")
-        design = cls(tuple(looks), raw.get("spending", "obf"), bool(raw.get("futility", False)),
-                     float(raw.get("beta", 0.2)),
+        spending, futility = raw.get("spending", "obf"), raw.get("futility", False)
+        if not isinstance(spending, str) or spending not in SPENDING_NAMES:
+            raise ConfigError(f"family.sequential.spending: {spending!r} is not one of: obf, pocock")
+        if not isinstance(futility, bool):
+            raise ConfigError(f"family.sequential.futility: {futility!r} is not true or false")
+        for key in ("beta", "residual_sd"):
+            value = raw.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ConfigError(f"family.sequential.{key}: {value!r} is not a number")
+        design = cls(tuple(looks), spending, futility, float(raw.get("beta", 0.2)),
                      None if raw.get("residual_sd") is None else float(raw["residual_sd"]))
         if design.spending not in SPENDING_NAMES:
             raise ConfigError(f"family.sequential.spending: {design.spending!r} is not one of: obf, pocock")

@@ -153,6 +153,17 @@ def _settle_family(study: Study) -> None:
               + ", ".join(f"{label} ({where})" for label, where in elsewhere.items()), flush=True)
 
 
+def _unmake(folder: Path) -> None:
+    """Remove a study folder that holds nothing but its lock (made by a start that is refused now): a refused
+    command leaves nothing behind."""
+    if folder.is_dir() and {p.name for p in folder.iterdir()} <= {"study.lock"}:
+        from utils.study.lock import unlock_study
+
+        unlock_study(folder)
+        (folder / "study.lock").unlink(missing_ok=True)
+        folder.rmdir()
+
+
 def train(study: Study) -> dict[str, int]:
     """Train (or resume, or link) every run to the budget, after writing study.json; the scored training step of
     each run trained before this call, by job key. ``--score-only`` and ``--decode-only`` refuse, training nothing,
@@ -162,6 +173,7 @@ def train(study: Study) -> dict[str, int]:
     _settle_family(study)
     if (study.args.score_only or study.args.decode_only) and todo:
         stage = "--score-only" if study.args.score_only else "--decode-only"
+        _unmake(study.folder)
         raise ConfigError(f"{stage}: {len(todo)} of {len(study.selected)} runs are not trained to the budget "
                           f"({', '.join(key.removeprefix('train ') for key, _, _ in todo)}); nothing was trained "
                           "or scored: train them first (--train-only)")
