@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--test-variant", action="append", default=[], metavar="[LABEL+]TAG:KEY=V,...",
                         help="also score the trained models under inference-only overrides, e.g. a RoPE scaling: "
                              "rope+linear:model.rope.scaling=linear,model.rope.factor=8 (repeatable)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant: 1..N (default 3)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant: 1..N (default 3, at most 10000)")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--steps", type=int, help="optimizer steps per run")
     budget.add_argument("--tokens", type=int, help="target tokens per run")
