@@ -314,6 +314,10 @@ def test_headers_over_the_limit_are_refused_431_and_not_held(bare: int) -> None:
     # headers over the limit that arrive at once: the same status
     status, _, answer = call(port, "GET", "/health", headers={"X-Junk": "a" * 9000})
     assert status == 431 and "over the limit of 8192" in answer["error"] and "--max-header-bytes" in answer["error"]
+    # a long request line counts too: a query string over the limit, headers small, arriving at once
+    status, _, answer = call(port, "GET", "/health?" + "a" * 9000)
+    assert status == 431 and answer["error"].startswith("the request's line and headers have ") and \
+        "over the limit of 8192" in answer["error"], answer
     assert health(port)["status"] == "ok"
 
 

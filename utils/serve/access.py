@@ -92,9 +92,12 @@ def _shown(value: str) -> str:
 def refusal(scope: Scope, access: Access, max_header_bytes: int) -> tuple[int, str] | None:
     """(status, one line) for a request this server does not answer, else None."""
     headers = scope.get("headers", [])
-    size = sum(len(k) + len(v) + 4 for k, v in headers)
+    target = scope.get("raw_path") or scope.get("path", "").encode("utf-8")
+    query = scope.get("query_string") or b""
+    line = len(scope.get("method", "")) + 1 + len(target) + (1 + len(query) if query else 0) + 11  # HTTP/1.1\r\n
+    size = line + sum(len(k) + len(v) + 4 for k, v in headers)  # the request line counts, as uvicorn reads it
     if size > max_header_bytes:
-        return 431, (f"the request's headers have {size} bytes, over the limit of {max_header_bytes} "
+        return 431, (f"the request's line and headers have {size} bytes, over the limit of {max_header_bytes} "
                      "(--max-header-bytes; a server started with a larger one takes them)")
     values = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
     host = values.get("host")
