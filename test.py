@@ -88,10 +88,10 @@ def main() -> int:
     overrides = decode_overrides(args) + mode_overrides(args) + [f"decode.beam={beams[0]}", "decode.nbest=1"]
     if args.buckets:
         overrides.append(f"eval.length_buckets=[{args.buckets}]")
-    average = apply_average_args(parser, args)
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.+-]+", args.tag):
         parser.error(f"--tag {args.tag!r}: use letters, digits and _ . + - only")
     guides = load_guides(args)  # bad files fail before the model loads
+    average = apply_average_args(parser, args)  # --save_average writes: after every check that reads no model
     run = load_ensemble(paths, args.config, overrides, args.device, average=average)
     cfg = run.cfg
     check_mode_flags(args, cfg.decode)

@@ -75,6 +75,9 @@ def test_training_keeps_the_last_k_checkpoints_and_the_cli_averages_them(tmp_pat
     other = create_run_dir(every, tmp_path / "runs2")
     train(every, other)
     assert [p.name for p in periodic_checkpoints(other / "checkpoints")] == ["step_3.pt", "step_6.pt"]
+    res = run_script("test.py", "--model_path", str(run), "--average", "3", "--save_average", "--tag", "../x")
+    assert res.returncode == 2 and "--tag '../x'" in res.stderr.strip().splitlines()[-1]
+    assert not list((run / "checkpoints").glob("average*"))  # refused before the average is saved
     res = run_script("test.py", "--model_path", str(run), "--average", "3", "--save_average", "--beam", "1", "--split",
                      "validation")
     assert res.returncode == 0, res.stderr

@@ -191,6 +191,8 @@ def test_constraint_files_as_json_lines_or_tab_separated() -> None:
     assert parse_constraints(["", "[nice]"], fmt="tsv") == [(), ("[nice]",)]  # told: tab-separated
     with pytest.raises(InputError, match="line 1: empty"):  # auto: JSON lines (its first non-blank line)
         parse_constraints(["", '  ["a"]'])
+    with pytest.raises(InputError, match=r'line 1: expected a JSON list of strings \(\[\] for none\), got \{"a": 1\}'):
+        parse_constraints(['{"a": 1}', "[]"])  # a JSON object: JSON lines, refused (not a TSV phrase)
 
 
 @pytest.mark.parametrize("lines, fmt, message", [

@@ -37,7 +37,7 @@ def add_guide_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--constraints_format", "--constraints-format", dest="constraints_format",
                        choices=CONSTRAINT_FORMATS,
                        help="how --constraints is written: jsonl, tsv, or auto (the default: JSON lines if its first "
-                            "non-blank line starts with '[', else tab-separated)")
+                            "non-blank line starts with '[' or '{', else tab-separated)")
 
 
 def check_guide_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -83,13 +83,13 @@ def read_lines(path: str, flag: str) -> list[str]:
 
 def parse_constraints(lines: list[str], fmt: str = "auto", name: str = "--constraints") -> list[tuple[str, ...]]:
     """Each line's phrases: ``jsonl`` (a JSON list of strings, [] for none), ``tsv`` (phrases separated by tabs, an
-    empty line for none) or ``auto`` (jsonl when the first non-blank line starts with '['); whitespace runs in a
+    empty line for none) or ``auto`` (jsonl when the first non-blank line starts with '[' or '{'); whitespace runs in a
     phrase made one space. InputError, one line with the line number, for a line that is not so."""
     from data.lines import clean_text
     from utils.translation.translate import InputError
 
     if fmt == "auto":
-        fmt = "jsonl" if next((line.lstrip() for line in lines if line.strip()), "").startswith("[") else "tsv"
+        fmt = "jsonl" if next((line.lstrip() for line in lines if line.strip()), "").startswith(("[", "{")) else "tsv"
     out: list[tuple[str, ...]] = []
     for n, line in enumerate(lines, 1):
         where = f"{name} line {n}"
