@@ -8,7 +8,7 @@ import torch
 from models.transformer import Seq2SeqTransformer
 from tokenizer import train_tokenizer
 from utils.config import DecodeConfig, ModelConfig, TokenizerConfig
-from utils.translation.translate import InputError, translate
+from utils.translation.translate import MAX_GUIDE_TOKENS, Guide, InputError, encode_guides, translate
 
 SENTENCES = ["le chat dort", "le chien mange une pomme", "je vois un oiseau", "bonjour", "merci beaucoup"] * 20
 
@@ -48,6 +48,20 @@ def test_over_long_input_is_a_clear_error_or_truncated(tok) -> None:
     assert len(out) == 2  # truncated with a warning, never an index error
     for nbest in out:
         assert all(len(h.tokens) <= 11 for h in nbest)  # outputs stay inside the position table too
+
+
+def test_a_guide_longer_than_a_translation_may_hold_is_one_line(tok) -> None:
+    """A target prefix and constraints stretch the decoder's length cap to hold them: under an encoding with no
+    position limit (sinusoidal), a 7 KB phrase decoded for thousands of steps. Beyond the model's positions, or
+    ``MAX_GUIDE_TOKENS`` where those allow more, it is one line."""
+    long = " ".join(["le chien mange une pomme"] * 400)
+    with pytest.raises(InputError, match=rf"^sentence 1: its prefix and constraints have \d+ tokens with bos, over "
+                       rf"the limit of {MAX_GUIDE_TOKENS} \(what a guide may hold\)$"):
+        encode_guides(tok, [Guide("", (long,))], None)
+    with pytest.raises(InputError, match=r"over the limit of 12 \(the model's positions\)$"):
+        encode_guides(tok, [Guide(" ".join(["le chien mange une pomme"] * 5), ())], 12)
+    (ids,) = encode_guides(tok, [Guide("le chien", ("pomme",))], None)
+    assert ids.prefix and len(ids.constraints) == 1
 
 
 def test_empty_input(tok) -> None:

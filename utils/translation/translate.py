@@ -132,6 +132,12 @@ def encode_target(tokenizer: Tokenizer, text: str, max_length: int | None) -> li
     return ids
 
 
+#: The most tokens a sentence's target prefix and constraints may hold together (bos included) where the model's
+#: positions allow more, or have no end: the decoder's length cap stretches to hold them, so a longer guide would
+#: decode for as many steps (the server's --max-tokens bounds them lower).
+MAX_GUIDE_TOKENS = 1024
+
+
 def encode_guides(tokenizer: Tokenizer, guides: Sequence[Guide | None], max_length: int | None) -> list[GuideIds]:
     """Each guide's prefix and phrases tokenized as target text (``clean_text`` first, as sources are), each phrase
     with the paths that meet it (``phrase_paths``); InputError, one line naming the sentence (counted from 1), for an
@@ -153,9 +159,11 @@ def encode_guides(tokenizer: Tokenizer, guides: Sequence[Guide | None], max_leng
                 raise InputError(f"sentence {n}: constraint {j} is empty")
             phrases.append(paths)
         total = len(ids) + sum(len(paths[0]) for paths in phrases)
-        if max_length is not None and total + 1 > max_length:
+        limit = min(max_length or MAX_GUIDE_TOKENS, MAX_GUIDE_TOKENS)
+        if total + 1 > limit:
+            why = "the model's positions" if limit == max_length else "what a guide may hold"
             raise InputError(f"sentence {n}: its prefix and constraints have {total + 1} tokens with bos, over the "
-                             f"model's limit of {max_length}")
+                             f"limit of {limit} ({why})")
         out.append(GuideIds(ids, tuple(phrases)))
     return out
 
