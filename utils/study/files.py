@@ -175,8 +175,7 @@ RESULTS_SHAPE: dict[str, tuple[Any, str]] = {
     "spec": (lambda v: isinstance(v, dict), "an object"),
     "systems": (lambda v: isinstance(v, dict) and all(isinstance(e, dict) for e in v.values()),
                 "an object of one object per system"),
-    "seeds": (lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
-              "a list of seeds"),
+    "seeds": (lambda v: _counts(v), "a list of seeds"),
     "splits": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of split names"),
     "baseline": (lambda v: isinstance(v, str), "a system's name"),
     "primary": (lambda v: isinstance(v, dict) and isinstance(v.get("tests"), list)
@@ -188,20 +187,20 @@ RESULTS_SHAPE: dict[str, tuple[Any, str]] = {
 
 def read_results(folder: Path, need: tuple[str, ...] = ()) -> dict[str, Any]:
     """A study's ``results.json``: a JSON object holding a study's results (``RESULTS_KEYS``, and the keys of
-    ``need``, dotted within another: ``primary.power``), each of the shape ``RESULTS_SHAPE`` gives, unchanged since
-    written where it records its checksum; StudyFileError naming it otherwise (one line)."""
+    ``need``, keys of ``RESULTS_SHAPE``, dotted within another: ``primary.power``), each of the shape it gives,
+    unchanged since written where it records its checksum; StudyFileError naming it otherwise (one line)."""
     path = Path(folder) / "results.json"
     doc = read_json(path, "a study's results")
     verify_own(path, doc, "restore it as it was published or written (it cannot be recomputed from itself)")
-    for key in (*RESULTS_KEYS, *need, *(k for k in RESULTS_SHAPE if k not in RESULTS_KEYS and k not in need)):
+    required = {*RESULTS_KEYS, *need}
+    for key, (test, what) in RESULTS_SHAPE.items():  # a parent before its dotted keys
         parent, _, last = key.rpartition(".")
-        holder = doc if not parent else doc.get(parent)
+        holder = doc.get(parent) if parent else doc
         if not isinstance(holder, dict) or last not in holder:
-            if key in RESULTS_KEYS or key in need:
+            if key in required:
                 raise StudyFileError(f"{path}: no {key!r}: not a study's results (or a study scored by an older "
                                      "version, without it)")
             continue
-        test, what = RESULTS_SHAPE.get(key, (lambda v: True, ""))
         if not test(holder[last]):
             raise StudyFileError(f"{path}: {key!r} is not {what}: not a study's results as a study writes them; "
                                  "restore it as it was published or written")
@@ -213,6 +212,11 @@ def _count_or_none(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
+def _counts(value: Any) -> bool:
+    """Whether ``value`` is a list of whole numbers of 0 or more (seeds)."""
+    return isinstance(value, list) and all(x is not None and _count_or_none(x) for x in value)
+
+
 def read_spec(path: Path) -> dict[str, Any]:
     """A study's ``study.json`` (its definition: variants, seeds, budget); StudyFileError naming it if it is not
     one (truncated, not JSON, variants that are not label and overrides)."""
@@ -222,9 +226,7 @@ def read_spec(path: Path) -> dict[str, Any]:
             isinstance(v, dict) and isinstance(v.get("label"), str) and isinstance(v.get("overrides"), list)
             and all(isinstance(o, str) for o in v["overrides"]) for v in variants):
         raise StudyFileError(f"{path}: its variants are not a list of label and overrides: not a study's definition")
-    seeds = doc.get("seeds", [])
-    if not (_count_or_none(doc.get("steps")) and _count_or_none(doc.get("tokens")) and isinstance(seeds, list)
-            and all(_count_or_none(s) and s is not None for s in seeds)):
+    if not (_count_or_none(doc.get("steps")) and _count_or_none(doc.get("tokens")) and _counts(doc.get("seeds", []))):
         raise StudyFileError(f"{path}: its budget (steps, tokens) or seeds are not counts: not a study's definition")
     return doc
 
