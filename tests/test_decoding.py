@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import pytest
 import torch
 
@@ -14,7 +17,16 @@ V = 24
 
 
 def trained_copy_model() -> Seq2SeqTransformer:
-    """A tiny model fitted for a few hundred steps to reverse-copy sequences: peaked but imperfect."""
+    """A tiny model fitted for a few hundred steps to reverse-copy sequences: peaked but imperfect. Trained once per
+    process; each call returns a copy of its own, with torch's global random state where training left it (as if
+    trained again)."""
+    model, rng = _trained_copy_model()
+    torch.set_rng_state(rng)
+    return copy.deepcopy(model)
+
+
+@functools.cache
+def _trained_copy_model() -> tuple[Seq2SeqTransformer, torch.Tensor]:
     torch.manual_seed(0)
     cfg = ModelConfig(
         d_model=32,
@@ -38,7 +50,7 @@ def trained_copy_model() -> Seq2SeqTransformer:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return model.eval()
+    return model.eval(), torch.get_rng_state()
 
 
 @pytest.fixture(scope="module")
