@@ -25,7 +25,8 @@ and took it as a point estimate.
 
 Each folder must be its arm scored at all six seeds (its ``--set`` overrides say which arm it is): anything else is
 refused in one line. Writes ``DIR/design.json`` (the rule's inputs and what it decided) and ``DIR/family.json`` (for
-``bench/study.py --family``: the first study's 24 tests with this design), and prints the decision.
+``bench/study.py --family``: the first study's 24 tests with this design, RoPE+NTK and RoPE+YaRN declared as
+decodings of the RoPE models), and prints the decision.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ CONFIDENCE = 0.8  # rule 2: the planning SD's upper confidence limit
 X1_SPLITS = ("test.tatoeba", "test.multi30k-2016")
 ARMS = {"cool": ["train.cooldown=0.2", "train.ema_decay=0.99"], "plain": []}  # the arms' --set overrides
 PILOT_SEEDS = [1, 2, 3, 4, 5, 6]  # the pilot's seeds: the rule reads them all
+# The family's test-time decodings of the RoPE models (amendment of 2026-11-30 on the seed test): each is tested in
+# the ANOVA of the trained systems with it in RoPE's place, not beside RoPE.
+DECODINGS = {"rope+ntk": "rope", "rope+yarn": "rope"}
 DECLARED = ("pre-registered on 2026-11-29 (the second extrapolation study's pre-registration), before any of its "
             "runs; its training arm, seeds and looks by the rule fixed there, from the noise pilot "
             "(bench/pilot_design.py)")
@@ -145,7 +149,7 @@ def family(decided: dict[str, Any]) -> dict[str, Any]:
     """The family file of the decided design: the first study's 24 tests (``EXTRAPOLATION_FAMILY``) with its looks."""
     from utils.study.presets import EXTRAPOLATION_FAMILY
 
-    return {**EXTRAPOLATION_FAMILY, "declared": DECLARED,
+    return {**EXTRAPOLATION_FAMILY, "declared": DECLARED, "decodings": DECODINGS,
             "sequential": {"looks": decided["looks"], "spending": "obf", "futility": True, "beta": BETA,
                            "residual_sd": decided["planning_sd"]}}
 

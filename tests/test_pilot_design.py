@@ -63,6 +63,7 @@ def test_a_quieter_arm_of_the_same_quality_is_chosen_and_sets_the_seeds() -> Non
     assert f["sequential"] == {"looks": [8, 15, 22], "spending": "obf", "futility": True, "beta": 0.2,
                                "residual_sd": d["planning_sd"]}
     assert f["declared"].startswith("pre-registered on 2026-11-29")
+    assert f["decodings"] == {"rope+ntk": "rope", "rope+yarn": "rope"}  # tested in RoPE's place, not beside it
 
 
 @pytest.mark.parametrize(("cool", "why"), [((1.20, 56.0), "noise: ratio 0.92 > 0.9"),
@@ -98,6 +99,7 @@ def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> Non
     assert json.loads((tmp_path / "d" / "design.json").read_text())["seeds"] == 22
     declared = read_family(tmp_path / "d" / "family.json")
     assert declared["sequential"]["looks"] == [8, 15, 22] and len(declared["systems"]) == 6
+    assert declared["decodings"] == {"rope+ntk": "rope", "rope+yarn": "rope"}
     missing = run_script("bench/pilot_design.py", str(tmp_path / "cool"), str(tmp_path / "none"), "--out",
                          str(tmp_path / "e"))
     assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].endswith(
@@ -130,7 +132,8 @@ def test_only_the_two_arms_scored_at_all_six_seeds_are_read(tmp_path: Path) -> N
     ('{"declared": "x", "metric": "TER"}', 'metric: "TER" is not one of chrF, BLEU'),
     ('{"declared": "x", "drops": ["a"]}', "drops: [\"a\"] is not an object"),
     ('{"declared": "x", "sequential": {"looks": [4, 2]}}', "family.sequential.looks: [4, 2]: increasing seed counts"),
-    ('{"declared": "x", "sequential": {"looks": [2, 4], "futility": true}}', "futility needs residual_sd > 0")])
+    ('{"declared": "x", "sequential": {"looks": [2, 4], "futility": true}}', "futility needs residual_sd > 0"),
+    ('{"declared": "x", "decodings": ["rope+ntk"]}', 'decodings: ["rope+ntk"] is not an object: a test-time decoding')])
 def test_a_family_file_is_checked_in_one_line(tmp_path: Path, text: str, said: str) -> None:
     from utils.config import ConfigError
 

@@ -343,6 +343,13 @@ def test_a_study_command_out_of_range_or_a_damaged_definition_is_one_line_and_le
         res = run_script("bench/study.py", *base, *cases[-1][0])
         assert res.returncode == 2 and "Traceback" not in res.stderr and why in res.stderr.strip().splitlines()[-1], \
             res.stderr[-2000:]
+    # A decoding must be a test-time variant of the family of the trained system it names (not a trained system).
+    family.write_text(json.dumps({"declared": "before the runs", "systems": ["attention_pe=rope"],
+                                  "decodings": {"attention_pe=rope": "attention_pe=none"}}))
+    res = run_script("bench/study.py", *base, "--family", str(family), "--train-only")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
+        "decodings: 'attention_pe=rope' -> 'attention_pe=none': a system of the family, a test-time decoding "
+        "('label+tag') of the trained system it names, which is not the baseline"), res.stderr[-2000:]
     for flags, why in cases[:4]:
         res = run_script("bench/study.py", *base, *flags)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]

@@ -16,7 +16,7 @@ from utils.schema import ConfigError
 from utils.study.analysis import Family
 from utils.study.looks import Design, look_fractions
 from utils.study.report import analyse
-from utils.study.sections import design_lines, length_lines
+from utils.study.sections import design_lines, length_lines, primary_lines
 from utils.study.sequential import efficacy_bounds, futility_bounds, nominal_p, spent
 
 WORDS = ("the cat sat on a mat while his old dog slept near the warm fire and "
@@ -118,6 +118,7 @@ def test_the_report_puts_them_beside_each_primary_quantity(fixed_study: dict[str
     assert design_lines(fixed_study) == ["Design: fixed (one look): the family is tested once, at 4 seeds per "
                                          "system, the whole α = 0.05 spent at this look.", ""]
     assert fixed_study["primary"]["design"]["kind"] == "fixed"
+    assert next(line for line in primary_lines(fixed_study) if "Power (noncentral t" in line).startswith("Power (")
     assert all("sequential" not in t for t in fixed_study["primary"]["tests"])
 
 
@@ -153,6 +154,8 @@ def test_a_group_sequential_design_gives_the_look_the_alpha_spent_and_each_bound
     assert "looks at 2, 4, 6 seeds per system, Lan-DeMets O'Brien-Fleming type spending of α = 0.05" in text
     assert f"**This is look 2 of 3**, at 4 seeds per system (information 0.67): α spent so far {d['alpha_spent']:.4g}" \
         in text
+    power = next(line for line in primary_lines(results) if "Power (noncentral t" in line)
+    assert power.startswith("A fixed design's power at this look's seeds (not the group-sequential design's")
     # 3 seeds: an unplanned look, the planned one at 2 counted as taken
     three = _study({"splits": [X2], "sequential": {"looks": [2, 4, 6]}}, [1, 2, 3])["primary"]["design"]
     assert (three["look"], three["planned"]) == (2, False)

@@ -240,6 +240,50 @@ def test_a_contrast_another_studys_family_tests_is_neither_in_this_family_nor_te
     assert "No contrast is left in this family" in lines[-2] and "old, new against base" in lines[4]
 
 
+def test_a_test_time_decoding_is_tested_in_its_trained_systems_place_not_beside_it() -> None:
+    """``Family.decodings``: RoPE+NTK decodes the RoPE models, so its per-seed scores follow RoPE's. In one ANOVA with
+    RoPE the pair's shared noise leaves the residual too small (every contrast's seed test too bold); declared, the
+    trained contrasts are tested in the ANOVA of the trained systems alone, and the decoding in that ANOVA with it in
+    RoPE's place: the same p-values as blocked_anova on those rows."""
+    from utils.study.analysis import Analysis, Family, primary
+    from utils.study.sections import primary_lines
+    from utils.study.stats import blocked_anova
+
+    rng = np.random.default_rng(3)
+    seeds = 300  # enough for the residual's shrinkage (to about 6/7 in expectation) to show in one draw
+    block = rng.normal(0, 2, seeds)
+    rope = 50 + block + rng.normal(0, 1, seeds)
+    rows = {"base": 50 + block + rng.normal(0, 1, seeds), "learnable": 50.5 + block + rng.normal(0, 1, seeds),
+            "rope": rope, "rope+ntk": rope + 0.8 + rng.normal(0, 0.05, seeds),
+            "alibi": 51 + block + rng.normal(0, 1, seeds)}
+    scores = {n: {"t": {"beam5": {"chrF": list(v), "BLEU": list(v)}}} for n, v in rows.items()}
+    analysis = Analysis(scores, None, "base", 10)
+    systems = list(rows)
+    together = primary(analysis, Family(), systems, ["t"])
+    apart = primary(analysis, Family(decodings={"rope+ntk": "rope"}), systems, ["t"])
+    assert [t["system"] for t in apart["tests"]] == [t["system"] for t in together["tests"]] == systems[1:]
+    trained, _ = blocked_anova({n: list(rows[n]) for n in ("base", "learnable", "rope", "alibi")}, "base")
+    swapped, table = blocked_anova({n: list(rows[n]) for n in ("base", "learnable", "rope+ntk", "alibi")}, "base")
+    p = {t["system"]: t["seed_test"]["p_value"] for t in apart["tests"]}
+    for name in ("learnable", "rope", "alibi"):
+        assert p[name] == pytest.approx(trained[name].p_value, rel=1e-12)
+    assert p["rope+ntk"] == pytest.approx(swapped["rope+ntk"].p_value, rel=1e-12)
+    ntk = next(t for t in apart["tests"] if t["system"] == "rope+ntk")
+    assert ntk["seed_test"]["anova"] == {"systems": 4, "mse": pytest.approx(table["mse"]), "df": 3 * (seeds - 1),
+                                         "residual_sd": pytest.approx(table["residual_sd"]), "replaces": "rope"}
+    assert apart["anova"][0]["systems"] == 4 and apart["power"]["systems"] == 4
+    # Beside RoPE, the near-copy shrinks the residual: every seed test looks stronger than it is.
+    assert together["anova"][0]["mse"] < 0.92 * apart["anova"][0]["mse"]
+    assert all(t["seed_test"]["p_value"] < p[t["system"]] for t in together["tests"] if t["system"] != "rope+ntk")
+    def report(pr: dict) -> str:
+        results = {"primary": pr, "baseline": "base", "bootstrap_samples": 10, "seeds": list(range(seeds)),
+                   "systems": {n: {"splits": {"t": {"beam5": {}}}} for n in rows}}
+        return " ".join(primary_lines(results))
+
+    assert "rope+ntk decode the models of rope and share their noise" in report(apart)
+    assert "decode the models" not in report(together)
+
+
 @pytest.mark.parametrize("options", [{}, {"word_order": 2}, {"beta": 3}, {"eps_smoothing": True},
                                      {"char_order": 4, "word_order": 1, "eps_smoothing": True}])
 def test_the_vectorized_chrf_is_sacrebleus_to_the_last_bit(options):

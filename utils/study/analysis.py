@@ -60,6 +60,11 @@ class Family:
     # A group-sequential design declared with the family (utils.study.looks.Design: looks, spending, futility);
     # None: a fixed design, one look.
     sequential: dict[str, Any] | None = None
+    # A test-time decoding -> the trained system whose models it decodes (e.g. "rope+ntk" -> "rope"). Its rows and
+    # its parent's share every model's noise, so no ANOVA holds both: the trained contrasts' ANOVA leaves the
+    # decodings out, and each decoding's seed test is the contrast in the ANOVA where it takes its parent's place.
+    # Empty: every system in one ANOVA (the studies published before this key).
+    decodings: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -184,11 +189,20 @@ def primary(analysis: Analysis, family: Family, systems: list[str], splits: list
     contrasts = [s for s in family.systems or [s for s in systems if s != analysis.baseline]
                  if s not in family.elsewhere]
     anova_systems = [analysis.baseline, *contrasts]
+    trained = [s for s in anova_systems if s not in family.decodings]  # one ANOVA of models trained apart
     quantities = family.quantities(splits) if contrasts else []  # every contrast tested elsewhere: an empty family
     tests, tables = [], []
     for q in quantities:
-        rows, table = analysis.test(q, anova_systems, contrasts)
-        tests += rows
+        rows, table = analysis.test(q, trained, [c for c in contrasts if c in trained])
+        by_system = {r["system"]: r for r in rows}
+        for c in (c for c in contrasts if c not in trained):  # a decoding, in its parent's place
+            parent = family.decodings[c]
+            swapped = [c if s == parent else s for s in trained] + ([] if parent in trained else [c])
+            (row,), own = analysis.test(q, swapped, [c])
+            row["seed_test"]["anova"] = {k: own[k] for k in ("systems", "mse", "df", "residual_sd")} | {
+                "replaces": parent}
+            by_system[c] = row
+        tests += [by_system[c] for c in contrasts]
         tables.append(table)
     _holm(tests, family.alpha)
     m = len(tests)
@@ -197,7 +211,7 @@ def primary(analysis: Analysis, family: Family, systems: list[str], splits: list
     pooled_mse = sum(t["mse"] * t["df"] for t in tables) / sum(t["df"] for t in tables) if tables else 0.0
     sd = math.sqrt(pooled_mse)
     df = tables[0]["df"] if tables else 0
-    a = len(anova_systems)
+    a = len(trained)
     power_info = {
         "smallest_effect": family.smallest_effect, "pooled_residual_sd": sd, "df": df, "seeds": b, "systems": a,
         "level": level, "level_note": f"Holm's first step, alpha/{m}: the level the strongest test must pass",

@@ -209,7 +209,8 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
         f"correction at α = {fam['alpha']}. Each quantity is the mean over seeds of the per-seed difference "
         "(the seed is a block: the same tokenizer and batch order for every system). Seed-level test: the "
         "contrast of a two-way ANOVA without interaction (system × seed block), residual df "
-        f"{pr['anova'][0]['df'] if pr['anova'] else '-'}. Test-set test: a paired bootstrap of the same quantity "
+        f"{pr['anova'][0]['df'] if pr['anova'] else '-'}{_decodings(fam)}. Test-set test: a paired bootstrap of the "
+        "same quantity "
         f"({results['bootstrap_samples']} resamples of the test units, every seed's statistics kept apart; "
         "two-sided: the resampled differences shifted to mean 0 against the observed one; sacreBLEU's own rule, "
         "a half to a third of it, is `p_value_sacrebleu` in results.json). Resolved: both reject after Holm and "
@@ -228,7 +229,10 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
         out.append(result_row(t, _p(t.get("paired_t", {}).get("p_value")), _len(results, t)))
     out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**", "", *boundary_lines(results), *length_lines(results)]
     if pw["power_at_smallest_effect"] is not None:
-        out += [f"Power (noncentral t, from the pooled residual standard deviation {pw['pooled_residual_sd']:.2f} "
+        sequential = (pr.get("design") or {}).get("kind") == "group-sequential"
+        out += [("A fixed design's power at this look's seeds (not the group-sequential design's, planned before the "
+                 "runs and stated with its boundaries above): " if sequential else "")
+                + f"Power (noncentral t, from the pooled residual standard deviation {pw['pooled_residual_sd']:.2f} "
                 f"{fam['metric']} over {pw['seeds']} seeds and {pw['systems']} systems, df {pw['df']}, at "
                 f"{pw['level_note']} = {pw['level']:.4f}): a true difference of {fam['smallest_effect']} "
                 f"{fam['metric']} (the smallest effect of interest, fixed in advance) is detected with probability "
@@ -238,6 +242,16 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
                 + ", ".join(f"{q['seed_share']:.0%} ({q['label']})" for q in pw["per_quantity"])
                 + " of the within-system variance.", ""]
     return out
+
+
+def _decodings(fam: dict[str, Any]) -> str:
+    """The seed test of a family's test-time decodings, in words ("" for a family that declares none)."""
+    decodings: dict[str, str] = fam.get("decodings") or {}
+    if not decodings:
+        return ""
+    return (f" (over the trained systems: {', '.join(decodings)} decode the models of "
+            f"{', '.join(dict.fromkeys(decodings.values()))} and share their noise, so each is tested by the "
+            "contrast in the same ANOVA with it in the place of the system it decodes)")
 
 
 def score_table(results: dict[str, Any], metric: str, decoder: str) -> list[str]:

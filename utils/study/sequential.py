@@ -7,7 +7,8 @@ look ``k``, at information fraction ``t_k`` (seeds so far / seeds planned), may 
 - ``obf``: the O'Brien-Fleming-type spending function, ``alpha_1(t) = 2 - 2 Phi(z_{1-alpha_1/2} / sqrt(t))`` for
   each side's ``alpha_1 = alpha / 2``: almost nothing early, nearly the whole ``alpha`` at the last look (Lan &
   DeMets 1983, eq. 3; Jennison & Turnbull 2000, section 7.2; the convention of gsDesign's ``sfLDOF`` and rpact's
-  ``asOF``, whose tables the tests check);
+  ``asOF``, whose tables the tests check: z = 3.71, 2.51, 1.99 at three equal looks, alpha = 0.05). Not the same
+  function applied to both sides at once, ``2 - 2 Phi(z_{1-alpha/2} / sqrt(t))``, which spends more early;
 - ``pocock``: ``alpha(t) = alpha log(1 + (e - 1) t)``, nearly even across looks.
 
 Futility is declared with a beta-spending function (the same families applied to ``beta``), non-binding: the

@@ -224,7 +224,9 @@ def read_family(path: Path) -> dict[str, Any]:
               "smallest_effect": (lambda v: _number(v) and v > 0, "a number > 0, in the metric's points"),
               "alpha": (lambda v: _number(v) and 0 < v < 1, "a number within (0, 1)"),
               "sequential": (lambda v: v is None or isinstance(v, dict), "an object: looks, spending, futility, "
-                                                                        "beta, residual_sd")}
+                                                                        "beta, residual_sd"),
+              "decodings": (lambda v: isinstance(v, dict) and _strings(list(v)) and _strings(list(v.values())),
+                            "an object: a test-time decoding (label+tag) -> the trained system it decodes")}
     for key, (ok, what) in checks.items():
         if key in raw and not ok(raw[key]):
             raise ConfigError(f"{where}: {key}: {json.dumps(raw[key])} is not {what}")
@@ -242,6 +244,11 @@ def check_family(family: dict[str, Any], labels: Sequence[str], baseline: str, s
         if system not in labels:
             raise ConfigError(f"{source}: system {system!r} is not a variant of this study (variants: "
                               f"{', '.join(labels)}); a declared family does not shrink to fit")
+    for decoding, parent in (family.get("decodings") or {}).items():
+        if decoding not in (family.get("systems") or []) or not decoding.startswith(f"{parent}+") \
+                or parent == baseline or parent not in labels:
+            raise ConfigError(f"{source}: decodings: {decoding!r} -> {parent!r}: a system of the family, a test-time "
+                              "decoding ('label+tag') of the trained system it names, which is not the baseline")
 
 
 def _strings(value: Any) -> bool:
