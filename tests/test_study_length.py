@@ -157,7 +157,9 @@ def test_a_group_sequential_design_gives_the_look_the_alpha_spent_and_each_bound
     power = next(line for line in primary_lines(results) if "Power (noncentral t" in line)
     assert power.startswith("A fixed design's power at this look's seeds (not the group-sequential design's")
     # 3 seeds: an unplanned look, the planned one at 2 counted as taken
-    three = _study({"splits": [X2], "sequential": {"looks": [2, 4, 6]}}, [1, 2, 3])["primary"]["design"]
+    unplanned = _study({"splits": [X2], "sequential": {"looks": [2, 4, 6]}}, [1, 2, 3])
+    three = unplanned["primary"]["design"]
+    assert "the looks after it will not count it" in design_lines(unplanned)[0]
     assert (three["look"], three["planned"]) == (2, False)
     assert three["alpha_spent"] == pytest.approx(spent(3 / 6, 0.05, "obf"))
 

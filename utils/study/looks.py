@@ -10,7 +10,9 @@ futility (non-binding, beta spent as ``spending`` says), which needs ``residual_
 seed test's pooled residual SD (in the metric's units), with the family's smallest effect; the family's ``alpha``
 is the design's. A report at ``n`` seeds per system is the look ``n`` makes: the planned looks below ``n`` are
 counted as taken (conservative where one was skipped), and ``n`` itself is a look, planned or not (Lan-DeMets
-spending allows an unplanned one).
+spending allows an unplanned one). A look does not know of an unplanned look taken before it (nothing records
+which looks were taken), so its boundaries spend as if there had been none: a study that keeps its error rate
+reports only at its planned looks, and decodes between them.
 
 The family's seed tests are tested with Holm's step-down, each step's boundary the design's at that step's level
 (alpha / (M - j + 1) for the j-th smallest p of M; Maurer & Bretz 2013, group-sequential Holm): the j-th smallest

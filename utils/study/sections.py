@@ -66,7 +66,9 @@ def design_lines(results: dict[str, Any]) -> list[str]:
                 f"α = {d['alpha']} spent at this look.", ""]
     futility = (f"; futility declared (non-binding; β = {d['beta']}, planning residual SD {d['residual_sd']:.2f})"
                 if d["futility"] else "; no futility boundary")
-    unplanned = "" if d["planned"] else " (not a planned look: the planned looks below it are counted as taken)"
+    unplanned = "" if d["planned"] else (" (not a planned look: the planned looks below it are counted as taken; "
+                                         "the looks after it will not count it, so their boundaries spend as if it "
+                                         "had not been taken)")
     first = (f" (Holm's first step: {d['alpha_spent_first_step']:.3g} of {d['alpha'] / pr['size']:.3g})"
              if pr["size"] > 1 else "")
     return [f"Design: group-sequential, declared with the family: looks at {', '.join(map(str, d['looks']))} seeds per "
