@@ -27,6 +27,9 @@
 # not the TensorBoard events), are packed into bench/studies/noise-pilot/records/ to be committed; on a new machine the
 # pilot unpacks them and merges them into its studies (--merge), so only the seeds not yet kept are trained again.
 # It trains from a worktree pinned at PILOT_COMMIT (../pilot-wt, made beside this checkout when missing), in a session of its own, at low priority.
+# To stop it (before a session ends): kill -TERM -- -PGID, PGID the pilot's process group (ps -eo pgid,args | grep
+# pilot_noise): each training finishes its step and saves last.pt; an archive or score file left half-written is
+# written again on the next start.
 set -u
 # The whole script is one function, read before it runs: an edit to this file while the pilot runs cannot change it.
 main() {
@@ -42,6 +45,7 @@ main() {
     PLAIN="--name pilot-plain"
     COOL="--name pilot-cool --set train.cooldown=0.2 --set train.ema_decay=0.99"
     mkdir -p "$RUNS" && exec >> "$RUNS/pilot.log" 2>&1 < /dev/null || exit 1
+    export CUDA_VISIBLE_DEVICES=""  # every run on the CPU, as declared, on a machine with a GPU too
     WT=$(realpath -m "$ROOT/../pilot-wt")
     worktree "$WT" "$PILOT_COMMIT" || exit 1
     KEEP=$ROOT/bench/studies/noise-pilot/records  # committed: what scoring needs outlives this machine

@@ -26,6 +26,9 @@
 #   bash bench/study_sequential.sh [RUNS_DIR]   # default ../sequential-runs; returns at once, log: RUNS_DIR/queue.log
 #
 # Resumable: run it again after any interruption, on this machine or another; each step skips what is done.
+# To stop it (before a session ends): kill -TERM -- -PGID, PGID the queue's process group (it runs in a session of
+# its own: ps -eo pgid,args | grep study_sequential): each training finishes its step and saves last.pt, and an
+# archive or score file left half-written is written again on the next start.
 set -u
 # The whole script is one function, read before it runs: an edit to this file while it runs cannot change it.
 main() {
@@ -47,10 +50,21 @@ main() {
             "the design is fixed once; restore them as that commit has them"
         return 1
     fi
+    # The procedure is this script's and worktree.sh's as that commit has them: a later change to either runs only
+    # once a dated amendment declares it (AMENDED_DRIVER=<that amendment's date>).
+    if ! git -C "$ROOT" diff --quiet "$SCORE_COMMIT" -- bench/study_sequential.sh bench/worktree.sh; then
+        if [ -z "${AMENDED_DRIVER:-}" ] || ! grep -q "^### ${AMENDED_DRIVER} " "$ROOT/$STUDY_DIR/amendments.md"; then
+            echo "bench/study_sequential.sh or bench/worktree.sh differs from the commit that fixed the design" \
+                "($SCORE_COMMIT): declare the change in a dated amendment and run with AMENDED_DRIVER=<its date>," \
+                "or restore them as that commit has them"
+            return 1
+        fi
+    fi
     # shellcheck source=bench/worktree.sh
     source "$ROOT/bench/worktree.sh"  # in_background, worktree DIR COMMIT, step DIR WHAT ARGS..., keep_runs, restore_runs
     in_background "$0" "$RUNS" queue.log "sequential study" 10
     mkdir -p "$RUNS" && exec >> "$RUNS/queue.log" 2>&1 < /dev/null || return 1
+    export CUDA_VISIBLE_DEVICES=""  # every run on the CPU, as declared, on a machine with a GPU too
     PILOT_WT=$(realpath -m "$ROOT/../pilot-wt")
     SCORE_WT=$(realpath -m "$ROOT/../sequential-score-wt")
     worktree "$PILOT_WT" "$PILOT_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" || return 1
@@ -64,10 +78,11 @@ print({"arm": d["arm"], "sets": " ".join(f"--set {o}" for o in d["overrides"]),
 PY
     }
 
-    kept() {  # kept STUDY LOOK: a scored look's files, copied whole (a look's folder is complete or absent)
+    kept() {  # kept STUDY LOOK: a scored look's files, copied whole (a look's folder is complete or absent: one
+        # without results.json, from an interrupted copy by hand, is replaced)
         rm -rf "$2.partial" && mkdir -p "$2.partial" &&
             cp -a "$1/results.json" "$1/report.md" "$1/figures" "$1/hypotheses" "$1/tb" "$2.partial/" &&
-            mv "$2.partial" "$2"
+            rm -rf "$2" && mv -T "$2.partial" "$2"
     }
 
     folder() {  # folder ARM: the arm's study folder name
@@ -127,16 +142,19 @@ PY
         # 30 steps cover the warmup, the inverse-square-root decay and the cool-down), kept in records/ to be committed
         local out=$KEEP/same_training.json rc
         if [ -f "$out" ]; then  # a check made before: of these two commits, and every system identical
-            "$SCORE_WT/.venv/bin/python" - "$out" "$PILOT_COMMIT" "$SCORE_COMMIT" "$SYSTEMS" <<'PY' && return 0
+            # shellcheck disable=SC2086  # the arm's --set options, word by word
+            "$SCORE_WT/.venv/bin/python" - "$out" "$PILOT_COMMIT" "$SCORE_COMMIT" "$SYSTEMS" $SETS <<'PY' && return 0
 import json, sys
 d = json.load(open(sys.argv[1]))
 same = lambda a, b: a.startswith(b) or b.startswith(a)  # short hashes of either length
+sets = [w for w in sys.argv[5:] if w != "--set"] + ["train.warmup_tokens=35000", "train.valid_bleu_sentences=16"]
 ok = (len(d["commits"]) == 2 and same(d["commits"][0], sys.argv[2]) and same(d["commits"][1], sys.argv[3])
-      and [r["system"] for r in d["rows"]] == sys.argv[4].split() and all(r["identical"] for r in d["rows"]))
+      and [r["system"] for r in d["rows"]] == sys.argv[4].split() and all(r["identical"] for r in d["rows"])
+      and d.get("steps") == 30 and d.get("eval_every") == 10 and d.get("sets") == sets)
 sys.exit(0 if ok else 1)
 PY
-            echo "== $(date -Is) $out is not a check of $SCORE_COMMIT against $PILOT_COMMIT with every system" \
-                "identical: the study does not start"
+            echo "== $(date -Is) $out is not this study's check (30 steps, its arm's keys and the shortened warmup)" \
+                "of $SCORE_COMMIT against $PILOT_COMMIT with every system identical: the study does not start"
             return 1
         fi
         echo "== $(date -Is) checking that $SCORE_COMMIT trains the study's systems as $PILOT_COMMIT does"

@@ -63,7 +63,8 @@ keep_runs() {  # keep_runs RUNS OUT SEED_FOLDER...: the scored runs of these see
     done
     for folder in "$@"; do
         if [ ! -s "$runs/$folder/cpu.txt" ]; then
-            lscpu | grep -E '^(Model name|Flags):' > "$runs/$folder/cpu.txt.partial" &&
+            { lscpu | grep -E '^(Model name|Flags):' && echo "Host: $(hostname)" &&
+                echo "Kept: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; } > "$runs/$folder/cpu.txt.partial" &&
                 [ -s "$runs/$folder/cpu.txt.partial" ] && mv "$runs/$folder/cpu.txt.partial" "$runs/$folder/cpu.txt" ||
                 { echo "keep_runs: lscpu did not say which CPU this is; nothing kept"; return 1; }
         fi

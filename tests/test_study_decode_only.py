@@ -6,6 +6,7 @@ decoding (it writes what test.py writes, from the references): what is checked i
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +93,17 @@ def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monke
     monkeypatch.setattr(stages, "run_commands", real)
 
     # The weights go (or stay behind on a lost machine): the study is scored and reported from its files alone,
-    # the attention statistics and every floor the rule reads included, and nothing is decoded.
+    # the attention statistics and every floor the rule reads included, and nothing is decoded. Kept runs leave out
+    # their TensorBoard events too: the validation curves come from train.log then (BLEU to two decimals).
+    from utils.study.files import slug
+    from utils.study.runs import valid_curve
+
+    curves = {(run.parents[1].name, run.parent.name): valid_curve(run) for run in runs}
+    assert all(len(c) == 2 for c in curves.values())  # the study's two validations
     for pt in root.glob("runs/*/seed*/demo_2*/checkpoints/*.pt"):
         pt.unlink()
+    for run in runs:
+        shutil.rmtree(run / "tb")
     reported = run_study(tmp_path, "--score-only", *DECODERS)
     assert reported.returncode == 0, reported.stdout + reported.stderr
     assert "no checkpoint" not in reported.stdout and "  test " not in reported.stdout
@@ -102,6 +111,10 @@ def test_decode_only_leaves_nothing_that_needs_the_weights(tmp_path: Path, monke
     assert results["seeds"] == [1, 2] and set(results["length_control"]["systems"]) == {
         "attention_pe=none", "attention_pe=rope"}
     assert all(len(e["attention"]) == 2 for e in results["systems"].values())  # both seeds' statistics
+    for label, entry in results["systems"].items():
+        assert [[tuple(point) for point in curve] for curve in entry["valid_bleu"]] == [
+            [(step, pytest.approx(value, abs=0.005)) for step, value in curves[slug(label), f"seed{k}"]]
+            for k in (1, 2)]
 
 
 def test_only_trains_and_decodes_the_runs_it_names_and_the_study_is_scored_from_them_all(

@@ -149,15 +149,26 @@ def test_merge_takes_matching_runs_and_refuses_another_config_in_one_line(
     assert line.startswith("Provenance: **the runs come from 2 commits, not one**: ")
     assert "ffffff (attention_pe=none seed 3; attention_pe=rope seed 3)" in line
     assert provenance_lines({"provenance": provenance})[2:] == []  # no run recorded its CPU: nothing said
-    # The CPU each kept run recorded (keep_runs' cpu.txt in its seed folder): one seed split across two CPUs is named.
+    # The CPU each kept run recorded (keep_runs' cpu.txt in its seed folder, its model name and a hash of its
+    # instruction-set flags): one seed split across two CPUs is named, and so is one whose CPUs share a model name
+    # but not their instructions (virtual machines).
+    import hashlib
+
+    def flags(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
     for job in jobs:
         cpu = "Intel(R) Xeon(R) Platinum 8488C" if job.key == "attention_pe=rope seed 3" else "AMD EPYC 9R14"
-        (job.root / "cpu.txt").write_text(f"Model name:                           {cpu}\nFlags: fpu vme\n")
+        (job.root / "cpu.txt").write_text(f"Model name:                           {cpu}\nFlags: vme fpu\n"
+                                          "Host: a\nKept: 2026-11-30T20:00:00Z\n")
     (jobs[0].root / "cpu.txt").write_text("Flags: fpu\n")  # no model name: not recorded
+    (jobs[1].root / "cpu.txt").write_text("Model name: AMD EPYC 9R14\nFlags: fpu vme avx512_bf16\nHost: b\n")
     cpus = run_provenance(jobs, found)
-    assert cpus["runs"]["attention_pe=none seed 2"]["cpu"] == "AMD EPYC 9R14"
+    epyc = f"AMD EPYC 9R14, flags {flags('fpu vme')}"
+    assert cpus["runs"]["attention_pe=none seed 3"]["cpu"] == epyc
+    assert cpus["runs"]["attention_pe=none seed 2"]["cpu"] == f"AMD EPYC 9R14, flags {flags('avx512_bf16 fpu vme')}"
     assert "cpu" not in cpus["runs"]["attention_pe=none seed 1"]
-    assert provenance_lines({"provenance": cpus})[2:] == [
-        "CPUs that trained the runs (each kept run's cpu.txt): AMD EPYC 9R14 (4 runs); Intel(R) Xeon(R) Platinum "
-        "8488C (1 run); not recorded for 1 run. **Seed 3: its systems were trained on more than one CPU** (a replaced "
-        "machine), so the CPUs' last-bit differences fall inside the contrasts of that seed.", ""]
+    lines = provenance_lines({"provenance": cpus})[2:]
+    assert lines[0].startswith("CPUs that trained the runs (each kept run's cpu.txt): ") and lines[1] == ""
+    assert f"{epyc} (3 runs)" in lines[0] and "Intel(R) Xeon(R) Platinum 8488C, flags" in lines[0]
+    assert "not recorded for 1 run. **Seeds 2, 3: their systems were trained on more than one CPU**" in lines[0]

@@ -6,6 +6,7 @@ not run again (the study's step at 2,250 and the continuation are wrapped so).""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -200,6 +201,8 @@ def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path
     assert not (back / "bench_short_1" / "checkpoints" / "last.pt").exists()
     assert not (back / "bench_short_1" / "tb").exists()
     assert (back / "cpu.txt").read_text().startswith("Model name:") and (back / "study.log").read_text() == "mine"
+    assert [line.split(":")[0] for line in (back / "cpu.txt").read_text().splitlines()] == [
+        "Model name", "Flags", "Host", "Kept"]  # which CPU, which machine, when
 
 
 def test_a_queue_goes_on_in_a_session_of_its_own_at_its_niceness_appending_to_its_log(tmp_path: Path) -> None:
@@ -337,10 +340,12 @@ def test_a_look_is_kept_whole_or_not_at_all(tmp_path: Path) -> None:
     call = _function("kept", SEQUENTIAL) + f'\nkept {study} {tmp_path}/look-1'
     missing = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
     assert missing.returncode != 0 and not (tmp_path / "look-1").exists()  # report.md missing: nothing kept
+    (tmp_path / "look-1" / "figures").mkdir(parents=True)  # a look's folder left without results.json: replaced
     (study / "report.md").write_text("# report")
     res = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and sorted(p.name for p in (tmp_path / "look-1").iterdir()) == [
         "figures", "hypotheses", "report.md", "results.json", "tb"]
+    assert [p.name for p in (tmp_path / "look-1" / "figures").iterdir()] == ["x"]  # not the copy inside the old one
     assert (tmp_path / "look-1" / "tb" / "x").read_text() == "tb" and not (tmp_path / "look-1.partial").exists()
 
 
@@ -414,6 +419,36 @@ def test_the_sequential_study_refuses_a_design_changed_after_the_commit_that_fix
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_sequential_study_runs_its_procedure_as_the_design_commit_has_it_or_as_an_amendment_declares(
+        tmp_path: Path) -> None:
+    """bench/study_sequential.sh and bench/worktree.sh are the study's procedure: changed after the commit that fixed
+    the design, the study starts only with AMENDED_DRIVER naming a dated amendment (then it goes on to its next
+    check: here, that it may start in the background)."""
+    repo = tmp_path / "repo"
+    study = repo / "bench" / "studies" / "extrapolation-sequential"
+    study.mkdir(parents=True)
+    (repo / "bench" / "study_sequential.sh").write_text(SEQUENTIAL)
+    (repo / "bench" / "worktree.sh").write_text("in_background() { echo started; exit 0; }\n")
+    (study / "design.json").write_text('{"seeds": 12}')
+    (study / "family.json").write_text("{}")
+    (study / "amendments.md").write_text("### 2026-12-03 — Amendment: the driver\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "the design")
+    (repo / "bench" / "worktree.sh").write_text("in_background() { echo started again; exit 0; }\n")
+    _git(repo, "commit", "-qam", "a later change of the procedure")
+
+    def start(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(repo / "bench" / "study_sequential.sh"), str(tmp_path / "runs")],
+                              capture_output=True, text=True, timeout=30, env={**os.environ, **env})
+
+    refused = start()
+    assert refused.returncode == 1 and refused.stdout.startswith(
+        "bench/study_sequential.sh or bench/worktree.sh differs from the commit that fixed the design (")
+    assert start(AMENDED_DRIVER="2026-12-04").returncode == 1  # no amendment of that date
+    assert start(AMENDED_DRIVER="2026-12-03").stdout == "started again\n"
+
+
 def test_a_queue_runs_once_at_a_time(tmp_path: Path) -> None:
     """in_background's lock (RUNS/<log>.lock, held by the run and its children): started again while it runs, a
     queue says so in one line and starts nothing; once it has ended, it starts."""
@@ -471,7 +506,8 @@ def test_the_study_starts_only_once_its_commit_is_checked_to_train_as_the_pilots
     score = tmp_path / "score-wt"
     (score / ".venv" / "bin").mkdir(parents=True)
     python = score / ".venv" / "bin" / "python"
-    doc = json.dumps({"commits": ["7186bb6", "abc1234"],
+    doc = json.dumps({"commits": ["7186bb6", "abc1234"], "steps": 30, "eval_every": 10,
+                      "sets": ["train.cooldown=0.2", "train.warmup_tokens=35000", "train.valid_bleu_sentences=16"],
                       "rows": [{"system": s, "identical": True} for s in ("sinusoidal", "rope")]})
     python.write_text(f'#!/usr/bin/env bash\n[ "$1" = - ] && exec {sys.executable} "$@"\n'
                       f'echo "$*" >> {tmp_path}/log\n[ -f {tmp_path}/rc ] && exit "$(cat {tmp_path}/rc)"\n'
@@ -501,9 +537,14 @@ def test_the_study_starts_only_once_its_commit_is_checked_to_train_as_the_pilots
     assert res.returncode == 0 and res.stdout.strip().endswith(f"{kept} (commit it)") and kept.is_file()
     (tmp_path / "log").unlink()
     assert check().returncode == 0 and not (tmp_path / "log").exists()  # checked once, read again
-    kept.write_text(kept.read_text().replace('"rope", "identical": true', '"rope", "identical": false'))
-    assert '"identical": false' in kept.read_text()
-    res = check()
-    assert res.returncode == 1 and res.stdout.strip().endswith(
-        f"{kept} is not a check of abc1 against 7186bb6 with every system identical: the study does not start")
+    good = kept.read_text()
+    for bad in (good.replace('"rope", "identical": true', '"rope", "identical": false'),
+                good.replace('"steps": 30', '"steps": 12'),  # a shorter check: the cool-down never ran
+                good.replace('"train.cooldown=0.2", ', "")):  # another arm's keys
+        assert bad != good
+        kept.write_text(bad)
+        res = check()
+        assert res.returncode == 1 and res.stdout.strip().endswith(
+            f"{kept} is not this study's check (30 steps, its arm's keys and the shortened warmup) of abc1 against "
+            "7186bb6 with every system identical: the study does not start")
     assert not (tmp_path / "log").exists()

@@ -8,6 +8,7 @@ writes ``results.json``, ``report.md``, ``figures/*.png`` and TensorBoard HParam
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,14 +114,20 @@ def run_provenance(jobs: list, runs: dict[str, Path]) -> dict[str, Any]:
 
 
 def recorded_cpu(seed_folder: Path) -> str | None:
-    """The CPU that trained a kept run: the ``Model name`` line of its seed folder's ``cpu.txt`` (written by
-    ``keep_runs`` in bench/worktree.sh, lscpu's words); None where none was recorded."""
+    """The CPU that trained a kept run, from its seed folder's ``cpu.txt`` (written by ``keep_runs`` in
+    bench/worktree.sh, lscpu's words): its ``Model name``, and the first 8 hex digits of the SHA-256 of its
+    instruction-set ``Flags`` where recorded (virtual machines may give CPUs with other instructions one model name);
+    None where no model name was recorded."""
     try:
         text = (Path(seed_folder) / "cpu.txt").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name:")),
-                None) or None
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    model = fields.get("Model name", "").strip()
+    if not model:
+        return None
+    flags = " ".join(sorted(fields.get("Flags", "").split()))
+    return f"{model}, flags {hashlib.sha256(flags.encode()).hexdigest()[:8]}" if flags else model
 
 
 def run_compute(jobs: list, runs: dict[str, Path], checkpoint: str, steps: dict[str, int] | None) -> dict[str, Any]:

@@ -136,11 +136,18 @@ def compute_attention(run: Path, checkpoint: str, sentences: int, step: int | No
 
 
 def valid_curve(run: Path) -> list[tuple[int, float]]:
-    """Validation BLEU of a run against optimizer steps."""
+    """Validation BLEU of a run against optimizer steps: from its TensorBoard events, or, where the run has none
+    (a run kept without ``tb/``), from the validation lines of its ``train.log`` (BLEU to two decimals; the last
+    line of a step where a resumed run logged it twice)."""
     curve = RunDir(run).scalars("valid/bleu")
     if not curve:
+        log = run / "train.log"
+        text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+        logged = {int(m[1]): float(m[2]) for m in map(_VALID_LINE.search, text.splitlines()) if m}
+        curve = sorted(logged.items())
+    if not curve:
         return []
-    accumulate = run_cfg(run).train.accumulate  # TensorBoard steps are iterations; the budget counts updates
+    accumulate = run_cfg(run).train.accumulate  # the steps are iterations; the budget counts updates
     return [(step // accumulate, value) for step, value in curve]
 
 
