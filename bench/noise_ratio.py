@@ -68,10 +68,12 @@ def rows(first: dict[str, Any], second: dict[str, Any], level: float) -> list[di
     return out
 
 
-def quality(results: dict[str, Any]) -> dict[str, Any]:
+def quality(results: dict[str, Any], folder: Path | None = None) -> dict[str, Any]:
     """An arm's quality beside its noise: ``x1_chrf``, split -> the mean chrF (beam 5) over its trained systems
     (``spec`` -> ``variants``) and seeds, for each of ``X1_SPLITS`` it scored; ``valid_bleu``, the validation BLEU at
-    each of those runs' last evaluation, (mean, SD, runs), or None without validation curves."""
+    each of those runs' last evaluation, (mean, SD, runs), or None without validation curves. With the study's
+    ``folder`` the curves are read from its runs where every run of those seeds is there (a kept run from its
+    ``train.log``), else from ``results.json``."""
     trained = [v["label"] for v in (results.get("spec") or {}).get("variants") or []]
     systems = results.get("systems") or {}
     chrf = {}
@@ -79,9 +81,22 @@ def quality(results: dict[str, Any]) -> dict[str, Any]:
         scores = [systems.get(s, {}).get("splits", {}).get(split, {}).get("beam5", {}).get("chrf") for s in trained]
         if trained and all(scores):
             chrf[split] = statistics.fmean(x for seeds in scores for x in seeds)
-    last = [curve[-1][1] for s in trained for curve in systems.get(s, {}).get("valid_bleu") or [] if curve]
+    curves = _run_curves(folder, trained, results.get("seeds") or []) if folder is not None else None
+    if curves is None:
+        curves = [curve for s in trained for curve in systems.get(s, {}).get("valid_bleu") or []]
+    last = [curve[-1][1] for curve in curves if curve]
     bleu = (statistics.fmean(last), statistics.stdev(last) if len(last) > 1 else 0.0, len(last)) if last else None
     return {"x1_chrf": chrf, "valid_bleu": bleu}
+
+
+def _run_curves(folder: Path, trained: list[str], seeds: list[int]) -> list[list[tuple[int, float]]] | None:
+    """The validation curve of each trained system's run of each seed in ``folder/runs`` (its newest run
+    directory), or None where one is missing."""
+    from utils.study.files import slug
+    from utils.study.runs import run_dirs, valid_curve
+
+    runs = [run_dirs(folder / "runs" / slug(label) / f"seed{seed}") for label in trained for seed in seeds]
+    return [valid_curve(r[-1]) for r in runs] if runs and all(runs) else None
 
 
 def table(first: Path, second: Path, level: float = 0.95) -> str:
@@ -98,7 +113,7 @@ def table(first: Path, second: Path, level: float = 0.95) -> str:
         p = res["primary"]["power"]
         lines.append(f"| {name} | {p['seeds']} | {p['power_at_smallest_effect']:.3f} | "
                      f"{p['seeds_for_80_at_smallest_effect']} |")
-    quality_rows = [(name, quality(res)) for name, res in ((first.name, a), (second.name, b))]
+    quality_rows = [(folder.name, quality(res, folder)) for folder, res in ((first, a), (second, b))]
     if any(q["x1_chrf"] or q["valid_bleu"] for _, q in quality_rows):
         lines += ["", "Quality beside the noise (trained systems, every seed):", "",
                   "| arm | " + " | ".join(f"chrF {s} (beam 5)" for s in X1_SPLITS)

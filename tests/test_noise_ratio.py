@@ -81,3 +81,18 @@ def test_each_arms_quality_is_printed_beside_its_noise(tmp_path: Path):
                         "| study_plain | 52.00 | 52.00 | 38.00 ± 3.46 (4 runs) |"]
     assert out[-4].startswith("| arm | chrF test.tatoeba (beam 5) | chrF test.multi30k-2016 (beam 5) | validation BLEU")
     assert "Quality beside the noise" not in table(*[_study(tmp_path / f"bare{i}", [1.0], 1.0) for i in (1, 2)])
+    # The study folders hold their runs, kept without TensorBoard events: each run's last validation is read from
+    # its train.log (a resumed run's repeated line counted once), not from results.json.
+    import yaml
+    from conftest import make_tiny_config
+
+    config = yaml.safe_dump(make_tiny_config(tmp_path).to_dict())
+    for system in ("sinusoidal", "rope"):
+        for seed, bleu in ((1, 30.0), (2, 32.5), (3, 35.0)):  # the study's seeds 1-3
+            run = folders[0] / "runs" / system / f"seed{seed}" / "bench_short_1"
+            run.mkdir(parents=True)
+            (run / "config.yaml").write_text(config)
+            line = "10:00:00 train: epoch {} step {} | valid loss 2.8 ppl 16.4 acc 0.5 BLEU {:.2f} chrF 50.0 | 'y'\n"
+            (run / "train.log").write_text(line.format(1, 300, 11.04) + line.format(2, 900, bleu - 9)
+                                           + line.format(2, 900, bleu))
+    assert table(*folders).splitlines()[-2] == "| study_cool | 50.00 | 50.00 | 32.50 ± 2.24 (6 runs) |"
