@@ -2,7 +2,7 @@
 # The second extrapolation study, look by look (the documentation's studies: "Pre-registration: the second
 # extrapolation study", and its amendments). It starts once its noise pilot (bench/pilot_noise.sh) is scored and the
 # design the pre-registered rule gives (bench/pilot_design.py -> bench/studies/extrapolation-sequential/design.json
-# and family.json) is committed; without that commit it refuses to start.
+# and family.json, committed together, in one commit) is committed; without that commit it refuses to start.
 #
 # - One commit trains, decodes and scores every run: the one that committed design.json, in a worktree pinned at it
 #   (../sequential-score-wt). Before its first run, bench/same_training.py checks that it trains the study's five
@@ -14,7 +14,8 @@
 #   kept without its weights, one archive per run in bench/studies/extrapolation-sequential/records/, to be
 #   committed. A machine replaced between sessions loses at most the pair it was training: on the next, the kept
 #   runs are unpacked and merged (--merge), not trained again.
-# - Each look, once every run of its seeds is kept and committed (it waits for the commit): scored from the records
+# - Each look, once every run of its seeds is kept and committed in this checkout (it waits for that commit, and
+#   says once in the log that it waits): scored from the records
 #   (--family family.json, beam 5, greedy and the length-controlled decoding, 10,000 bootstrap resamples); its
 #   results.json, report.md, figures, hypotheses and tb are copied to
 #   bench/studies/extrapolation-sequential/looks/look-K, to be committed.
