@@ -442,6 +442,39 @@ def test_a_run_killed_between_validations_resumes_from_its_last_periodic_checkpo
     assert sorted(p.name for p in ckpt.glob("step_*.pt")) == ["step_12.pt", "step_9.pt"]
 
 
+def test_a_run_stopped_in_its_cool_down_resumes_to_the_weights_of_one_never_stopped(tmp_path: Path,
+                                                                                     tiny_config) -> None:
+    """The noise pilot's cool arm (a cool-down over the last quarter here, an EMA of the weights), stopped between
+    sessions inside the cool-down and resumed: the same averaged and training weights, optimizer state and schedule
+    as the run that never stopped."""
+    keys = dict(max_steps=40, eval_every=1000, epochs=100, cooldown=0.25, ema_decay=0.9, checkpoint_every=5,
+                keep_checkpoints=10)
+    straight = create_run_dir(tiny_config(tmp_path, **keys), tmp_path / "a")
+    train(tiny_config(tmp_path, **keys), straight)
+    cfg = tiny_config(tmp_path, **keys)
+    run = create_run_dir(cfg, tmp_path / "b")
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", PAUSE_CHILD, str(run), str(marker), "16"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), "the child never reached its 16th checkpoint write"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    stopped = load_checkpoint(run / "checkpoints" / "last.pt")["trainer"]["iteration"]
+    assert 30 < stopped < 40, stopped  # inside the cool-down (steps 30 to 40)
+    train(cfg, run, resume=True)
+    final, reference = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (run, straight))
+    assert final["trainer"]["iteration"] == 40 and final["ema"] == reference["ema"]
+    for key in ("model", "train_model"):
+        for name, tensor in final[key].items():
+            assert torch.equal(tensor, reference[key][name]), (key, name)
+    for a, b in zip(final["optimizer"]["state"].values(), reference["optimizer"]["state"].values(), strict=True):
+        assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    assert final["lr_scheduler"] == reference["lr_scheduler"]
+
+
 @pytest.mark.parametrize("pause_at", [1, 4])  # the very first checkpoint, and one replacing an existing one
 def test_kill_9_while_writing_a_checkpoint_leaves_loadable_ones_and_resume_continues(
         tmp_path: Path, tiny_config, pause_at: int) -> None:
