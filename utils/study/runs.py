@@ -141,7 +141,7 @@ def valid_curve(run: Path) -> list[tuple[int, float]]:
     line of a step where a resumed run logged it twice)."""
     curve = RunDir(run).scalars("valid/bleu")
     if not curve:
-        log = run / "train.log"
+        log = RunDir(run).log
         text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
         logged = {int(m[1]): float(m[2]) for m in map(_VALID_LINE.search, text.splitlines()) if m}
         curve = sorted(logged.items())
