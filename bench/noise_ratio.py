@@ -16,7 +16,10 @@ at each run's last evaluation (mean and SD over the runs), so that an arm that l
 quality is seen.
 
 The pooled value averages the family's quantities, which share their runs: its interval takes one quantity's degrees
-of freedom, not their sum.
+of freedom, not their sum. Beside it (a second measure, added on 2026-11-30 before any pilot statistic was read; the
+declared endpoint is unchanged): the residual SD of the trained systems alone, sinusoidal against RoPE, which the
+second study's design rule reads (``bench/pilot_design.py``); the pooled ANOVA's systems include RoPE's test-time
+decodings, the same trained models, so its residual understates the noise between trained models.
 """
 
 from __future__ import annotations
@@ -68,6 +71,27 @@ def rows(first: dict[str, Any], second: dict[str, Any], level: float) -> list[di
     return out
 
 
+def trained_lines(first_name: str, first: dict[str, Any], second_name: str, second: dict[str, Any],
+                  level: float) -> list[str]:
+    """Each arm's residual SD of its trained systems alone (``bench/pilot_design.py``'s ``paired_residual``, what
+    the design's rule reads), their ratio and its F interval: beside the declared endpoint, whose pooled ANOVA also
+    counts the RoPE models' test-time decodings as systems. None for studies without a primary test of a trained
+    system against the baseline."""
+    from bench.pilot_design import paired_residual
+
+    try:
+        (sd1, df1), (sd2, df2) = paired_residual(first), paired_residual(second)
+    except (KeyError, TypeError):
+        return []
+    ratio, low, high = sd_ratio(sd1, sd2, df1, df2, level)
+    return ["", f"Residual SD of the trained systems alone (what bench/pilot_design.py's rule reads; the pooled ANOVA "
+            "above also counts the test-time decodings of the same trained models as systems, which understates the "
+            "noise between trained models), first / second with its "
+            f"{level:.0%} interval (F on {df1} and {df2} degrees of freedom):", "",
+            "| first | second | first / second | interval |", "|---|---|---|---|",
+            f"| {sd1:.3f} | {sd2:.3f} | {ratio:.2f} | {low:.2f}-{high:.2f} |"]
+
+
 def quality(results: dict[str, Any], folder: Path | None = None) -> dict[str, Any]:
     """An arm's quality beside its noise: ``x1_chrf``, split -> the mean chrF (beam 5) over its trained systems
     (``spec`` -> ``variants``) and seeds, for each of ``X1_SPLITS`` it scored; ``valid_bleu``, the validation BLEU at
@@ -113,6 +137,7 @@ def table(first: Path, second: Path, level: float = 0.95) -> str:
         p = res["primary"]["power"]
         lines.append(f"| {name} | {p['seeds']} | {p['power_at_smallest_effect']:.3f} | "
                      f"{p['seeds_for_80_at_smallest_effect']} |")
+    lines += trained_lines(first.name, a, second.name, b, level)
     quality_rows = [(folder.name, quality(res, folder)) for folder, res in ((first, a), (second, b))]
     if any(q["x1_chrf"] or q["valid_bleu"] for _, q in quality_rows):
         lines += ["", "Quality beside the noise (trained systems, every seed):", "",

@@ -96,3 +96,25 @@ def test_each_arms_quality_is_printed_beside_its_noise(tmp_path: Path):
             (run / "train.log").write_text(line.format(1, 300, 11.04) + line.format(2, 900, bleu - 9)
                                            + line.format(2, 900, bleu))
     assert table(*folders).splitlines()[-2] == "| study_cool | 50.00 | 50.00 | 32.50 ± 2.24 (6 runs) |"
+
+
+def test_the_trained_systems_residual_is_printed_beside_the_pooled_one(tmp_path: Path):
+    """Beside the declared endpoint (the pooled ANOVA, whose systems include RoPE's test-time decodings: the same
+    trained models), each arm's residual SD of sinusoidal against RoPE alone, the one the design's rule reads, and
+    its ratio with the F interval on (6 - 1) x 2 = 10 degrees of freedom each: F(0.975; 10, 10) = 3.717."""
+    from test_pilot_design import _arm
+
+    folders = []
+    for name, sd in (("study_cool", 0.65), ("study_plain", 1.30)):
+        folder = _study(tmp_path / name, [1.0, 1.0], 0.3, df=15, seeds=6)
+        results, arm = json.loads((folder / "results.json").read_text()), _arm(sd, 55.0, pooled=0.3)
+        results.update(spec=arm["spec"], systems=arm["systems"])
+        results["primary"]["tests"] = arm["primary"]["tests"]
+        (folder / "results.json").write_text(json.dumps(results))
+        folders.append(folder)
+    out = table(*folders).splitlines()
+    at = next(i for i, line in enumerate(out) if line.startswith("Residual SD of the trained systems alone"))
+    assert "(F on 10 and 10 degrees of freedom)" in out[at]
+    low, high = 0.5 / 3.717 ** 0.5, 0.5 * 3.717 ** 0.5
+    assert out[at + 4] == f"| 0.650 | 1.300 | 0.50 | {low:.2f}-{high:.2f} |"
+    assert out[4].startswith("| chrF q0 | 1.000 | 1.000 |")  # the declared endpoint first, unchanged
