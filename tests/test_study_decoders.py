@@ -1,5 +1,5 @@
 """A study's decoders: the table said once; the length-controlled secondary decoder (beam5-minlen), its floor chosen
-per system on the long validation split by the declared rule before any test set is decoded with it, its tests a
+per system from the long validation split alone by the declared rule (no test-set file read), its tests a
 family of their own (Holm within it), its report section, its recomputation from the published files; and the
 natural-length arm of the extrapolation preset. Cheap: fake runs and a stand-in for test.py, no training."""
 
@@ -21,6 +21,7 @@ from utils.study.files import StudyFileError, hypotheses_checksums
 from utils.study.length_control import (
     LengthRule,
     add_length_results,
+    floor_tag,
     length_control_lines,
     reanalyse_length,
     score_length,
@@ -155,6 +156,27 @@ def test_every_floor_decoded_first_leaves_no_choice_that_needs_the_weights(score
         (run / "checkpoints" / "best.pt").unlink()
     rounds = len(study["rounds"])
     assert study["score"]() == scored["choice"] and len(study["rounds"]) == rounds
+
+
+def test_the_choice_reads_no_test_set_file_even_where_every_floor_was_decoded_on_them(scored: dict[str, Any],
+                                                                                     tmp_path: Path) -> None:
+    """A study's --decode-only decodes the test sets at every floor before any choice: the choice reads none of
+    them. Every test-set file rewritten with the references themselves (each floor a perfect length there, so a
+    choice that read them would take 0 for every system) leaves the choice as the validation files make it."""
+    study = _fake_study(tmp_path)
+    assert study["score"](every_floor=True) == scored["choice"]
+    rewritten = 0
+    for run in study["runs"].values():
+        for split in study["rule"].splits:
+            for a in study["rule"].grid:
+                path = eval_file(run, split, 5, "best", floor_tag(None, a))
+                entry = json.loads(path.read_text())
+                test_py.write_scores(path, {k: v for k, v in entry.items() if k not in ("sha256", "hyp_sha256")},
+                                     study["references"][split])
+                rewritten += 1
+        (run / "checkpoints" / "best.pt").unlink()  # nothing may be decoded again either
+    assert rewritten == 4 * 2 * len(study["rule"].grid)
+    assert study["score"]() == scored["choice"] and scored["choice"]["long"]["min_len_a"] == 0.5
 
 
 def test_the_floor_is_chosen_on_validation_one_grid_value_at_a_time_then_the_test_sets_decoded(

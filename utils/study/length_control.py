@@ -2,13 +2,14 @@
 
 ``LENGTH_DECODER`` (``beam5-minlen``, utils/study/decoders.py), scored when ``--decoders`` names it: beam 5 with an
 output length floor (``decode.min_len_a``: end-of-sentence blocked until a hypothesis has a * source length tokens;
-models.decoding) whose ``a`` is chosen for each system on validation data before any test set is decoded with it,
-by the rule the study's spec records (``LengthRule``): the smallest ``a`` of a fixed grid whose validation length
-ratio (hypothesis/reference words, sacreBLEU's 13a tokens, the mean over seeds) reaches the target; the grid's
-largest where none does. The validation data is the length-shifted validation split ``validation.xK`` (K the
-longest shift among the family's splits) where the study tests longer inputs, else the validation split. Its tests
-are a family of their own, the primary endpoint decoded so, Holm-corrected within it and reported in a section of
-their own: never in the primary family's correction.
+models.decoding) whose ``a`` is chosen for each system from validation data alone, by the rule the study's spec
+records (``LengthRule``; a study's ``--decode-only`` decodes the test sets at every ``a`` of the grid beforehand, so
+that no later choice needs the weights, and the choice reads none of those files): the smallest ``a`` of a fixed
+grid whose validation length ratio (hypothesis/reference words, sacreBLEU's 13a tokens, the mean over seeds) reaches
+the target; the grid's largest where none does. The validation data is the length-shifted validation split
+``validation.xK`` (K the longest shift among the family's splits) where the study tests longer inputs, else the
+validation split. Its tests are a family of their own, the primary endpoint decoded so, Holm-corrected within it and
+reported in a section of their own: never in the primary family's correction.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from utils.study.sections import result_row
 GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
 TARGET_RATIO = 0.95
 DECLARED = ("declared secondary: the primary endpoint decoded with beam 5 and a length floor chosen for each system "
-            "on validation data before any test set was decoded with it; Holm-corrected within this family only, "
-            "never in the primary family")
+            "from validation data alone (no test-set score is read to choose it); Holm-corrected within this family "
+            "only, never in the primary family")
 
 Command = tuple[str, list[str], Path]  # (label, argv, log) as bench/study.py runs them
 
@@ -289,8 +290,9 @@ def length_control_lines(results: dict[str, Any]) -> list[str]:
     base = results["baseline"]
     out = [f"## Length-controlled decoding, {LENGTH_DECODER} (declared secondary)", "",
            f"Beam {rule['beam']} with an output length floor: end-of-sentence is blocked until a hypothesis has "
-           "min_len_a × source length tokens (`decode.min_len_a`), min_len_a chosen for each system on "
-           f"{rule['validation']} before any test set was decoded with it: {rule['rule']}. It separates what a "
+           "min_len_a × source length tokens (`decode.min_len_a`), min_len_a chosen for each system from "
+           f"{rule['validation']} alone (test-set files decoded at other floors, where a study has them, are not "
+           f"read to choose it): {rule['rule']}. It separates what a "
            f"system translates from when it stops. A family of its own, declared secondary: {fam['size']} tests, the "
            f"primary endpoint decoded so, Holm's correction at α = {fam['family']['alpha']} within them only, never "
            "in the primary family's; each test as there.", "", *_interim(results),
