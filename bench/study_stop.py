@@ -5,8 +5,10 @@
 A test is settled once it was resolved at some look (it stays resolved) or has crossed its futility boundary at the
 latest look; the study stops when every test of its family is settled, or at its last planned look
 (``utils.study.looks.settled``). Prints ``stop: WHY`` or ``continue: WHY`` on its first line, then the tests
-resolved, futile and still open, and what the runs of the latest look cost so far: CPU core-hours and GPU minutes,
-and per test resolved at any look (``utils.study.cost``).
+resolved, futile and still open, what the runs of the latest look cost so far (CPU core-hours and GPU minutes, and
+per test resolved at any look), and, where the study continues, what its next look and its last still need at that
+cost per run (``utils.study.cost``). ``--also FOLDER`` (repeatable): other scored studies whose runs served this one
+(its pilot's arms, a secondary arm), counted in an all-in cost beside the study's own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("looks", type=Path, nargs="+", metavar="LOOK_DIR",
                         help="a folder holding a look's results.json (a scored study, or a copy of it), the first "
                              "look first")
+    parser.add_argument("--also", type=Path, action="append", default=[], metavar="FOLDER",
+                        help="a scored study whose runs served this one (e.g. its pilot's arms): counted in an "
+                             "all-in cost beside the study's own (repeatable)")
     return parser
 
 
@@ -35,9 +40,10 @@ def main() -> int:
     from utils.study.looks import settled
 
     primaries, latest = [], {}
-    for folder in args.looks:
+    for folder in [*args.looks, *args.also]:
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json")
+    for folder in args.looks:
         latest = read_results(folder, need=("primary",))
         primaries.append(latest["primary"])
     try:
@@ -49,13 +55,27 @@ def main() -> int:
         print(f"{kind} ({len(verdict[kind])}): {'; '.join(verdict[kind]) or '-'}")
     total = (latest.get("compute") or {}).get("total")
     if total:  # every run of the study so far: the latest look holds them all
-        from utils.study.cost import spent
+        from utils.study.cost import needed_text, spent, still_needed
+
+        resolved = len(verdict["resolved"])
+
+        def line(what: str, runs: int, cpu: float, gpu: float) -> str:
+            return (f"{what}: {runs} runs, {cpu:.1f} CPU core-hours, {gpu:.1f} GPU minutes; "
+                    + (f"per test resolved so far: {cpu / resolved:.1f} CPU core-hours, {gpu / resolved:.1f} GPU "
+                       "minutes" if resolved else "no test resolved so far"))
 
         cpu, gpu = spent(total)
-        resolved = len(verdict["resolved"])
-        print(f"compute so far: {total['runs']} runs, {cpu:.1f} CPU core-hours, {gpu:.1f} GPU minutes; "
-              + (f"per test resolved so far: {cpu / resolved:.1f} CPU core-hours, {gpu / resolved:.1f} GPU minutes"
-                 if resolved else "no test resolved so far"))
+        print(line("compute so far", total["runs"], cpu, gpu))
+        if args.also:
+            others = [(read_results(f).get("compute") or {}).get("total") for f in args.also]
+            if any(o is None for o in others):
+                parser.error("--also: a study without compute figures (results.json: compute)")
+            extra = [spent(o) for o in others]
+            print(line(f"all-in, with {', '.join(str(f) for f in args.also)}",
+                       total["runs"] + sum(o["runs"] for o in others), cpu + sum(c for c, _ in extra),
+                       gpu + sum(g for _, g in extra)))
+        if not verdict["stop"] and (need := still_needed(latest)):
+            print(f"still needed: {needed_text(need)}")
     return 0
 
 

@@ -70,3 +70,38 @@ def test_the_command_says_stop_or_continue_first(tmp_path: Path) -> None:
                                                    "per test resolved so far: 14.0")  # resolved at look 1, counted
     missing = run_script("bench/study_stop.py", str(tmp_path / "look3"))
     assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].endswith("look3: no results.json")
+
+
+def test_a_study_that_continues_says_what_its_next_and_last_looks_still_need(tmp_path: Path) -> None:
+    """Looks at 5, 10 and 15 seeds, two trained systems, 5 seeds scored: 10 runs cost 7 CPU core-hours so far,
+    0.7 a run; look 2 needs 2 x 5 = 10 more runs (7 core-hours), the last 20 (14). ``--also`` adds the pilot's runs
+    to an all-in cost; the report's Compute section says the same."""
+    from utils.study.cost import cost_summary
+
+    look = _look(1, 3, resolved={"rope: chrF x4"})
+    look["design"].update(looks=[5, 10, 15], seeds=5)
+    results = results_doc(primary=look, seeds=[1, 2, 3, 4, 5],
+                          spec={"variants": [{"label": "sinusoidal"}, {"label": "rope"}]})
+    results["compute"] = {"runs": {}, "total": {"runs": 10, "train_cpu_hours": 6.0, "decode_cpu_hours": 1.0,
+                                                "train_gpu_minutes": 0.0, "decode_gpu_minutes": 0.0,
+                                                "threads_unrecorded": []}}
+    (tmp_path / "look1").mkdir()
+    (tmp_path / "look1" / "results.json").write_text(json.dumps(results))
+    pilot = results_doc()
+    pilot["compute"] = {"runs": {}, "total": {**results["compute"]["total"], "runs": 12, "train_cpu_hours": 5.0,
+                                              "decode_cpu_hours": 0.5}}
+    (tmp_path / "pilot").mkdir()
+    (tmp_path / "pilot" / "results.json").write_text(json.dumps(pilot))
+    res = run_script("bench/study_stop.py", str(tmp_path / "look1"), "--also", str(tmp_path / "pilot"))
+    assert res.returncode == 0, res.stderr
+    need = ("10 runs to look 2 (10 seeds per system), about 7.0 CPU core-hours; 20 runs to look 3 (15 seeds per "
+            "system), about 14.0 CPU core-hours, the last: at the mean cost per run so far (0.70 CPU core-hours)")
+    assert res.stdout.splitlines()[-3:] == [
+        "compute so far: 10 runs, 7.0 CPU core-hours, 0.0 GPU minutes; per test resolved so far: 7.0 CPU core-hours, "
+        "0.0 GPU minutes",
+        f"all-in, with {tmp_path / 'pilot'}: 22 runs, 12.5 CPU core-hours, 0.0 GPU minutes; per test resolved so far: "
+        "12.5 CPU core-hours, 0.0 GPU minutes",
+        f"still needed: {need}"]
+    assert cost_summary(results).endswith(f" Still needed: {need}.")
+    bare = run_script("bench/study_stop.py", str(tmp_path / "look1"), "--also", str(tmp_path / "none"))
+    assert bare.returncode == 2 and bare.stderr.strip().splitlines()[-1].endswith("none: no results.json")

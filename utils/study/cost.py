@@ -93,6 +93,46 @@ def spent(total: dict[str, Any]) -> tuple[float, float]:
             total["train_gpu_minutes"] + total["decode_gpu_minutes"])
 
 
+def still_needed(results: dict[str, Any]) -> dict[str, Any] | None:
+    """What a group-sequential study still needs to train, at what its runs so far cost on average: for its next
+    planned look and its last, the seeds per system there, the runs (its trained systems x the seeds still missing)
+    and their CPU core-hours and GPU minutes at the mean per run so far (training and decoding). None for a fixed
+    design, a study past its last look, or results without compute."""
+    design = (results.get("primary") or {}).get("design") or {}
+    compute = results.get("compute")
+    if design.get("kind") != "group-sequential" or not compute or not compute["total"]["runs"]:
+        return None
+    seeds, looks = len(results.get("seeds") or []), list(design.get("looks") or [])
+    trained = len((results.get("spec") or {}).get("variants") or [])
+    later = [n for n in looks if n > seeds]
+    if not later or not trained:
+        return None
+    cpu, gpu = spent(compute["total"])
+    runs = compute["total"]["runs"]
+
+    def at(n: int) -> dict[str, Any]:
+        todo = trained * (n - seeds)
+        return {"seeds": n, "runs": todo, "cpu_hours": round(todo * cpu / runs, 2),
+                "gpu_minutes": round(todo * gpu / runs, 2)}
+
+    return {"per_run": {"cpu_hours": round(cpu / runs, 3), "gpu_minutes": round(gpu / runs, 3)},
+            "next": {**at(later[0]), "look": looks.index(later[0]) + 1}, "last": {**at(looks[-1]), "look": len(looks)}}
+
+
+def needed_text(need: dict[str, Any]) -> str:
+    """``still_needed`` in words."""
+    def part(x: dict[str, Any]) -> str:
+        return (f"{x['runs']} runs to look {x['look']} ({x['seeds']} seeds per system), about {x['cpu_hours']:.1f} CPU "
+                f"core-hours" + (f" and {x['gpu_minutes']:.1f} GPU minutes" if x["gpu_minutes"] else ""))
+
+    per = need["per_run"]
+    text = part(need["next"])
+    if need["last"]["look"] != need["next"]["look"]:
+        text += f"; {part(need['last'])}, the last"
+    return (f"{text}: at the mean cost per run so far ({per['cpu_hours']:.2f} CPU core-hours"
+            + (f", {per['gpu_minutes']:.2f} GPU minutes" if per["gpu_minutes"] else "") + ")")
+
+
 def cost_summary(results: dict[str, Any]) -> str | None:
     """What the runs of a study's results cost so far, in words, and per resolved comparison of its primary family;
     None for results that do not record it (published before they did)."""
@@ -117,6 +157,8 @@ def cost_summary(results: dict[str, Any]) -> str | None:
                  f"{cpu / resolved:.1f} CPU core-hours and {gpu / resolved:.1f} GPU minutes.")
     elif primary.get("tests"):
         text += " No comparison of the primary family is resolved: the cost per resolved comparison is unbounded."
+    if need := still_needed(results):
+        text += f" Still needed: {needed_text(need)}."
     return text
 
 
