@@ -76,7 +76,7 @@ def _steps(n: int) -> str:
 def primary_table(results: dict[str, Any]) -> list[str]:
     """The declared family, one row per test, every number from ``results.json``."""
     base = results["baseline"]
-    out = ["| system | quantity | Δ per seed | Δ mean | seed test p (Holm) | paired t p | bootstrap 95 % CI "
+    out = ["| system | quantity | Δ per seed | Δ mean | seed test p (Holm) | paired t p (Holm) | bootstrap 95 % CI "
            "| bootstrap p (Holm) | len | resolved |", "|---|---|---|---|---|---|---|---|---|---|"]
     for t in results["primary"]["tests"]:
         q, b, seed = t["quantity"], t["bootstrap"], t["seed_test"]
@@ -86,9 +86,15 @@ def primary_table(results: dict[str, Any]) -> list[str]:
                   f"{_length(results, t.get('against') or base, q['split'], q['decoder'])}")
         out.append(f"| {t['system']} | {t['label']} | {', '.join(f'{d:+.2f}' for d in t['per_seed_delta'])} | "
                    f"{t['delta']:+.2f} | {_p(seed['p_value'])} ({_p(seed['p_holm'])}) | "
-                   f"{_p(t.get('paired_t', {}).get('p_value'))} | {ci} | {boot} | {length} | "
+                   f"{_paired(t)} | {ci} | {boot} | {length} | "
                    f"{'**yes**' if t['resolved'] else 'no'} |")
     return out
+
+
+def _paired(test: dict[str, Any]) -> str:
+    """The paired t-test's p, and its Holm p over the family where the results record it."""
+    pt = test.get("paired_t", {})
+    return _p(pt.get("p_value")) + (f" ({_p(pt['p_holm'])})" if "p_holm" in pt else "")
 
 
 def chrf_table(results: dict[str, Any], decoder: str = "beam5") -> list[str]:

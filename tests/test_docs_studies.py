@@ -77,7 +77,8 @@ def primary_mismatches(page: str, results: dict[str, Any]) -> list[str]:
                   (_same(delta, t["delta"]), "Δ mean"),
                   (_same(seed.split(" (")[0], t["seed_test"]["p_value"])
                    and _same(seed.split(" (")[1].rstrip(")"), t["seed_test"]["p_holm"]), "seed test"),
-                  (_same(paired, t["paired_t"]["p_value"]), "paired t"),
+                  (_same(paired.split(" (")[0], t["paired_t"]["p_value"])
+                   and _same(paired.split(" (")[1].rstrip(")"), t["paired_t"]["p_holm"]), "paired t"),
                   (resolved == ("**yes**" if t["resolved"] else "no"), "resolved")]
         if b is None:
             checks += [(ci == "-" and boot == "-", "bootstrap")]

@@ -145,13 +145,13 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path, study
 
     report = (root / "report.md").read_text()
     assert "## Primary analysis" in report and "**0 of 3 resolved.**" in report or "of 3 resolved.**" in report
-    assert "| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p | bootstrap 95 % CI " \
+    assert "| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p (Holm) | bootstrap 95 % CI " \
         "| bootstrap p | p Holm | len | resolved |" in report
     rope_row = next(line for line in report.splitlines() if line.startswith("| attention_pe=rope | chrF test (beam"))
     paired = rope_test["paired_t"]["p_value"]
     lens = [sum(results["systems"][n]["splits"]["test"]["beam5"]["length_ratio"]) / 2
             for n in ("attention_pe=rope", "attention_pe=none")]
-    assert f"| {paired:.4f} |" in rope_row and rope_row.endswith(f"| {lens[0]:.2f} / {lens[1]:.2f} | no |")
+    assert f"| {paired:.4f} ({recomputed['attention_pe=rope']['paired_t']['p_holm']:.4f}) |" in rope_row and rope_row.endswith(f"| {lens[0]:.2f} / {lens[1]:.2f} | no |")
     for heading in ("## chrF by source length, beam 5 (exploratory", "## BLEU by source length, beam 5 (exploratory",
                     "## BLEU, beam 5 (secondary, exploratory; each seed)"):
         assert heading in report, heading

@@ -254,6 +254,10 @@ def _holm(tests: list[dict[str, Any]], alpha: float) -> None:
     seed_adj = holm([t["seed_test"]["p_value"] if t["seed_test"]["p_value"] is not None else 1.0 for t in tests])
     boots = [t["bootstrap"] for t in tests]
     boot_adj = holm([b["p_value"] for b in boots]) if all(boots) else [None] * len(tests)
+    # The check beside the rule: each contrast's own paired t-test over seeds, Holm over the same family.
+    for t, pp in zip(tests, holm([t["paired_t"]["p_value"] if t["paired_t"]["p_value"] is not None else 1.0
+                                  for t in tests]), strict=True):
+        t["paired_t"]["p_holm"] = pp
     for t, sp, bp in zip(tests, seed_adj, boot_adj, strict=True):
         t["seed_test"]["p_holm"] = sp
         if t["bootstrap"] is not None:

@@ -216,7 +216,8 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
         f"({results['bootstrap_samples']} resamples of the test units, every seed's statistics kept apart; "
         "two-sided: the resampled differences shifted to mean 0 against the observed one; sacreBLEU's own rule, "
         "a half to a third of it, is `p_value_sacrebleu` in results.json). Resolved: both reject after Holm and "
-        "agree in sign. The paired t-test over seeds is shown beside them as a check. A drop is score(x1) - "
+        "agree in sign. The paired t-test over seeds is shown beside them as a check, with its Holm p over the "
+        "same family in brackets. A drop is score(x1) - "
         "score(xK): a positive Δ on a drop means the system loses more with length than what it is compared "
         "with. len: the hypothesis/reference length ratio on the quantity's split (a drop's xK split), system / "
         "baseline.",
@@ -225,11 +226,14 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
         out += ["The hypotheses of these runs were not published, so the test-set bootstrap cannot be computed: "
                 "only the seed-level test is shown, and **nothing is called resolved** on it alone. Nor can the "
                 "length ratio (len: - / -): a higher chrF bought with longer output cannot be ruled out here.", ""]
-    out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p | bootstrap 95 % CI "
+    out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p (Holm) | bootstrap 95 % CI "
             "| bootstrap p | p Holm | len | resolved |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in pr["tests"]:
-        out.append(result_row(t, _p(t.get("paired_t", {}).get("p_value")), _len(results, t)))
-    out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**", "", *boundary_lines(results), *length_lines(results)]
+        pt = t.get("paired_t", {})
+        out.append(result_row(t, _p(pt.get("p_value")) + (f" ({_p(pt['p_holm'])})" if "p_holm" in pt else ""),
+                              _len(results, t)))
+    out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**{paired_check(pr)}", "", *boundary_lines(results),
+            *length_lines(results)]
     if pw["power_at_smallest_effect"] is not None:
         sequential = (pr.get("design") or {}).get("kind") == "group-sequential"
         out += [("A fixed design's power at this look's seeds (not the group-sequential design's, planned before the "
@@ -244,6 +248,21 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
                 + ", ".join(f"{q['seed_share']:.0%} ({q['label']})" for q in pw["per_quantity"])
                 + " of the within-system variance.", ""]
     return out
+
+
+def paired_check(pr: dict[str, Any]) -> str:
+    """The paired t-test check of a family's resolved tests, in words: which of them its Holm-adjusted p (over the
+    same family) does not confirm at the family's level, or that it confirms them all ("" where nothing is resolved
+    or the results predate the check's Holm p)."""
+    done = [t for t in pr["tests"] if t["resolved"]]
+    if not done or any("p_holm" not in t.get("paired_t", {}) for t in pr["tests"]):
+        return ""
+    alpha = pr["family"]["alpha"]
+    failing = [f"{t['system']}: {t['label']}" for t in done if t["paired_t"]["p_holm"] >= alpha]
+    if not failing:
+        return f" Each also passes the check: its paired t-test after Holm over the family, at α = {alpha}."
+    return (f" Not confirmed by the check (the paired t-test after Holm over the family, at α = {alpha}): "
+            f"{'; '.join(failing)}.")
 
 
 def _decodings(fam: dict[str, Any]) -> str:
