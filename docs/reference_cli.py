@@ -56,6 +56,11 @@ COMMANDS: tuple[Command, ...] = (
             "family file, by the rule fixed before the pilot was scored."),
     Command("study_stop", "bench/study_stop.py", SECTIONS[1],
             "Whether a group-sequential study has reached its declared stopping rule, from each look's results."),
+    Command("sensitivity_decodings", "bench/sensitivity_decodings.py", SECTIONS[1],
+            "A published study's primary tests again with its test-time decodings tested in their parent's place: "
+            "a sensitivity analysis."),
+    Command("arms_table", "bench/arms_table.py", SECTIONS[1],
+            "The natural-length arm beside the short-trained arm: each system's length ratio and chrF at x1 to x8."),
     Command("same_training", "bench/same_training.py", SECTIONS[1],
             "Train a preset's systems with two checkouts of the code and compare their checkpoints bit for bit."),
     Command("length_study", "bench/length_study.py", SECTIONS[1]),

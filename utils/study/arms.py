@@ -38,3 +38,31 @@ NATURAL_FAMILY: dict[str, Any] = {
     "systems": ["learnable", "rope", "alibi", "t5"], "smallest_effect": 1.0, "alpha": 0.05,
     "declared": "declared with the train-natural-test-long preset on 2026-11-29, before any of its runs: the "
                 "extrapolation study's endpoint for its trained systems, trained on pairs of every length"}
+
+
+def beside(short: dict[str, Any], natural: dict[str, Any], decoder: str = "beam5") -> list[str]:
+    """The two arms side by side, as the second extrapolation study's pre-registration declares (a description, no
+    test): for each trained system of the natural-length arm that the short-trained arm also trained, and each test
+    set family (``test.tatoeba``, ``test.multi30k-2016``) at x1, x2, x4 and x8, the output/reference length ratio and
+    the chrF (``decoder``; each the mean over the arm's seeds), one row per arm; a set tested at x1 alone is left
+    out. Markdown lines."""
+    trained = [v["label"] for v in natural["spec"]["variants"]]
+    systems = [s for s in trained if s in {v["label"] for v in short["spec"]["variants"]}]
+    families = [s for s in natural["splits"] if ".x" not in s and f"{s}.x4" in natural["splits"]]  # tested longer
+    splits = [s for f in families for s in (f, *(f"{f}.x{k}" for k in (2, 4, 8))) if s in natural["splits"]
+              and s in short["splits"]]
+
+    def cell(results: dict[str, Any], system: str, split: str) -> str:
+        row = results["systems"][system]["splits"][split][decoder]
+        ratio = row.get("length_ratio")
+        return (f"{sum(ratio) / len(ratio):.2f}" if ratio else "-") + f" · {sum(row['chrf']) / len(row['chrf']):.1f}"
+
+    seeds = {name: ", ".join(map(str, res["seeds"])) for name, res in (("short", short), ("natural", natural))}
+    out = [f"Length ratio (output/reference, sacreBLEU's 13a words) · chrF, {decoder}, the mean over each arm's seeds "
+           f"(short-trained: pairs of at most 16 tokens, seeds {seeds['short']}; natural-length: pairs of every "
+           f"length, seeds {seeds['natural']}). A description beside the families' tests, not a test.", "",
+           "| system | arm | " + " | ".join(splits) + " |", "|---|---|" + "---|" * len(splits)]
+    for system in systems:
+        for arm, results in (("short", short), ("natural", natural)):
+            out.append(f"| {system} | {arm} | " + " | ".join(cell(results, system, s) for s in splits) + " |")
+    return out
