@@ -1,5 +1,6 @@
-"""The pre-registered budget rule of a study's pilot, applied to its validation curves (the extrapolation study's
-pre-registration, in the documentation's studies).
+"""The budget rule of a study's pilot, applied to its validation curves: the extrapolation study's pre-registered rule
+(its pre-registration, in the documentation's studies), and with ``--seed 1,2,3 --start 2250`` the rule of its
+continuation, declared after its results (a second look).
 
     python bench/pilot_rule.py runs/study_extrapolation [--seed 1] [--start 900] [--step 450] [--gain 1.0]
         [--cap 2250]

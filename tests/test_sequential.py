@@ -121,3 +121,23 @@ def test_the_design_command_prints_the_published_boundaries_and_the_seeds_the_po
 def test_the_design_command_refuses_bad_input_in_one_line(args: list[str], message: str) -> None:
     res = _design(*args)
     assert res.returncode == 2 and message in res.stderr.splitlines()[-1] and "Traceback" not in res.stderr
+
+
+def test_the_second_studys_boundaries_spend_their_alpha_by_an_independent_integral() -> None:
+    """The boundaries the second extrapolation study will use, at looks 8, 15 and 22 seeds of 22 and at Holm's first
+    and last steps (alpha / 24, alpha / 1): the probability of a first crossing at each look, integrated by scipy's
+    multivariate normal (the looks' Z correlated sqrt(t_i / t_j)), is the spending function's increment."""
+    fractions = [8 / 22, 15 / 22, 1.0]
+    t = np.array(fractions)
+    corr = np.sqrt(np.minimum.outer(t, t) / np.maximum.outer(t, t))
+    for alpha in (0.05 / 24, 0.05):
+        c = efficacy_bounds(fractions, alpha)
+        assert c == sorted(c, reverse=True)
+        inside = [1.0]  # P(|Z_1| < c_1, ..., |Z_k| < c_k), by scipy
+        for k in range(1, 4):
+            mvn = stats.multivariate_normal(np.zeros(k), corr[:k, :k], maxpts=1_000_000, abseps=1e-9, releps=0)
+            inside.append(mvn.cdf(np.array(c[:k]), lower_limit=-np.array(c[:k])))
+        first_crossing = -np.diff(inside)
+        expected = np.diff([0.0, *(spent(f, alpha, "obf") for f in fractions)])
+        assert first_crossing == pytest.approx(expected, rel=5e-4)
+    assert efficacy_bounds(fractions, 0.05 / 24) == pytest.approx([5.31, 3.80, 3.09], abs=0.01)
