@@ -71,8 +71,7 @@ def rows(first: dict[str, Any], second: dict[str, Any], level: float) -> list[di
     return out
 
 
-def trained_lines(first_name: str, first: dict[str, Any], second_name: str, second: dict[str, Any],
-                  level: float) -> list[str]:
+def trained_lines(first: dict[str, Any], second: dict[str, Any], level: float) -> list[str]:
     """Each arm's residual SD of its trained systems alone (``bench/pilot_design.py``'s ``paired_residual``, what
     the design's rule reads), their ratio and its F interval: beside the declared endpoint, whose pooled ANOVA also
     counts the RoPE models' test-time decodings as systems. None for studies without a primary test of a trained
@@ -137,7 +136,7 @@ def table(first: Path, second: Path, level: float = 0.95) -> str:
         p = res["primary"]["power"]
         lines.append(f"| {name} | {p['seeds']} | {p['power_at_smallest_effect']:.3f} | "
                      f"{p['seeds_for_80_at_smallest_effect']} |")
-    lines += trained_lines(first.name, a, second.name, b, level)
+    lines += trained_lines(a, b, level)
     quality_rows = [(folder.name, quality(res, folder)) for folder, res in ((first, a), (second, b))]
     if any(q["x1_chrf"] or q["valid_bleu"] for _, q in quality_rows):
         lines += ["", "Quality beside the noise (trained systems, every seed):", "",

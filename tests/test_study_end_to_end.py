@@ -151,7 +151,8 @@ def test_a_small_study_end_to_end_idempotent_and_resumable(tmp_path: Path, study
     paired = rope_test["paired_t"]["p_value"]
     lens = [sum(results["systems"][n]["splits"]["test"]["beam5"]["length_ratio"]) / 2
             for n in ("attention_pe=rope", "attention_pe=none")]
-    assert f"| {paired:.4f} ({recomputed['attention_pe=rope']['paired_t']['p_holm']:.4f}) |" in rope_row and rope_row.endswith(f"| {lens[0]:.2f} / {lens[1]:.2f} | no |")
+    holm = recomputed["attention_pe=rope"]["paired_t"]["p_holm"]
+    assert f"| {paired:.4f} ({holm:.4f}) |" in rope_row and rope_row.endswith(f"| {lens[0]:.2f} / {lens[1]:.2f} | no |")
     for heading in ("## chrF by source length, beam 5 (exploratory", "## BLEU by source length, beam 5 (exploratory",
                     "## BLEU, beam 5 (secondary, exploratory; each seed)"):
         assert heading in report, heading

@@ -363,3 +363,24 @@ def test_resampled_sums_are_the_float64_matrix_product_to_the_last_bit() -> None
     fractional = rng.random((300, 4))  # not counts: float64 as it was
     assert np.array_equal(resampled_sums(300, 200, 5, fractional), resample_counts(300, 200, 5) @ fractional)
 
+
+
+def test_the_line_under_the_primary_table_names_each_resolved_test_the_paired_t_check_does_not_confirm() -> None:
+    """Holm over the family on each contrast's own paired t p: a resolved test whose adjusted p is at or above the
+    family's alpha is named; where every resolved test passes, the line says so; with nothing resolved, or results
+    written before the check's Holm p, nothing is added."""
+    from utils.study.sections import paired_check
+
+    def family(resolved_holm: list[tuple[bool, float]]) -> dict:
+        return {"family": {"alpha": 0.05}, "tests": [
+            {"system": f"s{i}", "label": "chrF x4", "resolved": r, "paired_t": {"p_value": p / 4, "p_holm": p}}
+            for i, (r, p) in enumerate(resolved_holm)]}
+
+    assert paired_check(family([(True, 0.01), (True, 0.05), (False, 0.2)])) == (
+        " Not confirmed by the check (the paired t-test after Holm over the family, at α = 0.05): s1: chrF x4.")
+    assert paired_check(family([(True, 0.01), (False, 0.5)])) == (
+        " Each also passes the check: its paired t-test after Holm over the family, at α = 0.05.")
+    assert paired_check(family([(False, 0.01)])) == ""
+    older = family([(True, 0.01)])
+    del older["tests"][0]["paired_t"]["p_holm"]
+    assert paired_check(older) == ""
