@@ -15,10 +15,7 @@ published and as recomputed, and the count of each.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as bench/sensitivity_decodings.py
@@ -36,9 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
-    from utils.io import with_sha256
     from utils.study.files import read_results
-    from utils.study.report import reanalyse
+    from utils.study.report import reanalyse, scratch_copy
 
     if not (args.folder / "results.json").is_file():
         parser.error(f"{args.folder}: no results.json")
@@ -56,13 +52,7 @@ def main() -> int:
         parser.error(f"--decodings: {', '.join(decodings) or 'none'}: not among the family's systems "
                      f"({', '.join(systems)})")
     family["decodings"] = decodings
-    with tempfile.TemporaryDirectory(prefix="sensitivity-") as tmp:
-        copy = Path(tmp) / args.folder.resolve().name
-        copy.mkdir()
-        doc = {**published, "spec": {**published["spec"], "family": family}}
-        (copy / "results.json").write_text(json.dumps(with_sha256({k: v for k, v in doc.items() if k != "sha256"})))
-        if (args.folder / "hypotheses").is_dir():
-            shutil.copytree(args.folder / "hypotheses", copy / "hypotheses")
+    with scratch_copy(args.folder, {**published, "spec": {**published["spec"], "family": family}}) as copy:
         again = reanalyse(copy, primary_only=True)["primary"]
     before = {(t["system"], t["label"]): t for t in published["primary"]["tests"]}
     print(f"{args.folder}: {', '.join(f'{d} in place of {p}' for d, p in decodings.items())}; a sensitivity "

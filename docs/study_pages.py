@@ -75,6 +75,8 @@ def _steps(n: int) -> str:
 
 def primary_table(results: dict[str, Any]) -> list[str]:
     """The declared family, one row per test, every number from ``results.json``."""
+    from utils.study.sections import paired_cell
+
     base = results["baseline"]
     out = ["| system | quantity | Δ per seed | Δ mean | seed test p (Holm) | paired t p (Holm) | bootstrap 95 % CI "
            "| bootstrap p (Holm) | len | resolved |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -86,15 +88,9 @@ def primary_table(results: dict[str, Any]) -> list[str]:
                   f"{_length(results, t.get('against') or base, q['split'], q['decoder'])}")
         out.append(f"| {t['system']} | {t['label']} | {', '.join(f'{d:+.2f}' for d in t['per_seed_delta'])} | "
                    f"{t['delta']:+.2f} | {_p(seed['p_value'])} ({_p(seed['p_holm'])}) | "
-                   f"{_paired(t)} | {ci} | {boot} | {length} | "
+                   f"{paired_cell(t)} | {ci} | {boot} | {length} | "
                    f"{'**yes**' if t['resolved'] else 'no'} |")
     return out
-
-
-def _paired(test: dict[str, Any]) -> str:
-    """The paired t-test's p, and its Holm p over the family where the results record it."""
-    pt = test.get("paired_t", {})
-    return _p(pt.get("p_value")) + (f" ({_p(pt['p_holm'])})" if "p_holm" in pt else "")
 
 
 def chrf_table(results: dict[str, Any], decoder: str = "beam5") -> list[str]:

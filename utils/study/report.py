@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -424,24 +426,39 @@ def reanalyse(folder: Path, samples: int | None = None, primary_only: bool = Fal
     return results
 
 
+@contextmanager
+def scratch_copy(folder: Path, results: dict[str, Any] | None = None) -> Iterator[Path]:
+    """A temporary copy of a study's folder as ``reanalyse`` reads it: its ``results.json`` (or ``results`` in its
+    place, written with its own checksum) and ``hypotheses/``; the folder itself is left as it is."""
+    import shutil
+    import tempfile
+
+    from utils.io import with_sha256
+
+    with tempfile.TemporaryDirectory(prefix="study-copy-") as tmp:
+        copy = Path(tmp) / folder.resolve().name
+        copy.mkdir()
+        if results is None:
+            shutil.copy(folder / "results.json", copy / "results.json")
+        else:
+            (copy / "results.json").write_text(json.dumps(with_sha256({k: v for k, v in results.items()
+                                                                       if k != "sha256"})))
+        if (folder / "hypotheses").is_dir():
+            shutil.copytree(folder / "hypotheses", copy / "hypotheses")
+        yield copy
+
+
 def check_published(folder: Path) -> list[str]:
     """Recompute a published study in a temporary copy of its ``results.json`` and ``hypotheses/`` (the folder is
     left as it is) and compare: the differences, one line each (none: it recomputes exactly). Compared: report.md
     byte for byte, and each primary test's system and label, seed-test p and Holm p, and bootstrap p (to 1e-9
     relative: the float sums may end in another last bit)."""
     import math
-    import shutil
-    import tempfile
 
     from utils.study.files import read_results
 
     before = read_results(folder)
-    with tempfile.TemporaryDirectory(prefix="study-check-") as tmp:
-        copy = Path(tmp) / folder.resolve().name
-        copy.mkdir()
-        shutil.copy(folder / "results.json", copy / "results.json")
-        if (folder / "hypotheses").is_dir():
-            shutil.copytree(folder / "hypotheses", copy / "hypotheses")
+    with scratch_copy(folder) as copy:
         after = reanalyse(copy)
         report = (copy / "report.md").read_text(encoding="utf-8")
     out = []

@@ -229,9 +229,7 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
     out += ["| system | quantity | Δ per seed | Δ mean | seed test p | p Holm | paired t p (Holm) | bootstrap 95 % CI "
             "| bootstrap p | p Holm | len | resolved |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in pr["tests"]:
-        pt = t.get("paired_t", {})
-        out.append(result_row(t, _p(pt.get("p_value")) + (f" ({_p(pt['p_holm'])})" if "p_holm" in pt else ""),
-                              _len(results, t)))
+        out.append(result_row(t, paired_cell(t), _len(results, t)))
     out += ["", f"**{pr['resolved']} of {pr['size']} resolved.**{paired_check(pr)}", "", *boundary_lines(results),
             *length_lines(results)]
     if pw["power_at_smallest_effect"] is not None:
@@ -248,6 +246,12 @@ def primary_lines(results: dict[str, Any]) -> list[str]:
                 + ", ".join(f"{q['seed_share']:.0%} ({q['label']})" for q in pw["per_quantity"])
                 + " of the within-system variance.", ""]
     return out
+
+
+def paired_cell(test: dict[str, Any]) -> str:
+    """A test's paired t p, and in brackets its Holm p over the family where the results record it."""
+    pt = test.get("paired_t", {})
+    return _p(pt.get("p_value")) + (f" ({_p(pt['p_holm'])})" if "p_holm" in pt else "")
 
 
 def paired_check(pr: dict[str, Any]) -> str:
