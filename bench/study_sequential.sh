@@ -39,7 +39,13 @@ main() {
     KEEP=$ROOT/$STUDY_DIR/records  # committed: every decoded run without its weights
     LOOKS_DIR=$ROOT/$STUDY_DIR/looks  # committed: each look as published
     PILOT_COMMIT=7186bb6  # the pilot's: the study's commit must train as it does
-    # The commit that fixed the design (the first to add design.json): it trains, decodes and scores every run.
+    # The commit that fixed the design (the first to add design.json): it trains, decodes and scores every run. A
+    # shallow clone's history ends early, and its oldest commit would seem to add design.json: refuse it.
+    if [ "$(git -C "$ROOT" rev-parse --is-shallow-repository)" = true ]; then
+        echo "this clone is shallow, so the commit that fixed the design cannot be found: run" \
+            "git -C $ROOT fetch --unshallow, then start this again"
+        return 1
+    fi
     SCORE_COMMIT=$(git -C "$ROOT" log --diff-filter=A --format=%h -- "$STUDY_DIR/design.json" | tail -n 1)
     if [ -z "$SCORE_COMMIT" ]; then
         echo "$STUDY_DIR/design.json is not committed: score the noise pilot, run bench/pilot_design.py on its two" \

@@ -419,6 +419,37 @@ def test_the_sequential_study_refuses_a_design_changed_after_the_commit_that_fix
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_sequential_study_refuses_a_shallow_clone_whose_history_cannot_name_the_design_commit(
+        tmp_path: Path) -> None:
+    """In a clone of depth 1 the design's commit is beyond the history, and the oldest commit there seems to add
+    design.json: the study says how to fetch the rest, and does not start (a full clone of the same repository
+    names the design's commit and goes on)."""
+    repo = tmp_path / "repo"
+    study = repo / "bench" / "studies" / "extrapolation-sequential"
+    study.mkdir(parents=True)
+    (repo / "bench" / "study_sequential.sh").write_text(SEQUENTIAL)
+    (repo / "bench" / "worktree.sh").write_text("in_background() { echo started; exit 0; }\n")
+    (study / "design.json").write_text('{"seeds": 12}')
+    (study / "family.json").write_text("{}")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "the design")
+    (repo / "README.md").write_text("later\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "a later commit")
+    for depth, name in ((["--depth", "1"], "shallow"), ([], "full")):
+        subprocess.run(["git", "clone", "-q", *depth, f"file://{repo}", str(tmp_path / name)], check=True)
+    shallow = subprocess.run(["bash", str(tmp_path / "shallow" / "bench" / "study_sequential.sh"),
+                              str(tmp_path / "runs")], capture_output=True, text=True, timeout=30)
+    assert shallow.returncode == 1 and shallow.stdout == (
+        "this clone is shallow, so the commit that fixed the design cannot be found: run "
+        f"git -C {tmp_path / 'shallow'} fetch --unshallow, then start this again\n")
+    assert not (tmp_path / "runs").exists()
+    full = subprocess.run(["bash", str(tmp_path / "full" / "bench" / "study_sequential.sh"), str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=30)
+    assert full.stdout == "started\n"
+
+
 def test_the_sequential_study_runs_its_procedure_as_the_design_commit_has_it_or_as_an_amendment_declares(
         tmp_path: Path) -> None:
     """bench/study_sequential.sh and bench/worktree.sh are the study's procedure: changed after the commit that fixed
