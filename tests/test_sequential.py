@@ -78,7 +78,13 @@ def test_unequal_looks_and_futility_hold_in_simulation() -> None:
         futile = ~stopped & (np.abs(z1[:, k]) < a[k])
         stopped |= futile | (np.abs(z1[:, k]) >= c[k])
         futile_by.append(futile.mean())
-    assert np.cumsum(futile_by) == pytest.approx([spent(t, 0.2, "obf") for t in fractions[:-1]], abs=0.003)
+    # beta spent on the one futility region by the one-sided function (gsDesign's sfLDOF(beta)): 2 - 2 Phi(z_0.9 /
+    # sqrt(t)) = 0.0042, 0.0699, 0.1518 at t = 0.2, 0.5, 0.8 (halving beta over two sides would give 0.0005, 0.040,
+    # 0.132)
+    one_sided = [2 - 2 * stats.norm.cdf(stats.norm.ppf(0.9) / np.sqrt(t)) for t in fractions[:-1]]
+    assert one_sided == pytest.approx([0.0042, 0.0699, 0.1518], abs=5e-4)
+    assert [spent(t, 0.2, "obf", sides=1) for t in fractions[:-1]] == pytest.approx(one_sided, rel=1e-12)
+    assert np.cumsum(futile_by) == pytest.approx(one_sided, abs=0.003)
     power_binding = sum(crossing_probabilities(fractions, c, drift, a))
     assert power_binding < 0.8  # futility costs power, which is why the seeds are planned with it in mind
 

@@ -11,9 +11,11 @@ look ``k``, at information fraction ``t_k`` (seeds so far / seeds planned), may 
   function applied to both sides at once, ``2 - 2 Phi(z_{1-alpha/2} / sqrt(t))``, which spends more early;
 - ``pocock``: ``alpha(t) = alpha log(1 + (e - 1) t)``, nearly even across looks.
 
-Futility is declared with a beta-spending function (the same families applied to ``beta``), non-binding: the
-efficacy bounds are computed as if the study never stopped for futility, so stopping or not stopping for futility
-keeps the error rate at most ``alpha``.
+Futility is declared with a beta-spending function, non-binding: the efficacy bounds are computed as if the study
+never stopped for futility, so stopping or not stopping for futility keeps the error rate at most ``alpha``. The
+futility region ``|Z_k| < a_k`` is one region, so ``beta`` is spent by the one-sided function on its whole:
+``beta(t) = 2 - 2 Phi(z_{1-beta/2} / sqrt(t))`` for ``obf`` (gsDesign's ``sfLDOF`` with ``beta`` as its level, as
+its lower bounds use it), not split in two halves as ``alpha`` is.
 
 The crossing probabilities are computed by recursive numerical integration of the joint law of the z-statistics
 ``Z_1..Z_K`` (Armitage, McPherson & Rowe 1969; Jennison & Turnbull 2000, chapter 19): ``Z_k sqrt(t_k)`` is a
@@ -36,14 +38,19 @@ Spending = Literal["obf", "pocock"]
 POINTS_PER_UNIT = 80
 
 
-def spent(t: float, total: float, family: Spending) -> float:
-    """Error spent by information fraction ``t`` in [0, 1] out of ``total`` (two-sided for ``obf``)."""
+def spent(t: float, total: float, family: Spending, sides: int = 2) -> float:
+    """Error spent by information fraction ``t`` in [0, 1] out of ``total``. For ``obf``, ``sides=2`` (a two-sided
+    test's ``alpha``) spends ``total / 2`` on each side, each by the one-sided function; ``sides=1`` (``beta``, or a
+    one-sided ``alpha``) spends ``total`` by it: ``2 - 2 Phi(z_{1-total/2} / sqrt(t))``."""
+    if sides not in (1, 2):
+        raise ValueError(f"sides must be 1 or 2, not {sides!r}")
     if t <= 0:
         return 0.0
     if t >= 1:
         return total
-    if family == "obf":  # total / 2 on each side, each spent by the one-sided function
-        return float(2 * (2 - 2 * stats.norm.cdf(stats.norm.ppf(1 - total / 4) / math.sqrt(t))))
+    if family == "obf":
+        each = total / sides
+        return float(sides * (2 - 2 * stats.norm.cdf(stats.norm.ppf(1 - each / 2) / math.sqrt(t))))
     if family == "pocock":
         return float(total * math.log(1 + (math.e - 1) * t))
     raise ValueError(f"unknown spending function {family!r} (obf or pocock)")
@@ -158,7 +165,8 @@ def efficacy_bounds(fractions: Sequence[float], alpha: float = 0.05, spending: S
 def futility_bounds(fractions: Sequence[float], efficacy: Sequence[float], drift: float, beta: float = 0.2,
                     spending: Spending = "obf") -> list[float]:
     """Non-binding futility boundaries ``a_1..a_K`` for a two-sided test: stop for futility at look ``k`` when
-    ``|Z_k| < a_k``, with P(stop for futility by look k | the design effect) = beta spent by ``t_k``. ``drift``:
+    ``|Z_k| < a_k``, with P(stop for futility by look k | the design effect) = beta spent by ``t_k`` (one-sided:
+    ``spent(t_k, beta, spending, sides=1)``). ``drift``:
     the expected z at the planned end under the smallest effect of interest. The last look's ``a_K`` is ``c_K``
     (the final decision); an ``a_k`` that would pass ``c_k`` is set to ``c_k``."""
     t = _check_fractions(fractions)
@@ -171,7 +179,7 @@ def futility_bounds(fractions: Sequence[float], efficacy: Sequence[float], drift
         if k == len(t) - 1:
             out.append(c)
             break
-        target = spent(tk, beta, spending) - (spent(t[k - 1], beta, spending) if k else 0.0)
+        target = spent(tk, beta, spending, 1) - (spent(t[k - 1], beta, spending, 1) if k else 0.0)
 
         def inside(a: float, p: _Density | None = prev, tk: float = tk) -> float:
             if p is None:
