@@ -7,8 +7,10 @@ latest look; the study stops when every test of its family is settled, or at its
 (``utils.study.looks.settled``). Prints ``stop: WHY`` or ``continue: WHY`` on its first line, then the tests
 resolved, futile and still open, what the runs of the latest look cost so far (CPU core-hours and GPU minutes, and
 per test resolved at any look), and, where the study continues, what its next look and its last still need at that
-cost per run (``utils.study.cost``). ``--also FOLDER`` (repeatable): other scored studies whose runs served this one
-(its pilot's arms, a secondary arm), counted in an all-in cost beside the study's own.
+cost per run (``utils.study.cost``). ``--also FOLDER`` (repeatable): other studies whose runs served this one (its
+pilot's arms, a secondary arm), counted in an all-in cost beside the study's own: from their results.json's compute
+figures, or, where it has none (scored by an older commit) or there is no results.json (kept runs unpacked), from
+their runs' own records (``utils.study.cost.folder_cost``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a folder holding a look's results.json (a scored study, or a copy of it), the first "
                              "look first")
     parser.add_argument("--also", type=Path, action="append", default=[], metavar="FOLDER",
-                        help="a scored study whose runs served this one (e.g. its pilot's arms): counted in an "
-                             "all-in cost beside the study's own (repeatable)")
+                        help="a study whose runs served this one (e.g. its pilot's arms): counted in an all-in "
+                             "cost beside the study's own, from its results.json's compute figures or, without "
+                             "them, from its runs' records (repeatable)")
     return parser
 
 
@@ -40,7 +43,7 @@ def main() -> int:
     from utils.study.looks import settled
 
     primaries, latest = [], {}
-    for folder in [*args.looks, *args.also]:
+    for folder in args.looks:
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json")
     for folder in args.looks:
@@ -67,9 +70,15 @@ def main() -> int:
         cpu, gpu = spent(total)
         print(line("compute so far", total["runs"], cpu, gpu))
         if args.also:
-            others = [(read_results(f).get("compute") or {}).get("total") for f in args.also]
-            if any(o is None for o in others):
-                parser.error("--also: a study without compute figures (results.json: compute)")
+            from utils.study.cost import folder_cost
+            others = []
+            for f in args.also:
+                found = read_results(f) if (f / "results.json").is_file() else {}
+                other = (found.get("compute") or {}).get("total") or folder_cost(
+                    f, (found.get("spec") or {}).get("checkpoint", "last"))
+                if other is None:
+                    parser.error(f"--also {f}: neither compute figures (results.json) nor runs (runs/SYSTEM/seedN/)")
+                others.append(other)
             extra = [spent(o) for o in others]
             print(line(f"all-in, with {', '.join(str(f) for f in args.also)}",
                        total["runs"] + sum(o["runs"] for o in others), cpu + sum(c for c, _ in extra),

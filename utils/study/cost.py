@@ -87,6 +87,18 @@ def study_cost(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "threads_unrecorded": sorted(k for k, r in runs.items() if r["threads_unrecorded"])}
 
 
+def folder_cost(folder: Path, checkpoint: str = "last") -> dict[str, Any] | None:
+    """``study_cost``'s totals over every run of a study folder's ``runs/SYSTEM/seedN/`` (the latest run of each seed
+    folder, every score file of ``checkpoint``): for a study scored before its results recorded their compute, or a
+    folder of kept runs unpacked without results (``bench/worktree.sh``'s ``restore_runs``). None where it holds no
+    run."""
+    from utils.study.runs import run_dirs
+
+    per_run = {f"{seed.parent.name}/{seed.name}": run_cost(runs[-1], checkpoint, None)
+               for seed in sorted((folder / "runs").glob("*/seed*")) if (runs := run_dirs(seed))}
+    return study_cost(per_run) if per_run else None
+
+
 def spent(total: dict[str, Any]) -> tuple[float, float]:
     """(CPU core-hours, GPU minutes) of ``study_cost``'s totals, training and decoding together."""
     return (total["train_cpu_hours"] + total["decode_cpu_hours"],
