@@ -20,9 +20,10 @@
 #   results.json, report.md, figures, hypotheses and tb are copied to
 #   bench/studies/extrapolation-sequential/looks/look-K, to be committed.
 # - After the first look, the natural-length arm (seeds 1-3), in the same queue and scored the same way
-#   (looks/natural).
-# - After each look, bench/study_stop.py: the study stops at the first look at which every primary test is resolved
-#   or futile, and otherwise at its last planned look.
+#   (looks/natural), and the two arms side by side (bench/arms_table.py look-1 natural: looks/natural/arms.md).
+# - After each look, bench/study_stop.py, its answer kept as looks/look-K/stop.txt: the study stops at the first look
+#   at which every primary test is resolved or futile, and otherwise at its last planned look. Its costs count the
+#   noise pilot's two arms too (--also, from their committed records in bench/studies/noise-pilot/records/).
 #
 #   bash bench/study_sequential.sh [RUNS_DIR]   # default ../sequential-runs; returns at once, log: RUNS_DIR/queue.log
 #
@@ -38,6 +39,7 @@ main() {
     STUDY_DIR=bench/studies/extrapolation-sequential
     KEEP=$ROOT/$STUDY_DIR/records  # committed: every decoded run without its weights
     LOOKS_DIR=$ROOT/$STUDY_DIR/looks  # committed: each look as published
+    PILOT_KEEP=$ROOT/bench/studies/noise-pilot/records  # the pilot's kept runs: their cost joins the study's
     PILOT_COMMIT=7186bb6  # the pilot's: the study's commit must train as it does
     # The commit that fixed the design (the first to add design.json): it trains, decodes and scores every run. A
     # shallow clone's history ends early, and its oldest commit would seem to add design.json: refuse it.
@@ -58,12 +60,16 @@ main() {
         return 1
     fi
     # The procedure is this script's and worktree.sh's as that commit has them: a later change to either runs only
-    # once a dated amendment declares it (AMENDED_DRIVER=<that amendment's date>).
+    # once a dated amendment declares it (AMENDED_DRIVER=<that amendment's date>): committed, and dated no earlier
+    # than the design's commit.
     if ! git -C "$ROOT" diff --quiet "$SCORE_COMMIT" -- bench/study_sequential.sh bench/worktree.sh; then
-        if [ -z "${AMENDED_DRIVER:-}" ] || ! grep -q "^### ${AMENDED_DRIVER} " "$ROOT/$STUDY_DIR/amendments.md"; then
+        local fixed
+        fixed=$(git -C "$ROOT" log -1 --format=%cs "$SCORE_COMMIT")
+        if [ -z "${AMENDED_DRIVER:-}" ] || [[ "$AMENDED_DRIVER" < "$fixed" ]] ||
+            ! git -C "$ROOT" show "HEAD:$STUDY_DIR/amendments.md" 2> /dev/null | grep -q "^### ${AMENDED_DRIVER} "; then
             echo "bench/study_sequential.sh or bench/worktree.sh differs from the commit that fixed the design" \
-                "($SCORE_COMMIT): declare the change in a dated amendment and run with AMENDED_DRIVER=<its date>," \
-                "or restore them as that commit has them"
+                "($SCORE_COMMIT, $fixed): declare the change in a dated amendment, committed and dated $fixed or" \
+                "later, and run with AMENDED_DRIVER=<its date>, or restore them as that commit has them"
             return 1
         fi
     fi
@@ -202,6 +208,20 @@ PY
         done
     }
 
+    beside() {  # the natural arm beside the short one at look 1 (bench/arms_table.py), kept as looks/natural/arms.md
+        local out=$LOOKS_DIR/natural/arms.md
+        [ -f "$out" ] && return 0
+        (cd "$SCORE_WT" && .venv/bin/python bench/arms_table.py "$LOOKS_DIR/look-1" "$LOOKS_DIR/natural") \
+            > "$out.partial" && mv "$out.partial" "$out"
+    }
+
+    pilot_also() {  # the --also options of the pilot's arms whose kept runs were unpacked
+        local arm
+        for arm in cool plain; do
+            if [ -d "$RUNS/pilot-kept/study_pilot-$arm" ]; then echo "--also $RUNS/pilot-kept/study_pilot-$arm"; fi
+        done
+    }
+
     look() {  # look ARM SEEDS NAME: every run of the arm's seeds, then the look scored and kept as NAME
         runs "$1" "$2" && recorded "$1" "$2" || return 1
         # shellcheck disable=SC2086,SC2046
@@ -211,18 +231,25 @@ PY
 
     looks() {  # every look in turn, the natural-length arm after the first, until the stopping rule says stop
         local k=0 n verdict taken=()
-        same_training && restore_runs "$RUNS/kept" "$KEEP"/*.tar.xz || return 1
+        same_training && restore_runs "$RUNS/kept" "$KEEP"/*.tar.xz &&
+            restore_runs "$RUNS/pilot-kept" "$PILOT_KEEP"/*.tar.xz || return 1
         for n in $LOOKS; do
             k=$((k + 1))
             if [ ! -f "$LOOKS_DIR/look-$k/results.json" ]; then
                 look short "$n" "look-$k" || return 1
             fi
             taken+=("$LOOKS_DIR/look-$k")
-            if [ "$k" = 1 ] && [ ! -f "$LOOKS_DIR/natural/results.json" ]; then
-                look natural 3 natural || return 1
+            if [ "$k" = 1 ]; then
+                if [ ! -f "$LOOKS_DIR/natural/results.json" ]; then
+                    look natural 3 natural || return 1
+                fi
+                beside || return 1
             fi
-            verdict=$(cd "$SCORE_WT" && .venv/bin/python bench/study_stop.py "${taken[@]}") || return 1
-            echo "== $(date -Is) after look $k: the stopping rule"
+            # shellcheck disable=SC2046  # one word per option
+            verdict=$(cd "$SCORE_WT" && .venv/bin/python bench/study_stop.py "${taken[@]}" $(pilot_also)) || return 1
+            echo "$verdict" > "$LOOKS_DIR/look-$k/stop.txt.partial" &&
+                mv "$LOOKS_DIR/look-$k/stop.txt.partial" "$LOOKS_DIR/look-$k/stop.txt" || return 1
+            echo "== $(date -Is) after look $k: the stopping rule (looks/look-$k/stop.txt, to be committed)"
             echo "$verdict"
             case $verdict in
                 stop:*) return 0 ;;

@@ -244,10 +244,10 @@ def _looks(tmp: Path, looks: str, verdicts: list[str], fail: str = "") -> tuple[
              f'kept() {{ echo "kept $1 $2" >> {tmp}/log; mkdir -p "$2" && touch "$2/results.json"; }}\n'
              f'keep_runs() {{ echo "keep_runs $*" >> {tmp}/log; mkdir -p "$(dirname "$2")" && touch "$2"; }}\n'
              f'restore_runs() {{ echo "restore_runs $*" >> {tmp}/log; }}\nrecorded() {{ :; }}\n'
-             f'same_training() {{ echo "same_training" >> {tmp}/log; }}\n')
+             f'same_training() {{ echo "same_training" >> {tmp}/log; }}\nbeside() {{ echo "beside" >> {tmp}/log; }}\n')
     functions = "\n".join(_function(f, SEQUENTIAL) for f in ("folder", "arm", "decoding", "merged", "record",
-                                                              "pending", "runs", "look", "looks"))
-    script = (f'RUNS={tmp}/runs; SCORE_WT={score}; STUDY_DIR=D; KEEP={tmp}/records; '
+                                                              "pending", "runs", "pilot_also", "look", "looks"))
+    script = (f'RUNS={tmp}/runs; SCORE_WT={score}; STUDY_DIR=D; KEEP={tmp}/records; PILOT_KEEP={tmp}/pilot; '
               f'LOOKS_DIR={tmp}/looks; LOOKS="{looks}"; SYSTEMS="{" ".join(SYSTEMS)}"\n'
               'SHORT="--name s"; NATURAL="--name n"; SCORING="--score-only"\n' + stubs + functions + "\nlooks\n")
     res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
@@ -281,7 +281,9 @@ def test_the_sequential_study_takes_its_looks_in_turn_until_the_stopping_rule_sa
     """Each look trains, decodes and keeps its runs two at a time (seed 1's five systems, then seed 2's: a pair may
     span two seeds; each run kept without its weights, to commit), then scores every seed so far with the family
     file and the three decoders and keeps the look's files; the natural-length arm follows the first look; the
-    stopping rule reads every look taken so far, and a stop ends the study before its last planned look."""
+    stopping rule reads every look taken so far, with the pilot's arms whose kept runs were unpacked in its all-in
+    cost, and its answer is kept in the look's folder (stop.txt); a stop ends the study before its last planned
+    look."""
     def look(k: int, n: int, first: int = 1) -> list[str]:
         return [*_queue_of("short", n, first),
                 f"step TMP/score-wt look-{k}: scoring at {n} seeds per system | --name s {SHORT_DECODING} --seeds {n} "
@@ -289,18 +291,22 @@ def test_the_sequential_study_takes_its_looks_in_turn_until_the_stopping_rule_sa
 
     natural = [*_queue_of("natural", 3),
                "step TMP/score-wt natural: scoring at 3 seeds per system | --name n --decoders beam5,greedy --seeds 3 "
-               "--score-only", "kept TMP/runs/study_extrapolation-sequential-natural TMP/looks/natural"]
+               "--score-only", "kept TMP/runs/study_extrapolation-sequential-natural TMP/looks/natural", "beside"]
     assert natural[0].startswith("step TMP/score-wt natural arm, sinusoidal:1,learnable:1: training") and \
         natural[2 * 4].startswith("step TMP/score-wt natural arm, rope:1,sinusoidal:2: training")  # across seeds
 
     def rule(k: int) -> str:
-        return "stop-rule bench/study_stop.py " + " ".join(f"TMP/looks/look-{i}" for i in range(1, k + 1))
+        return ("stop-rule bench/study_stop.py " + " ".join(f"TMP/looks/look-{i}" for i in range(1, k + 1))
+                + " --also TMP/runs/pilot-kept/study_pilot-plain")
 
-    restore = "restore_runs TMP/runs/kept TMP/records/*.tar.xz"
+    restore = ["restore_runs TMP/runs/kept TMP/records/*.tar.xz", "restore_runs TMP/runs/pilot-kept TMP/pilot/*.tar.xz"]
+    (tmp_path / "runs" / "pilot-kept" / "study_pilot-plain").mkdir(parents=True)  # only this arm's were unpacked
     rc, log = _looks(tmp_path, "3 6 8", ["continue: 20 of 24 tests are open at look 1 of 3",
                                          "stop: every test is resolved or futile"])
-    assert rc == 0 and log == ["same_training", restore, *look(1, 3), *natural, rule(1), *look(2, 6, first=4),
+    assert rc == 0 and log == ["same_training", *restore, *look(1, 3), *natural, rule(1), *look(2, 6, first=4),
                                rule(2)]
+    assert (tmp_path / "looks" / "look-2" / "stop.txt").read_text() == (
+        "stop: every test is resolved or futile\nresolved (0): -\n")
     # Started again (a new machine, a killed queue): the looks and runs already kept are not run again, and the
     # kept runs unpacked are merged into each step of their arm.
     (tmp_path / "log").unlink()
@@ -317,10 +323,26 @@ def test_the_sequential_study_takes_its_looks_in_turn_until_the_stopping_rule_sa
     queue = _queue_of("short", 8, 7, merge, kept=(("sinusoidal", 7),))
     assert queue[0] == (f"step TMP/score-wt short arm, learnable:7,alibi:7: training | --name s --seeds 8 "
                         f"--train-only --only learnable:7,alibi:7{merge}")
-    assert rc == 0 and log == ["same_training", f"restore_runs TMP/runs/kept {kept}", rule(1), rule(2), *queue,
+    assert rc == 0 and log == ["same_training", f"restore_runs TMP/runs/kept {kept}", restore[1], "beside", rule(1),
+                               rule(2), *queue,
                                f"step TMP/score-wt look-3: scoring at 8 seeds per system | --name s {SHORT_DECODING} "
                                f"--seeds 8 --score-only{merge}",
                                "kept TMP/runs/study_extrapolation-sequential TMP/looks/look-3", rule(3)]
+
+
+def test_the_natural_arm_is_put_beside_the_short_one_once(tmp_path: Path) -> None:
+    """After the natural arm's look, bench/arms_table.py of look 1 and the natural look is kept as
+    looks/natural/arms.md, written whole; a later start leaves it as it is."""
+    score = tmp_path / "score-wt"
+    _answering_python(tmp_path, score, "arms", ["| system | x1 |\n", "| changed |\n"])
+    (tmp_path / "looks" / "natural").mkdir(parents=True)
+    call = f"LOOKS_DIR={tmp_path}/looks; SCORE_WT={score}\n" + _function("beside", SEQUENTIAL) + "\nbeside\n"
+    for _ in range(2):
+        assert subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=30).returncode == 0
+    assert (tmp_path / "looks" / "natural" / "arms.md").read_text() == "| system | x1 |\n"
+    assert (tmp_path / "log").read_text() == (f"arms bench/arms_table.py {tmp_path}/looks/look-1 "
+                                              f"{tmp_path}/looks/natural\n")
+    assert not (tmp_path / "looks" / "natural" / "arms.md.partial").exists()
 
 
 def test_a_failed_step_stops_the_sequential_study_before_the_stopping_rule(tmp_path: Path) -> None:
@@ -453,8 +475,8 @@ def test_the_sequential_study_refuses_a_shallow_clone_whose_history_cannot_name_
 def test_the_sequential_study_runs_its_procedure_as_the_design_commit_has_it_or_as_an_amendment_declares(
         tmp_path: Path) -> None:
     """bench/study_sequential.sh and bench/worktree.sh are the study's procedure: changed after the commit that fixed
-    the design, the study starts only with AMENDED_DRIVER naming a dated amendment (then it goes on to its next
-    check: here, that it may start in the background)."""
+    the design, the study starts only with AMENDED_DRIVER naming a dated amendment, committed and dated no earlier
+    than the design's commit (then it goes on to its next check: here, that it may start in the background)."""
     repo = tmp_path / "repo"
     study = repo / "bench" / "studies" / "extrapolation-sequential"
     study.mkdir(parents=True)
@@ -462,12 +484,17 @@ def test_the_sequential_study_runs_its_procedure_as_the_design_commit_has_it_or_
     (repo / "bench" / "worktree.sh").write_text("in_background() { echo started; exit 0; }\n")
     (study / "design.json").write_text('{"seeds": 12}')
     (study / "family.json").write_text("{}")
-    (study / "amendments.md").write_text("### 2026-12-03 — Amendment: the driver\n")
+    (study / "amendments.md").write_text("### 2026-11-29 — Amendment: before the design\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "the design")
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "the design"],
+                   check=True, env={**os.environ, "GIT_COMMITTER_DATE": "2026-12-02T12:00:00Z"})
     (repo / "bench" / "worktree.sh").write_text("in_background() { echo started again; exit 0; }\n")
-    _git(repo, "commit", "-qam", "a later change of the procedure")
+    with (study / "amendments.md").open("a") as f:
+        f.write("### 2026-12-03 — Amendment: the driver\n")
+    _git(repo, "commit", "-qam", "a later change of the procedure, declared")
+    with (study / "amendments.md").open("a") as f:
+        f.write("### 2026-12-05 — Amendment: not committed\n")
 
     def start(**env: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(repo / "bench" / "study_sequential.sh"), str(tmp_path / "runs")],
@@ -475,8 +502,12 @@ def test_the_sequential_study_runs_its_procedure_as_the_design_commit_has_it_or_
 
     refused = start()
     assert refused.returncode == 1 and refused.stdout.startswith(
-        "bench/study_sequential.sh or bench/worktree.sh differs from the commit that fixed the design (")
+        "bench/study_sequential.sh or bench/worktree.sh differs from the commit that fixed the design (") and \
+        ", 2026-12-02): declare the change in a dated amendment, committed and dated 2026-12-02 or later" in \
+        refused.stdout
     assert start(AMENDED_DRIVER="2026-12-04").returncode == 1  # no amendment of that date
+    assert start(AMENDED_DRIVER="2026-11-29").returncode == 1  # an amendment older than the design
+    assert start(AMENDED_DRIVER="2026-12-05").returncode == 1  # an amendment not committed
     assert start(AMENDED_DRIVER="2026-12-03").stdout == "started again\n"
 
 
