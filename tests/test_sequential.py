@@ -16,6 +16,7 @@ from utils.study.sequential import (
     futility_bounds,
     nominal_p,
     seeds_needed,
+    simulated_power,
     spent,
 )
 
@@ -119,10 +120,37 @@ def test_the_design_command_prints_the_published_boundaries_and_the_seeds_the_po
         "--looks", "3", "--family", "24", "--residual-sd", "1.30", "--effect", "1.0").stdout
 
 
+@pytest.mark.parametrize("systems", [2, 5])
+def test_the_seed_tests_simulated_power_is_the_noncentral_t_at_one_look(systems: int) -> None:
+    """At one look the seed test is a t-test on (systems - 1)(n - 1) degrees of freedom whose statistic has a
+    noncentral t law, noncentrality effect / (sd sqrt 2) sqrt n: the simulated power matches it within 4 standard
+    errors (2 systems: the paired t-test; 5: the ANOVA residual the studies use)."""
+    n, effect, sd, p = 12, 1.0, 0.6, 0.01
+    df, nc = (systems - 1) * (n - 1), effect / (sd * np.sqrt(2)) * np.sqrt(n)
+    crit = stats.t.isf(p / 2, df)
+    exact = stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc)
+    sim = simulated_power([n], [p], effect, sd, systems, studies=40000, seed=3)
+    assert abs(sim - exact) < 4 * np.sqrt(exact * (1 - exact) / 40000)
+    assert (exact > 0.5) and (systems == 2 or exact > simulated_power([n], [p], effect, sd, 2, 40000, 3) + 0.05)
+
+
+def test_the_design_command_gives_the_power_of_the_seed_test_as_a_study_runs_it() -> None:
+    """The second study's example (looks 8, 15, 22, Holm over 24, residual 0.8272, a 1-chrF effect): the normal
+    approximation's 0.823, the five-system t-test's a little less."""
+    res = _design("--looks", "8,15,22", "--family", "24", "--residual-sd", "0.8272", "--effect", "1.0",
+                  "--systems", "5")
+    assert res.returncode == 0, res.stderr
+    assert "power at a true difference of 1 (residual SD 0.8272): 0.823," in res.stdout
+    line = next(x for x in res.stdout.splitlines() if x.startswith("power of the seed test as run"))
+    value = float(line.split("seed 0): ")[1].split(" ")[0])
+    assert 0.785 <= value <= 0.805 and "5-system ANOVA, 4 x (n - 1) degrees of freedom" in line
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--looks", "6,3"], "argument --looks: '6,3': increasing seed counts, each at least 2"),
     (["--looks", "6,12", "--alpha", "nan"], "argument --alpha: must be a finite number between 0 and 1, got nan"),
     (["--looks", "6,12", "--effect", "1"], "--effect and --residual-sd go together"),
+    (["--looks", "6,12", "--systems", "5"], "--systems needs --effect and --residual-sd, and 2 to 100 systems"),
 ])
 def test_the_design_command_refuses_bad_input_in_one_line(args: list[str], message: str) -> None:
     res = _design(*args)
