@@ -80,7 +80,7 @@ def main() -> int:
                     parser.error(f"--also {f}: neither compute figures (results.json) nor runs (runs/SYSTEM/seedN/)")
                 others.append(other)
             extra = [spent(o) for o in others]
-            print(line(f"all-in, with {', '.join(str(f) for f in args.also)}",
+            print(line(f"all-in, with {', '.join(f.resolve().name for f in args.also)}",
                        total["runs"] + sum(o["runs"] for o in others), cpu + sum(c for c, _ in extra),
                        gpu + sum(g for _, g in extra)))
         if not verdict["stop"] and (need := still_needed(latest)):
