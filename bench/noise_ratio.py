@@ -13,7 +13,8 @@ power at the declared smallest effect and the seeds it needs for 80 % power (the
 0.5 halves the noise: a quarter of the seeds for the same power. Last, the pilot's declared secondary, each arm's
 quality: the mean chrF (beam 5) of its trained systems on the x1 Tatoeba and Multi30k sets, and the validation BLEU
 at each run's last evaluation (mean and SD over the runs), so that an arm that lowers the noise by lowering the
-quality is seen.
+quality is seen. Then what each arm cost: its runs' training and decoding, in CPU core-hours and GPU minutes, from
+``results.json``'s compute figures or, for an arm scored before they were recorded, its runs' own records.
 
 The pooled value averages the family's quantities, which share their runs: its interval takes one quantity's degrees
 of freedom, not their sum. Beside it (a second measure, added on 2026-11-30 before any pilot statistic was read; the
@@ -150,6 +151,30 @@ def table(first: Path, second: Path, level: float = 0.95) -> str:
     return "\n".join(lines)
 
 
+def compute_lines(folders: list[Path]) -> list[str]:
+    """What each scored study folder's runs cost (``results.json``'s compute figures, else its runs' own records:
+    ``utils.study.cost.folder_cost``), one table row per folder and their sum; none where no folder holds either."""
+    from utils.study.cost import folder_cost
+
+    rows, sums = [], [0, 0.0, 0.0, 0.0]
+    for folder in folders:
+        res = read_results(folder)
+        total = (res.get("compute") or {}).get("total") or folder_cost(
+            folder, (res.get("spec") or {}).get("checkpoint", "last"))
+        if total is None:
+            continue
+        gpu = total["train_gpu_minutes"] + total["decode_gpu_minutes"]
+        values = [total["runs"], total["train_cpu_hours"], total["decode_cpu_hours"], gpu]
+        sums = [a + b for a, b in zip(sums, values, strict=True)]
+        rows.append(f"| {folder.name} | {values[0]} | {values[1]:.1f} | {values[2]:.1f} | {gpu:.1f} |")
+    if not rows:
+        return []
+    return ["", "Compute (each arm's runs; CPU time is wall time x threads):", "",
+            "| arm | runs | training, CPU core-hours | decoding, CPU core-hours | GPU minutes |",
+            "|---|---|---|---|---|",
+            *rows, f"| both | {sums[0]} | {sums[1]:.1f} | {sums[2]:.1f} | {sums[3]:.1f} |"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of bench/noise_ratio.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,7 +193,7 @@ def main() -> int:
         if not (folder / "results.json").is_file():
             parser.error(f"{folder}: no results.json (score the study first)")
     try:
-        print(table(args.first, args.second, args.level))
+        print("\n".join([table(args.first, args.second, args.level), *compute_lines([args.first, args.second])]))
     except ValueError as e:
         parser.error(str(e))
     return 0

@@ -118,3 +118,21 @@ def test_the_trained_systems_residual_is_printed_beside_the_pooled_one(tmp_path:
     low, high = 0.5 / 3.717 ** 0.5, 0.5 * 3.717 ** 0.5
     assert out[at + 4] == f"| 0.650 | 1.300 | 0.50 | {low:.2f}-{high:.2f} |"
     assert out[4].startswith("| chrF q0 | 1.000 | 1.000 |")  # the declared endpoint first, unchanged
+
+
+def test_each_arms_compute_is_counted_from_its_runs_records_when_its_results_have_none(tmp_path: Path):
+    """The pilot's arms were scored before results recorded their compute: what each cost is read from its runs'
+    train.log summaries and score files (one thread each: 3,240 s of training and 360 s of decoding a run)."""
+    from test_study_stop import _kept_run
+
+    folders = [_study(tmp_path / name, [1.0, 1.0], 1.0) for name in ("study_cool", "study_plain")]
+    for folder in folders:
+        for system in ("sinusoidal", "rope"):
+            for seed in (1, 2, 3):
+                _kept_run(folder / "runs" / system / f"seed{seed}", 3240.0, 360.0)
+    res = run_script("bench/noise_ratio.py", *map(str, folders))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-3:] == ["| study_cool | 6 | 5.4 | 0.6 | 0.0 |",
+                                            "| study_plain | 6 | 5.4 | 0.6 | 0.0 |", "| both | 12 | 10.8 | 1.2 | 0.0 |"]
+    bare = run_script("bench/noise_ratio.py", *map(str, [_study(tmp_path / f"bare{i}", [1.0], 1.0) for i in (1, 2)]))
+    assert bare.returncode == 0 and "Compute" not in bare.stdout
