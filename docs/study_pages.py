@@ -10,7 +10,9 @@
   ``bench/studies/extrapolation/amendments.md``.
 - ``studies/preregistration-extrapolation-sequential.md``: the second study's pre-registration, a file of its own
   that is never edited (``bench/studies/extrapolation-sequential/preregistration.md``), then what was decided
-  after it (``amendments.md`` beside it, when there is one).
+  after it (``amendments.md`` beside it, when there is one), then where the study stands: its noise pilot's
+  endpoint (``bench/studies/noise-pilot/ratio.md``), the design the rule gave (``design.json``) and each look
+  reached (``looks/look-K/stop.txt``), as they are committed.
 """
 
 from __future__ import annotations
@@ -400,5 +402,52 @@ def sequential_preregistration_page() -> str:
            "[After the pre-registration](#after-the-pre-registration), each item with its date. The first "
            "study: [its pre-registration](preregistration-extrapolation.md) and [its results](extrapolation.md).",
            "", "---", "", FROZEN_BEGIN, "", frozen, "", FROZEN_END, "", "---", "",
-           "## After the pre-registration", "", after, ""]
+           "## After the pre-registration", "", after, "", *sequential_status()]
     return "\n".join(out)
+
+
+def _signed(x: float) -> str:
+    """+0.12 or −0.12 (a true minus sign, as the pages print differences)."""
+    return f"{x:+.2f}".replace("-", "−")
+
+
+def sequential_status() -> list[str]:
+    """Where the second study stands, from its committed files: the noise pilot's endpoint, the design its rule
+    gave, and the looks reached (each with the stopping rule's answer)."""
+    out = ["## Where the study stands", ""]
+    ratio = STUDIES / "noise-pilot" / "ratio.md"
+    if not ratio.is_file():
+        return [*out, "The noise pilot is not scored yet: no design, no run of the study.", ""]
+    body = ratio.read_text(encoding="utf-8").strip("\n").split("\n", 1)[1].strip("\n")  # without its title
+    out += ["### The noise pilot's result", "", body, ""]
+    design = STUDIES / SEQUENTIAL / "design.json"
+    if not design.is_file():
+        return [*out, "The design is not fixed yet.", ""]
+    import json
+
+    d = json.loads(design.read_text(encoding="utf-8"))
+    runs = 5 * d["seeds"] + 15
+    out += ["### The design", "",
+            f"By the pre-registered rule (`bench/pilot_design.py`, `bench/studies/{SEQUENTIAL}/design.json` and "
+            "`family.json`, committed together before any run of the study):", "",
+            f"- **Arm:** {d['arm']} (`{' '.join(f'--set {o}' for o in d['overrides']) or 'no --set'}`): the "
+            f"trained systems' residual SD ratio cool / plain {d['ratio']:.2f} (the rule: at most "
+            f"{d['rule']['ratio']}), x1 chrF cool − plain {_signed(d['x1_chrf_gap'])} (at least "
+            f"−{d['rule']['quality']}).",
+            f"- **Planning residual SD:** {d['planning_sd']:.3f} chrF, the {d['arm']} arm's "
+            f"{d['pilot'][d['arm']]['residual_sd']:.3f} at its {d['rule']['confidence']:.0%} upper confidence limit.",
+            f"- **Seeds per system:** {d['seeds']}" + (f" (capped; {d['seeds_needed']} needed)" if d["capped"] else "")
+            + f"; **looks** at {', '.join(map(str, d['looks']))} seeds per system.",
+            f"- **Power** at {d['rule']['effect']} chrF, Holm's first step: {d['power']:.3f} by the normal "
+            f"approximation the rule reads, {d['power_seed_test']:.3f} for the seed test as run (simulated)."
+            if "power_seed_test" in d else f"- **Power** at {d['rule']['effect']} chrF: {d['power']:.3f}.",
+            f"- **Runs:** {runs} ({5 * d['seeds']} in the short-trained arm, 15 in the natural-length arm), about "
+            f"{runs * 55 / 60:.0f} CPU core-hours of training at 55 core-minutes a run, plus decoding.", ""]
+    looks = sorted((STUDIES / SEQUENTIAL / "looks").glob("look-*/stop.txt"))
+    if not looks:
+        return [*out, "No look is reached yet.", ""]
+    out += ["### Looks reached", ""]
+    for stop in looks:
+        first = stop.read_text(encoding="utf-8").splitlines()[0]
+        out.append(f"- **{stop.parent.name}:** {first} (`bench/studies/{SEQUENTIAL}/looks/{stop.parent.name}`)")
+    return [*out, ""]

@@ -223,7 +223,26 @@ def test_the_second_pre_registration_is_never_edited_and_its_page_holds_it() -> 
     date = _git("log", "-1", "--format=%ad", "--date=short", commits[0]).strip()
     assert date == study_pages.SEQUENTIAL_DATE and f"Fixed on {date}, in commit {commits[0][:7]}" in before
     assert "## After the pre-registration" in after
-    assert all(re.match(r"20\d\d-\d\d-\d\d — ", a) for a in re.findall(r"^### (.*)$", after, flags=re.M))
+    amendments = after.split("## Where the study stands")[0]
+    assert all(re.match(r"20\d\d-\d\d-\d\d — ", a) for a in re.findall(r"^### (.*)$", amendments, flags=re.M))
+
+
+def test_the_second_studys_page_says_where_it_stands_from_its_committed_files() -> None:
+    """After the amendments: the noise pilot's published endpoint as committed, the design its rule gave, each
+    figure read from design.json, and the looks reached."""
+    page = (PAGES / f"preregistration-{study_pages.SEQUENTIAL}.md").read_text(encoding="utf-8")
+    status = page.split("## Where the study stands", 1)[1]
+    ratio = (STUDIES / "noise-pilot" / "ratio.md").read_text(encoding="utf-8")
+    assert ratio.split("\n", 1)[1].strip("\n") in status  # the endpoint, every line, without its title
+    d = json.loads((STUDIES / study_pages.SEQUENTIAL / "design.json").read_text(encoding="utf-8"))
+    assert f"- **Arm:** {d['arm']} (`--set train.cooldown=0.2 --set train.ema_decay=0.99`)" in status
+    assert f"ratio cool / plain {d['ratio']:.2f}" in status and f"cool − plain −{abs(d['x1_chrf_gap']):.2f}" in status
+    assert f"- **Seeds per system:** {d['seeds']}; **looks** at {', '.join(map(str, d['looks']))} seeds" in status
+    assert f"{d['power']:.3f} by the normal approximation" in status and f"{d['power_seed_test']:.3f} for the seed" \
+        in status
+    assert f"- **Runs:** {5 * d['seeds'] + 15} ({5 * d['seeds']} in the short-trained arm" in status
+    looks = sorted((STUDIES / study_pages.SEQUENTIAL / "looks").glob("look-*/stop.txt"))
+    assert ("No look is reached yet." in status) == (not looks)
 
 
 def test_a_results_page_states_what_its_runs_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
