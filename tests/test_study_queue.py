@@ -441,11 +441,9 @@ def test_the_sequential_study_refuses_a_design_changed_after_the_commit_that_fix
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_sequential_study_refuses_a_shallow_clone_whose_history_cannot_name_the_design_commit(
-        tmp_path: Path) -> None:
-    """In a clone of depth 1 the design's commit is beyond the history, and the oldest commit there seems to add
-    design.json: the study says how to fetch the rest, and does not start (a full clone of the same repository
-    names the design's commit and goes on)."""
+def _design_repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A repository holding the sequential study's driver, a worktree.sh whose in_background says "started", and a
+    design: (the repository, the study's folder), nothing committed yet."""
     repo = tmp_path / "repo"
     study = repo / "bench" / "studies" / "extrapolation-sequential"
     study.mkdir(parents=True)
@@ -453,6 +451,15 @@ def test_the_sequential_study_refuses_a_shallow_clone_whose_history_cannot_name_
     (repo / "bench" / "worktree.sh").write_text("in_background() { echo started; exit 0; }\n")
     (study / "design.json").write_text('{"seeds": 12}')
     (study / "family.json").write_text("{}")
+    return repo, study
+
+
+def test_the_sequential_study_refuses_a_shallow_clone_whose_history_cannot_name_the_design_commit(
+        tmp_path: Path) -> None:
+    """In a clone of depth 1 the design's commit is beyond the history, and the oldest commit there seems to add
+    design.json: the study says how to fetch the rest, and does not start (a full clone of the same repository
+    names the design's commit and goes on)."""
+    repo, study = _design_repo(tmp_path)
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "the design")
@@ -477,13 +484,7 @@ def test_the_sequential_study_runs_its_procedure_as_the_design_commit_has_it_or_
     """bench/study_sequential.sh and bench/worktree.sh are the study's procedure: changed after the commit that fixed
     the design, the study starts only with AMENDED_DRIVER naming a dated amendment, committed and dated no earlier
     than the design's commit (then it goes on to its next check: here, that it may start in the background)."""
-    repo = tmp_path / "repo"
-    study = repo / "bench" / "studies" / "extrapolation-sequential"
-    study.mkdir(parents=True)
-    (repo / "bench" / "study_sequential.sh").write_text(SEQUENTIAL)
-    (repo / "bench" / "worktree.sh").write_text("in_background() { echo started; exit 0; }\n")
-    (study / "design.json").write_text('{"seeds": 12}')
-    (study / "family.json").write_text("{}")
+    repo, study = _design_repo(tmp_path)
     (study / "amendments.md").write_text("### 2026-11-29 — Amendment: before the design\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
