@@ -153,15 +153,12 @@ def table(first: Path, second: Path, level: float = 0.95) -> str:
 
 def compute_lines(folders: list[Path]) -> list[str]:
     """What each scored study folder's runs cost (``results.json``'s compute figures, else its runs' own records:
-    ``utils.study.cost.folder_cost``), one table row per folder and their sum; none where no folder holds either."""
-    from utils.study.cost import folder_cost
+    ``utils.study.cost.known_cost``), one table row per folder and their sum; none where no folder holds either."""
+    from utils.study.cost import known_cost
 
     rows, sums = [], [0, 0.0, 0.0, 0.0]
     for folder in folders:
-        res = read_results(folder)
-        total = (res.get("compute") or {}).get("total") or folder_cost(
-            folder, (res.get("spec") or {}).get("checkpoint", "last"))
-        if total is None:
+        if (total := known_cost(folder)) is None:
             continue
         gpu = total["train_gpu_minutes"] + total["decode_gpu_minutes"]
         values = [total["runs"], total["train_cpu_hours"], total["decode_cpu_hours"], gpu]

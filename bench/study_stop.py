@@ -10,7 +10,7 @@ per test resolved at any look), and, where the study continues, what its next lo
 cost per run (``utils.study.cost``). ``--also FOLDER`` (repeatable): other studies whose runs served this one (its
 pilot's arms, a secondary arm), counted in an all-in cost beside the study's own: from their results.json's compute
 figures, or, where it has none (scored by an older commit) or there is no results.json (kept runs unpacked), from
-their runs' own records (``utils.study.cost.folder_cost``).
+their runs' own records (``utils.study.cost.known_cost``).
 """
 
 from __future__ import annotations
@@ -70,13 +70,10 @@ def main() -> int:
         cpu, gpu = spent(total)
         print(line("compute so far", total["runs"], cpu, gpu))
         if args.also:
-            from utils.study.cost import folder_cost
+            from utils.study.cost import known_cost
             others = []
             for f in args.also:
-                found = read_results(f) if (f / "results.json").is_file() else {}
-                other = (found.get("compute") or {}).get("total") or folder_cost(
-                    f, (found.get("spec") or {}).get("checkpoint", "last"))
-                if other is None:
+                if (other := known_cost(f)) is None:
                     parser.error(f"--also {f}: neither compute figures (results.json) nor runs (runs/SYSTEM/seedN/)")
                 others.append(other)
             extra = [spent(o) for o in others]

@@ -99,6 +99,17 @@ def folder_cost(folder: Path, checkpoint: str = "last") -> dict[str, Any] | None
     return study_cost(per_run) if per_run else None
 
 
+def known_cost(folder: Path) -> dict[str, Any] | None:
+    """A study folder's ``study_cost`` totals: its results.json's compute figures, else (scored before they were
+    recorded, or kept runs without results) ``folder_cost`` at the checkpoint its results name. None without
+    either."""
+    from utils.study.files import read_results
+
+    found = read_results(folder) if (folder / "results.json").is_file() else {}
+    return (found.get("compute") or {}).get("total") or folder_cost(
+        folder, (found.get("spec") or {}).get("checkpoint", "last"))
+
+
 def spent(total: dict[str, Any]) -> tuple[float, float]:
     """(CPU core-hours, GPU minutes) of ``study_cost``'s totals, training and decoding together."""
     return (total["train_cpu_hours"] + total["decode_cpu_hours"],
