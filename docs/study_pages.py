@@ -411,6 +411,24 @@ def _signed(x: float) -> str:
     return f"{x:+.2f}".replace("-", "−")
 
 
+def _runs_kept(design: dict) -> list[str]:
+    """How far the second study's runs are, from its committed archives (``records/ARM.SYSTEM.seedN.tar.xz``, one
+    per run trained, decoded and kept by ``bench/study_sequential.sh``), and the training compute still planned."""
+    plan = {"short": 5 * design["seeds"], "natural": 15}
+    records = STUDIES / SEQUENTIAL / "records"
+    kept = {arm: len(list(records.glob(f"{arm}.*.seed*.tar.xz"))) for arm in plan}
+    first = 5 * design["looks"][0]
+    left = sum(plan.values()) - sum(kept.values())
+    return ["### Runs kept", "",
+            f"{sum(kept.values())} of {sum(plan.values())} runs are trained, decoded and committed in "
+            f"`bench/studies/{SEQUENTIAL}/records/`: {kept['short']} of {plan['short']} in the short-trained arm, "
+            f"{kept['natural']} of {plan['natural']} in the natural-length arm. Look 1 needs the short arm's "
+            f"{first} runs of seeds 1-{design['looks'][0]} ({max(0, first - kept['short'])} to go), then the "
+            f"natural arm's 15 ({plan['natural'] - kept['natural']} to go). The whole plan has {left} runs to go, "
+            f"about {left * 55 / 60:.0f} CPU core-hours of training at 55 core-minutes a run, plus decoding; a look "
+            "that stops the study early leaves the rest unrun.", ""]
+
+
 def sequential_status() -> list[str]:
     """Where the second study stands, from its committed files: the noise pilot's endpoint, the design its rule
     gave, and the looks reached (each with the stopping rule's answer)."""
@@ -443,6 +461,7 @@ def sequential_status() -> list[str]:
             if "power_seed_test" in d else f"- **Power** at {d['rule']['effect']} chrF: {d['power']:.3f}.",
             f"- **Runs:** {runs} ({5 * d['seeds']} in the short-trained arm, 15 in the natural-length arm), about "
             f"{runs * 55 / 60:.0f} CPU core-hours of training at 55 core-minutes a run, plus decoding.", ""]
+    out += _runs_kept(d)
     looks = sorted((STUDIES / SEQUENTIAL / "looks").glob("look-*/stop.txt"))
     if not looks:
         return [*out, "No look is reached yet.", ""]

@@ -245,6 +245,33 @@ def test_the_second_studys_page_says_where_it_stands_from_its_committed_files() 
     assert ("No look is reached yet." in status) == (not looks)
 
 
+def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs kept so far are the archives in records/, by arm (a pilot's or another file is not counted), against
+    the plan: 5 systems x the design's seeds short-trained, 15 natural-length; look 1's runs still to go, and the
+    training compute left at 55 core-minutes a run."""
+    import shutil
+
+    shutil.copytree(STUDIES / "noise-pilot", tmp_path / "noise-pilot", ignore=shutil.ignore_patterns("records"))
+    folder = tmp_path / study_pages.SEQUENTIAL
+    (folder / "records").mkdir(parents=True)
+    shutil.copy(STUDIES / study_pages.SEQUENTIAL / "design.json", folder / "design.json")
+    for name in ("short.sinusoidal.seed1", "short.learnable.seed1", "short.alibi.seed1", "natural.rope.seed2",
+                 "pilot-cool.seed3"):
+        (folder / "records" / f"{name}.tar.xz").write_bytes(b"")
+    (folder / "records" / "same_training.json").write_text("{}", encoding="utf-8")
+    monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
+    d = json.loads((folder / "design.json").read_text(encoding="utf-8"))
+    status = "\n".join(study_pages.sequential_status())
+    total, short, first = 5 * d["seeds"] + 15, 5 * d["seeds"], 5 * d["looks"][0]
+    assert f"4 of {total} runs are trained, decoded and committed" in status
+    assert f"3 of {short} in the short-trained arm, 1 of 15 in the natural-length arm" in status
+    assert f"short arm's {first} runs of seeds 1-{d['looks'][0]} ({first - 3} to go), then the natural arm's 15 " \
+        "(14 to go)" in status
+    assert f"The whole plan has {total - 4} runs to go, about {(total - 4) * 55 / 60:.0f} CPU core-hours" in status
+    assert status.index("### Runs kept") < status.index("No look is reached yet.")
+
+
 def test_a_results_page_states_what_its_runs_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A study whose results record their compute says it in the page's design list, per resolved comparison."""
     import shutil
