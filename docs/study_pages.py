@@ -416,17 +416,25 @@ def _runs_kept(design: dict) -> list[str]:
     per run trained, decoded and kept by ``bench/study_sequential.sh``), and the training compute still planned."""
     plan = {"short": 5 * design["seeds"], "natural": 15}
     records = STUDIES / SEQUENTIAL / "records"
-    kept = {arm: len(list(records.glob(f"{arm}.*.seed*.tar.xz"))) for arm in plan}
+    archives = {arm: sorted(records.glob(f"{arm}.*.seed*.tar.xz")) for arm in plan}
+    kept = {arm: len(found) for arm, found in archives.items()}
     first = 5 * design["looks"][0]
     left = sum(plan.values()) - sum(kept.values())
-    return ["### Runs kept", "",
-            f"{sum(kept.values())} of {sum(plan.values())} runs are trained, decoded and committed in "
+    text = (f"{sum(kept.values())} of {sum(plan.values())} runs are trained, decoded and committed in "
             f"`bench/studies/{SEQUENTIAL}/records/`: {kept['short']} of {plan['short']} in the short-trained arm, "
             f"{kept['natural']} of {plan['natural']} in the natural-length arm. Look 1 needs the short arm's "
             f"{first} runs of seeds 1-{design['looks'][0]} ({max(0, first - kept['short'])} to go), then the "
             f"natural arm's 15 ({plan['natural'] - kept['natural']} to go). The whole plan has {left} runs to go, "
-            f"about {left * 55 / 60:.0f} CPU core-hours of training at 55 core-minutes a run, plus decoding; a look "
-            "that stops the study early leaves the rest unrun.", ""]
+            f"about {left * 55 / 60:.0f} CPU core-hours of training at the plan's 55 core-minutes a run, plus "
+            "decoding; a look that stops the study early leaves the rest unrun.")
+    from utils.study.cost import kept_cost, spent
+
+    if total := kept_cost([a for found in archives.values() for a in found]):
+        per = spent(total)[0] / total["runs"]
+        text += (f" The runs kept so far cost {spent(total)[0]:.1f} CPU core-hours ({total['train_cpu_hours']:.1f} "
+                 f"training, {total['decode_cpu_hours']:.1f} decoding; wall time x threads, every segment of a "
+                 f"resumed run), {per:.2f} a run: at that mean the {left} runs to go need about {left * per:.0f}.")
+    return ["### Runs kept", "", text, ""]
 
 
 def sequential_status() -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, kept_run_archive
 
 from docs import study_pages
 
@@ -256,9 +256,11 @@ def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
     folder = tmp_path / study_pages.SEQUENTIAL
     (folder / "records").mkdir(parents=True)
     shutil.copy(STUDIES / study_pages.SEQUENTIAL / "design.json", folder / "design.json")
-    for name in ("short.sinusoidal.seed1", "short.learnable.seed1", "short.alibi.seed1", "natural.rope.seed2",
-                 "pilot-cool.seed3"):
-        (folder / "records" / f"{name}.tar.xz").write_bytes(b"")
+    for arm, system, seed in (("short", "sinusoidal", 1), ("short", "learnable", 1), ("short", "alibi", 1),
+                              ("natural", "rope", 2), ("pilot-cool", "rope", 3)):  # a pilot's: not the study's
+        study = "study_extrapolation-sequential" + ("-natural" if arm == "natural" else "")
+        kept_run_archive(tmp_path / "runs", folder / "records" / f"{arm}.{system}.seed{seed}.tar.xz", study, system,
+                         seed, 3240.0 if arm != "natural" else 6840.0, 360.0)  # 1 and 2 core-hours a run
     (folder / "records" / "same_training.json").write_text("{}", encoding="utf-8")
     monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
     d = json.loads((folder / "design.json").read_text(encoding="utf-8"))
@@ -269,6 +271,9 @@ def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
     assert f"short arm's {first} runs of seeds 1-{d['looks'][0]} ({first - 3} to go), then the natural arm's 15 " \
         "(14 to go)" in status
     assert f"The whole plan has {total - 4} runs to go, about {(total - 4) * 55 / 60:.0f} CPU core-hours" in status
+    assert ("The runs kept so far cost 5.0 CPU core-hours (4.6 training, 0.4 decoding; wall time x threads, every "
+            f"segment of a resumed run), 1.25 a run: at that mean the {total - 4} runs to go need about "
+            f"{(total - 4) * 1.25:.0f}.") in status
     assert status.index("### Runs kept") < status.index("No look is reached yet.")
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from utils.study.cost import cost_lines, run_cost, study_cost, training_segments
+from conftest import kept_run_archive
+
+from utils.study.cost import cost_lines, kept_cost, run_cost, study_cost, training_segments
 
 
 def _summary(train: float, valid: float, **extra: object) -> str:
@@ -86,3 +88,15 @@ def test_processes_sharing_a_machine_share_its_configured_threads(tmp_path: Path
     (run / "config.yaml").write_text("base: " + str(Path("configs/demo.yaml").resolve()) + "\n"
                                      "train:\n  num_threads: 4\n")
     assert run_cost(run, "last", None)["train_cpu_s"] == 400.0
+
+
+def test_the_runs_kept_in_archives_cost_what_their_records_say(tmp_path: Path) -> None:
+    """``kept_cost`` over bench/worktree.sh's keep_runs archives: the runs of every study folder they hold, counted
+    together (the second study's two arms are two folders); no archive, no figure."""
+    runs, out = tmp_path / "runs", tmp_path / "records"
+    archives = [kept_run_archive(runs, out / "short.rope.seed1.tar.xz", "study_x", "rope", 1, 3240.0, 360.0),
+                kept_run_archive(runs, out / "short.alibi.seed1.tar.xz", "study_x", "alibi", 1, 1800.0, 0.0),
+                kept_run_archive(runs, out / "natural.rope.seed1.tar.xz", "study_x-natural", "rope", 1, 7200.0, 720.0)]
+    assert kept_cost(archives) == {"runs": 3, "train_cpu_hours": 0.9 + 0.5 + 2.0, "decode_cpu_hours": 0.3,
+                                   "train_gpu_minutes": 0.0, "decode_gpu_minutes": 0.0, "threads_unrecorded": []}
+    assert kept_cost(archives[:1])["train_cpu_hours"] == 0.9 and kept_cost([]) is None

@@ -92,10 +92,32 @@ def folder_cost(folder: Path, checkpoint: str = "last") -> dict[str, Any] | None
     folder, every score file of ``checkpoint``): for a study scored before its results recorded their compute, or a
     folder of kept runs unpacked without results (``bench/worktree.sh``'s ``restore_runs``). None where it holds no
     run."""
+    per_run = _folder_runs(folder, checkpoint)
+    return study_cost(per_run) if per_run else None
+
+
+def _folder_runs(folder: Path, checkpoint: str) -> dict[str, dict[str, Any]]:
+    """``run_cost`` of the latest run of each seed folder ``runs/SYSTEM/seedN/``, by ``SYSTEM/seedN``."""
     from utils.study.runs import run_dirs
 
-    per_run = {f"{seed.parent.name}/{seed.name}": run_cost(runs[-1], checkpoint, None)
-               for seed in sorted((folder / "runs").glob("*/seed*")) if (runs := run_dirs(seed))}
+    return {f"{seed.parent.name}/{seed.name}": run_cost(runs[-1], checkpoint, None)
+            for seed in sorted((folder / "runs").glob("*/seed*")) if (runs := run_dirs(seed))}
+
+
+def kept_cost(archives: list[Path], checkpoint: str = "last") -> dict[str, Any] | None:
+    """``study_cost``'s totals over the runs kept in ``archives``, ``bench/worktree.sh``'s ``keep_runs`` files (each an
+    xz tar of study folders' ``runs/SYSTEM/seedN/`` without their weights), unpacked into a temporary folder; runs of
+    several study folders count together. None where they hold no run."""
+    import tarfile
+    import tempfile
+
+    per_run: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for archive in archives:
+            with tarfile.open(archive, "r:xz") as tar:
+                tar.extractall(tmp, filter="data")  # nothing outside tmp, no device or setuid file
+        for folder in sorted(p for p in Path(tmp).iterdir() if p.is_dir()):
+            per_run |= {f"{folder.name}/{k}": v for k, v in _folder_runs(folder, checkpoint).items()}
     return study_cost(per_run) if per_run else None
 
 
