@@ -1,8 +1,8 @@
 """mkdocs hooks of the site (docs/mkdocs.yml).
 
 - The figures the pages show live beside what they belong to, not copied into the site's sources: each published
-  study's ``bench/studies/<name>/figures/*.png`` is served as ``studies/<name>/figures/*.png``, and
-  ``bench/figures/*.png`` as ``assets/figures/*.png``.
+  study's figures (``bench/studies/<name>/figures/*.png``, or a look's) are served as ``studies/<name>/figures/*.png``,
+  and ``bench/figures/*.png`` as ``assets/figures/*.png``.
 - A nav entry ``Title: <folder>/index.md`` whose folder holds generated pages (one per encoding, one per command)
   becomes a section holding the index and every other page of that folder, in name order.
 """
@@ -20,9 +20,11 @@ EXPANDED = ("reference/encodings/", "reference/commands/")
 def served_figures() -> dict[str, Path]:
     """Site path -> source file of every figure served from outside ``docs/pages``."""
     out = {f"assets/figures/{p.name}": p for p in sorted((ROOT / "bench" / "figures").glob("*.png"))}
-    for study in sorted((ROOT / "bench" / "studies").iterdir()):
-        for fig in sorted((study / "figures").glob("*.png")):
-            out[f"studies/{study.name}/figures/{fig.name}"] = fig
+    from docs.study_pages import folder_of, published
+
+    for name in published():
+        for fig in sorted((folder_of(name) / "figures").glob("*.png")):
+            out[f"studies/{name}/figures/{fig.name}"] = fig
     return out
 
 

@@ -1,10 +1,11 @@
 """The Studies pages of the site: one results page per published study, and the frozen pre-registration.
 
-- ``studies/<name>.md`` for every ``bench/studies/<name>/results.json``: a header (question, command, machine,
-  date, commits), the primary family and the per-seed chrF table rendered from ``results.json``, the reading of
-  the results, the figures (served as ``studies/<name>/figures/*.png`` by ``docs/hooks.py``), the report's other
-  tables and where the raw outputs are. The facts that ``results.json`` does not record (machine, date, commits,
-  the reading) come from the study's hand-kept ``about.json``.
+- ``studies/<name>.md`` for every ``bench/studies/<name>/results.json`` (and
+  ``studies/extrapolation-sequential-look-K.md`` for each look of the second study with its ``about.json``): a
+  header (question, command, machine, date, commits), the primary family and the per-seed chrF table rendered from
+  ``results.json``, the reading of the results, the figures (served as ``studies/<name>/figures/*.png`` by
+  ``docs/hooks.py``), the report's other tables and where the raw outputs are. The facts that ``results.json`` does
+  not record (machine, date, commits, the reading) come from the study's hand-kept ``about.json``.
 - ``studies/preregistration-extrapolation.md``: the pre-registration exactly as the commit that fixed it holds it
   (read from the git history), then the later amendments and notes, kept in
   ``bench/studies/extrapolation/amendments.md``.
@@ -40,8 +41,19 @@ DECODER_NAMES = {"beam5": "beam 5", "greedy": "greedy"}
 
 
 def published() -> list[str]:
-    """The published studies: every folder of ``bench/studies`` holding a ``results.json``, in name order."""
-    return sorted(p.parent.name for p in STUDIES.glob("*/results.json"))
+    """The published studies, in name order: every folder of ``bench/studies`` holding a ``results.json``, and each
+    look of the second study that holds one and its ``about.json`` (``extrapolation-sequential/looks/look-K``, named
+    ``extrapolation-sequential-look-K``)."""
+    looks = [f"{SEQUENTIAL}-{p.parent.name}" for p in (STUDIES / SEQUENTIAL / "looks").glob("look-*/about.json")
+             if (p.parent / "results.json").is_file()]
+    return sorted([p.parent.name for p in STUDIES.glob("*/results.json")] + looks)
+
+
+def folder_of(name: str) -> Path:
+    """The folder of the published study ``name``: ``bench/studies/<name>``, or a look's folder."""
+    if name.startswith(f"{SEQUENTIAL}-look-"):
+        return STUDIES / SEQUENTIAL / "looks" / name[len(SEQUENTIAL) + 1:]
+    return STUDIES / name
 
 
 def pages() -> dict[str, str]:
@@ -148,7 +160,7 @@ def _primary_section(name: str, results: dict[str, Any], about: dict[str, Any]) 
     if resolved:
         out += [*(f"- {t['system']}: {t['label']}, Δ {t['delta']:+.2f}" for t in resolved), ""]
     out += [*boundary_lines(results), *length_lines(results)]
-    if (STUDIES / name / "figures" / "primary_contrasts.png").is_file():
+    if (folder_of(name) / "figures" / "primary_contrasts.png").is_file():
         out += [f"![{_caption('primary_contrasts')}]({name}/figures/primary_contrasts.png)", ""]
     if pw.get("power_at_smallest_effect") is not None:
         out += [f"**[Power](index.md#power-and-the-smallest-effect-of-interest).** From the pooled residual "
@@ -240,8 +252,8 @@ def _figures(name: str, body: list[str]) -> list[str]:
 
 
 def _raw_outputs(name: str, results: dict[str, Any], about: dict[str, Any]) -> list[str]:
-    folder = f"bench/studies/{name}"
-    hyps = sorted((STUDIES / name / "hypotheses").glob("*.json.xz"))
+    folder = f"bench/studies/{folder_of(name).relative_to(STUDIES).as_posix()}"
+    hyps = sorted((folder_of(name) / "hypotheses").glob("*.json.xz"))
     out = ["## Raw outputs", "", f"Everything is in the repository, in `{folder}/`:", "",
            "- `results.json`: every number of this page and of the report (`spec`: the command and design; "
            "`systems`: each system's per-seed scores, length ratios, buckets, validation curves and attention "
@@ -272,8 +284,8 @@ def _raw_outputs(name: str, results: dict[str, Any], about: dict[str, Any]) -> l
 
 
 def results_page(name: str) -> str:
-    """The results page of the published study ``bench/studies/<name>``."""
-    folder = STUDIES / name
+    """The results page of the published study ``name`` (its folder: ``folder_of``)."""
+    folder = folder_of(name)
     from utils.study.cost import cost_summary
     from utils.study.files import read_json, read_results
 
@@ -476,5 +488,7 @@ def sequential_status() -> list[str]:
     out += ["### Looks reached", ""]
     for stop in looks:
         first = stop.read_text(encoding="utf-8").splitlines()[0]
-        out.append(f"- **{stop.parent.name}:** {first} (`bench/studies/{SEQUENTIAL}/looks/{stop.parent.name}`)")
+        name = f"{SEQUENTIAL}-{stop.parent.name}"
+        where = f"[its results]({name}.md), " if name in published() else ""
+        out.append(f"- **{stop.parent.name}:** {first} ({where}`bench/studies/{SEQUENTIAL}/looks/{stop.parent.name}`)")
     return [*out, ""]

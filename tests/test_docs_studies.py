@@ -277,6 +277,40 @@ def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
     assert status.index("### Runs kept") < status.index("No look is reached yet.")
 
 
+def test_a_look_with_its_about_json_is_a_results_page_linked_from_where_the_study_stands(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look of the second study (looks/look-K/, as bench/study_sequential.sh keeps it: results.json, report.md,
+    figures/, hypotheses/) is published once its about.json is written: a page extrapolation-sequential-look-K whose
+    raw outputs name the look's folder, whose figures are served from it, and which the study's status links; a
+    look without about.json is listed, not published."""
+    import shutil
+
+    from docs import hooks
+
+    shutil.copytree(STUDIES / "noise-pilot", tmp_path / "noise-pilot", ignore=shutil.ignore_patterns("records"))
+    folder = tmp_path / study_pages.SEQUENTIAL
+    folder.mkdir()
+    shutil.copy(STUDIES / study_pages.SEQUENTIAL / "design.json", folder / "design.json")
+    for k in (1, 2):  # seed-table's files stand for a look's: the same layout
+        shutil.copytree(STUDIES / "seed-table", folder / "looks" / f"look-{k}")
+        (folder / "looks" / f"look-{k}" / "stop.txt").write_text(f"continue: look {k} of 3\n", encoding="utf-8")
+    (folder / "looks" / "look-2" / "about.json").unlink()
+    monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
+    name = f"{study_pages.SEQUENTIAL}-look-1"
+    assert name in study_pages.published() and f"{study_pages.SEQUENTIAL}-look-2" not in study_pages.published()
+    page = study_pages.results_page(name)
+    where = f"bench/studies/{study_pages.SEQUENTIAL}/looks/look-1"
+    assert f"Everything is in the repository, in `{where}/`:" in page and f"cp -r {where} /tmp/{name}" in page
+    figures = set(re.findall(rf"\]\(({name}/figures/[^)]+)\)", page))
+    served = hooks.served_figures()
+    assert figures and all(served[f"studies/{f}"] == folder / "looks" / "look-1" / "figures" / Path(f).name
+                           for f in figures)
+    status = "\n".join(study_pages.sequential_status())
+    assert f"- **look-1:** continue: look 1 of 3 ([its results]({name}.md), `{where}`)" in status
+    assert f"- **look-2:** continue: look 2 of 3 (`bench/studies/{study_pages.SEQUENTIAL}/looks/look-2`)" in status
+    assert "No look is reached yet." not in status
+
+
 def test_a_results_page_states_what_its_runs_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A study whose results record their compute says it in the page's design list, per resolved comparison."""
     import shutil

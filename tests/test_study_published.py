@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-#: Every published study folder: each is recomputed below (one published later joins without an edit).
-PUBLISHED = sorted(p.parent.name for p in (ROOT / "bench" / "studies").glob("*/results.json"))
+from utils.study.report import published_folders
+
+#: Every published study folder, a sequential study's looks included (``extrapolation-sequential/looks/look-1``):
+#: each is recomputed below (one published later joins without an edit, and needs its own checks below).
+PUBLISHED = [p.relative_to(ROOT / "bench" / "studies").as_posix()
+             for p in published_folders(ROOT / "bench" / "studies")]
 #: The two largest, 320,000 hypotheses each (about 100 s of one core apiece, most of it sacreBLEU's sentence
 #: statistics): here their primary tests are recomputed from the hypotheses the family reads (a sixth of them); the
 #: whole recomputation is ``python bench/study_report.py --check``, run whenever a study is
@@ -32,7 +36,7 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
 
     published = ROOT / "bench" / "studies" / name
     copy = tmp_path / name
-    copy.mkdir()
+    copy.mkdir(parents=True)
     shutil.copy(published / "results.json", copy / "results.json")
     if (published / "hypotheses").is_dir():
         if not SHARED_DATA.is_dir():
@@ -102,6 +106,19 @@ def test_the_largest_studies_recompute_their_primary_tests(name: str, tmp_path: 
     resolved, steps = {"extrapolation": (11, 2250), "extrapolation-2700": (4, 2700)}[name]
     assert sum(t["resolved"] for t in before["primary"]["tests"]) == resolved
     assert before["spec"]["steps"] == steps
+
+
+def test_the_published_folders_are_the_studies_and_their_looks(tmp_path: Path) -> None:
+    """``published_folders``, what ``study_report.py --check`` recomputes when given no folder: each study holding a
+    results.json, and each look of a group-sequential study holding one; nothing else."""
+    for folder in ("a", "b/looks/look-1", "b/looks/look-2", "b/looks/natural"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "results.json").write_text("{}")
+    for folder in ("b/records", "c/looks/look-1", "d"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "b" / "records" / "results.json").write_text("{}")  # not a look
+    assert published_folders(tmp_path) == [tmp_path / "a", tmp_path / "b/looks/look-1", tmp_path / "b/looks/look-2",
+                                           tmp_path / "b/looks/natural"]
 
 
 def test_study_report_check_compares_without_writing(tmp_path: Path) -> None:

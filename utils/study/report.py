@@ -481,12 +481,19 @@ def check_published(folder: Path) -> list[str]:
     return out
 
 
+def published_folders(studies: Path) -> list[Path]:
+    """Every published study folder under ``studies`` (``bench/studies``): each ``<name>/`` holding a ``results.json``,
+    and each look of a group-sequential study, ``<name>/looks/<look>/``, holding one."""
+    return sorted(p.parent for pattern in ("*/results.json", "*/looks/*/results.json") for p in studies.glob(pattern))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of bench/study_report.py."""
     parser = argparse.ArgumentParser(description="Recompute a published study's report from its folder alone "
                                                  "(results.json, and hypotheses/ when published).")
     parser.add_argument("folder", type=Path, nargs="*", help="e.g. bench/studies/all-encodings or runs/study_<name> "
-                        "(with --check: several, or none for every study published under bench/studies)")
+                        "(with --check: several, or none for every study published under bench/studies, a "
+                        "sequential study's looks too)")
     parser.add_argument("--bootstrap", type=int, help="bootstrap samples (default: the study's)")
     parser.add_argument("--check", action="store_true",
                         help="recompute each folder in a temporary copy and compare with what it publishes: one line "
@@ -498,7 +505,7 @@ def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
     if args.check and not args.folder:
-        args.folder = sorted(p.parent for p in (ROOT / "bench" / "studies").glob("*/results.json"))
+        args.folder = published_folders(ROOT / "bench" / "studies")
     if not args.folder:
         parser.error("the study folder is missing")
     if args.bootstrap is not None and not 1 <= args.bootstrap <= 10**7:
