@@ -273,7 +273,7 @@ def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
     assert f"The whole plan has {total - 4} runs to go, about {(total - 4) * 55 / 60:.0f} CPU core-hours" in status
     assert ("The runs kept so far cost 5.0 CPU core-hours (4.6 training, 0.4 decoding; wall time x threads, every "
             f"segment of a resumed run), 1.25 a run: at that mean the {total - 4} runs to go need about "
-            f"{(total - 4) * 1.25:.0f}.") in status
+            f"{(total - 4) * 1.25:.0f} CPU core-hours.") in status
     assert status.index("### Runs kept") < status.index("No look is reached yet.")
 
 
