@@ -445,7 +445,8 @@ def _runs_kept(design: dict) -> list[str]:
         per = spent(total)[0] / total["runs"]
         text += (f" The runs kept so far cost {spent(total)[0]:.1f} CPU core-hours ({total['train_cpu_hours']:.1f} "
                  f"training, {total['decode_cpu_hours']:.1f} decoding; wall time x threads, every segment of a "
-                 f"resumed run), {per:.2f} a run: at that mean the {left} runs to go need about {left * per:.0f} CPU core-hours.")
+                 f"resumed run), {per:.2f} a run: at that mean the {left} runs to go need about {left * per:.0f} "
+                 "CPU core-hours.")
     return ["### Runs kept", "", text, ""]
 
 
