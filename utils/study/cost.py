@@ -106,16 +106,21 @@ def _folder_runs(folder: Path, checkpoint: str) -> dict[str, dict[str, Any]]:
 
 def kept_cost(archives: list[Path], checkpoint: str = "last") -> dict[str, Any] | None:
     """``study_cost``'s totals over the runs kept in ``archives``, ``bench/worktree.sh``'s ``keep_runs`` files (each an
-    xz tar of study folders' ``runs/SYSTEM/seedN/`` without their weights), unpacked into a temporary folder; runs of
-    several study folders count together. None where they hold no run."""
+    xz tar of study folders' ``runs/SYSTEM/seedN/`` without their weights), of which what ``run_cost`` reads (each run's
+    train.log, config.yaml and eval/*.json) is unpacked into a temporary folder; runs of several study folders count
+    together. None where they hold no run."""
     import tarfile
     import tempfile
 
     per_run: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for archive in archives:
-            with tarfile.open(archive, "r:xz") as tar:
-                tar.extractall(tmp, filter="data")  # nothing outside tmp, no device or setuid file
+            with tarfile.open(archive, "r|xz") as tar:  # read once, as a stream: what run_cost reads, as it passes
+                for m in tar:
+                    read = m.name.endswith(("/train.log", "/config.yaml")) or (
+                        "/eval/" in m.name and m.name.endswith(".json"))
+                    if read and m.isfile() and "/.latest/" not in m.name:
+                        tar.extract(m, tmp, filter="data")  # nothing outside tmp, no device or setuid file
         for folder in sorted(p for p in Path(tmp).iterdir() if p.is_dir()):
             per_run |= {f"{folder.name}/{k}": v for k, v in _folder_runs(folder, checkpoint).items()}
     return study_cost(per_run) if per_run else None
