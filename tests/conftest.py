@@ -207,22 +207,26 @@ def run_script(script: str, *args: str, stdin: str | None = None) -> subprocess.
     return subprocess.CompletedProcess([sys.executable, script, *args], code, out, err)
 
 
-def kept_run_archive(runs: Path, out: Path, study: str, system: str, seed: int, train_s: float,
-                     decode_s: float) -> Path:
-    """``OUT``, the archive ``bench/worktree.sh``'s ``keep_runs`` makes of one run kept without its weights,
-    ``RUNS/STUDY/runs/SYSTEM/seedN/``: a train.log closing summary of ``train_s`` seconds on one thread and a score
-    file of ``last`` decoded in ``decode_s`` seconds on one."""
-    run = runs / study / "runs" / system / f"seed{seed}" / "bench_short_20261201_000000"
+def kept_run(seed_folder: Path, train_s: float, decode_s: float, stamp: str = "20261130_000000") -> Path:
+    """A run as a kept record holds it, in ``seed_folder``: train.log's closing summary of ``train_s`` seconds on one
+    thread, and a score file of ``last`` decoded in ``decode_s`` seconds on one."""
+    run = seed_folder / f"bench_short_{stamp}"
     (run / "eval").mkdir(parents=True)
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints" / "last.pt").write_bytes(b"weights")  # left behind
     summary = json.dumps({"steps": 900, "train_seconds": train_s, "eval_seconds": 0.0, "threads": 1})
     (run / "train.log").write_text("00:00:00 train: model: 0.10M parameters on cpu (world size 1); positions: rope\n"
-                                   f"01:00:00 train: trained 900 optimizer steps, 1 target tokens in 1 s | stats "
+                                   f"00:55:00 train: trained 900 optimizer steps, 1 target tokens in 1 s | stats "
                                    f"{summary}\n")
     (run / "eval" / "test.tatoeba.last.beam5.json").write_text(json.dumps({"seconds": decode_s, "threads": 1,
                                                                              "step": 900}))
+    return run
+
+
+def kept_run_archive(runs: Path, out: Path, study: str, system: str, seed: int, train_s: float,
+                     decode_s: float) -> Path:
+    """``OUT``, the archive ``bench/worktree.sh``'s ``keep_runs`` makes of one ``kept_run`` in
+    ``RUNS/STUDY/runs/SYSTEM/seedN/``."""
     folder = f"{study}/runs/{system}/seed{seed}"
+    kept_run(runs / folder, train_s, decode_s)
     res = subprocess.run(["bash", "-c", f'source {ROOT}/bench/worktree.sh\nkeep_runs "$1" "$2" "$3"', "-", str(runs),
                           str(out), folder], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and out.is_file(), res.stdout + res.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import results_doc, run_script
+from conftest import kept_run, results_doc, run_script
 
 from utils.config import ConfigError
 from utils.study.looks import settled
@@ -108,18 +108,6 @@ def test_a_study_that_continues_says_what_its_next_and_last_looks_still_need(tmp
         f"--also {tmp_path / 'none'}: neither compute figures (results.json) nor runs (runs/SYSTEM/seedN/)")
 
 
-def _kept_run(seed_folder: Path, train_s: float, decode_s: float, stamp: str = "20261130_000000") -> None:
-    """A run as a kept record holds it: train.log's closing summary (one thread) and a score file of ``last``."""
-    run = seed_folder / f"bench_short_{stamp}"
-    (run / "eval").mkdir(parents=True)
-    summary = json.dumps({"steps": 900, "train_seconds": train_s, "eval_seconds": 0.0, "threads": 1})
-    (run / "train.log").write_text("00:00:00 train: model: 0.10M parameters on cpu (world size 1); positions: rope\n"
-                                   f"00:55:00 train: trained 900 optimizer steps, 1 target tokens in 1 s | stats "
-                                   f"{summary}\n")
-    (run / "eval" / "test.tatoeba.last.beam5.json").write_text(json.dumps({"seconds": decode_s, "threads": 1,
-                                                                             "step": 900}))
-
-
 def test_the_all_in_cost_counts_a_pilot_scored_before_results_recorded_compute(tmp_path: Path) -> None:
     """The noise pilot was scored by a commit whose results.json has no compute, and on a new machine only its kept
     runs come back (no results.json): ``--also`` then counts the runs' own records, the latest run of each seed
@@ -138,8 +126,8 @@ def test_the_all_in_cost_counts_a_pilot_scored_before_results_recorded_compute(t
     (scored / "results.json").write_text(json.dumps(results_doc(spec={"checkpoint": "last", "variants": []})))
     for folder in (scored, kept):
         for system in ("sinusoidal", "rope"):
-            _kept_run(folder / "runs" / system / "seed1", 3240.0, 360.0)  # 0.9 + 0.1 core-hours
-    _kept_run(kept / "runs" / "rope" / "seed1", 9e9, 9e9, stamp="20261129_000000")  # older: not the one kept
+            kept_run(folder / "runs" / system / "seed1", 3240.0, 360.0)  # 0.9 + 0.1 core-hours
+    kept_run(kept / "runs" / "rope" / "seed1", 9e9, 9e9, stamp="20261129_000000")  # older: not the one kept
     assert folder_cost(kept) == {"runs": 2, "train_cpu_hours": 1.8, "decode_cpu_hours": 0.2,
                                  "train_gpu_minutes": 0.0, "decode_gpu_minutes": 0.0, "threads_unrecorded": []}
     res = run_script("bench/study_stop.py", str(tmp_path / "look1"), "--also", str(scored), "--also", str(kept))
