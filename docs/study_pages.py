@@ -423,7 +423,7 @@ def _signed(x: float) -> str:
     return f"{x:+.2f}".replace("-", "−")
 
 
-def _runs_kept(design: dict) -> list[str]:
+def _runs_kept(design: dict[str, Any]) -> list[str]:
     """How far the second study's runs are, from its committed archives (``records/ARM.SYSTEM.seedN.tar.xz``, one
     per run trained, decoded and kept by ``bench/study_sequential.sh``), and the training compute still planned."""
     plan = {"short": 5 * design["seeds"], "natural": 15}
