@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import results_doc, run_script
+from conftest import kept_run, results_doc, run_script
 
 from bench.noise_ratio import sd_ratio, table
 
@@ -123,13 +123,11 @@ def test_the_trained_systems_residual_is_printed_beside_the_pooled_one(tmp_path:
 def test_each_arms_compute_is_counted_from_its_runs_records_when_its_results_have_none(tmp_path: Path):
     """The pilot's arms were scored before results recorded their compute: what each cost is read from its runs'
     train.log summaries and score files (one thread each: 3,240 s of training and 360 s of decoding a run)."""
-    from test_study_stop import _kept_run
-
     folders = [_study(tmp_path / name, [1.0, 1.0], 1.0) for name in ("study_cool", "study_plain")]
     for folder in folders:
         for system in ("sinusoidal", "rope"):
             for seed in (1, 2, 3):
-                _kept_run(folder / "runs" / system / f"seed{seed}", 3240.0, 360.0)
+                kept_run(folder / "runs" / system / f"seed{seed}", 3240.0, 360.0)
     res = run_script("bench/noise_ratio.py", *map(str, folders))
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[-3:] == ["| study_cool | 6 | 5.4 | 0.6 | 0.0 |",
