@@ -159,8 +159,7 @@ def model_worker(spec: dict, cfg: Any) -> dict[str, Any]:
 
 
 def synthetic_corpus(cfg: Any, pairs: int, seed: int) -> Any:
-    """{"train": ``pairs`` bench training pairs, repeated and shuffled} as a DatasetDict."""
-    import datasets
+    """{"train": ``pairs`` bench training pairs, repeated and shuffled}, a corpus as ``load_corpus`` gives one."""
     import numpy as np
 
     from data.lines import make_split
@@ -169,8 +168,7 @@ def synthetic_corpus(cfg: Any, pairs: int, seed: int) -> Any:
     train = load_corpus(cfg.data)["train"]
     src, tgt = train["src"], train["tgt"]
     order = np.random.default_rng(seed).permutation(np.resize(np.arange(len(src)), pairs)).tolist()
-    return datasets.DatasetDict({"train": make_split("train", [src[i] for i in order], [tgt[i] for i in order],
-                                                     origin="synthetic")})
+    return {"train": make_split("train", [src[i] for i in order], [tgt[i] for i in order], origin="synthetic")}
 
 
 def data_worker(spec: dict, cfg: Any) -> dict[str, Any]:

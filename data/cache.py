@@ -36,10 +36,9 @@ import numpy as np
 from data.sources import DataError, corpus_fingerprint
 
 if TYPE_CHECKING:
-    import datasets
-
     from data.config import DataConfig
     from data.config import Experiment as Config
+    from data.lines import Pairs
 
 logger = logging.getLogger("data")
 
@@ -328,7 +327,7 @@ def keep_mask(split: str, src_len: np.ndarray, tgt_len: np.ndarray, d: DataConfi
     return keep
 
 
-def build_split(dataset: datasets.Dataset, split: str, d: DataConfig, tokenizer: Tokenizer) -> TokenizedSplit:
+def build_split(dataset: Pairs, split: str, d: DataConfig, tokenizer: Tokenizer) -> TokenizedSplit:
     """Tokenize and filter one corpus split (columns ``src``, ``tgt``)."""
     src, tgt = list(dataset["src"]), list(dataset["tgt"])
     enc = _encode(tokenizer, src, tgt, max(1, d.num_proc))
@@ -349,7 +348,7 @@ def build_split(dataset: datasets.Dataset, split: str, d: DataConfig, tokenizer:
 # Entry point
 
 
-def load_or_build(cfg: Config, tokenizer: Tokenizer, corpus_loader: Callable[[], datasets.DatasetDict],
+def load_or_build(cfg: Config, tokenizer: Tokenizer, corpus_loader: Callable[[], dict[str, Pairs]],
                   splits: list[str]) -> dict[str, TokenizedSplit]:
     """Tokenized splits from the cache, building (and caching) the missing or corrupt ones.
 

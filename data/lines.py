@@ -1,17 +1,15 @@
 """Lines of parallel text as every source reads them: UTF-8 lines split on ``\\n`` only, whitespace runs made
-one space (``clean_text``), and a split of aligned pairs as a ``datasets.Dataset`` (empty train pairs dropped,
-evaluation splits kept aligned). The sources (:mod:`data.sources`, :mod:`data.wit3`) build on these."""
+one space (``clean_text``), and a split of aligned pairs as ``Pairs`` (empty train pairs dropped, evaluation
+splits kept aligned). The sources (:mod:`data.sources`, :mod:`data.wit3`) build on these."""
 
 from __future__ import annotations
 
 import gzip
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import datasets
+from typing import Literal
 
 logger = logging.getLogger("data")
 
@@ -20,6 +18,25 @@ TRAIN_SPLIT = "train"
 
 class DataError(ValueError):
     """Bad or missing corpus input, reported as one line."""
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """One split of a parallel corpus: ``src[i]`` translates as ``tgt[i]``; ``len`` counts the pairs.
+
+    Its columns read as ``pairs["src"]`` and ``pairs["tgt"]`` too. A corpus is a ``dict`` of split name -> ``Pairs``.
+    """
+
+    src: list[str]
+    tgt: list[str]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, column: Literal["src", "tgt"]) -> list[str]:
+        if column not in ("src", "tgt"):
+            raise KeyError(f"a split's columns are 'src' and 'tgt', not {column!r}")
+        return self.src if column == "src" else self.tgt
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:
@@ -62,13 +79,11 @@ def read_lines(path: Path) -> list[str]:
     return decode_lines(data, str(path))
 
 
-def make_split(name: str, src: Sequence[str], tgt: Sequence[str], origin: str) -> datasets.Dataset:
-    """One split as a Dataset with columns ``src``/``tgt`` (``clean_text``); ``origin`` names it in messages.
+def make_split(name: str, src: Sequence[str], tgt: Sequence[str], origin: str) -> Pairs:
+    """One split as ``Pairs``, each side through ``clean_text``; ``origin`` names it in messages.
 
     The train split drops pairs with an empty side; other splits keep them (a warning counts them).
     """
-    import datasets
-
     if len(src) != len(tgt):
         raise DataError(f"{origin}: {len(src)} source lines but {len(tgt)} target lines")
     src = [clean_text(s) for s in src]
@@ -82,4 +97,4 @@ def make_split(name: str, src: Sequence[str], tgt: Sequence[str], origin: str) -
     elif empty:
         logger.warning("%s: %d of %d pairs have an empty side (kept, split %s stays aligned; first at row %d)",
                        origin, len(empty), len(src), name, empty[0])
-    return datasets.Dataset.from_dict({"src": src, "tgt": tgt})
+    return Pairs(src, tgt)

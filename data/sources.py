@@ -1,4 +1,4 @@
-"""Corpus sources: every loader returns a ``datasets.DatasetDict`` of string columns ``src`` and ``tgt``.
+"""Corpus sources: every loader returns a ``dict`` of split name -> ``data.lines.Pairs`` (columns ``src``, ``tgt``).
 
 Sources (``data.source``):
 
@@ -29,11 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from data.lines import DataError, clean_text, make_split, read_lines
+from data.lines import DataError, Pairs, clean_text, make_split, read_lines
 
 if TYPE_CHECKING:
-    import datasets
-
     from data.config import DataConfig
 
 logger = logging.getLogger("data")
@@ -114,9 +112,7 @@ def _text_splits(cfg: DataConfig) -> tuple[Path, dict[str, str]]:
     return folder, splits
 
 
-def _load_text(cfg: DataConfig) -> datasets.DatasetDict:
-    import datasets
-
+def _load_text(cfg: DataConfig) -> dict[str, Pairs]:
     folder, splits = _text_splits(cfg)
     out = {}
     for split, prefix in splits.items():
@@ -128,7 +124,7 @@ def _load_text(cfg: DataConfig) -> datasets.DatasetDict:
         if prefix != split and (shifted := length_shifted(split)) and shifted[0] == prefix:
             src, tgt = concatenate_pairs([clean_text(x) for x in src], [clean_text(x) for x in tgt], shifted[1])
         out[split] = make_split(split, src, tgt, origin=f"{folder / prefix}.{{{cfg.src_lang},{cfg.tgt_lang}}}")
-    return datasets.DatasetDict(out)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,7 +268,7 @@ def download_iwslt2017() -> Path:
 # Public entry points
 
 
-def load_corpus(cfg: DataConfig) -> datasets.DatasetDict:
+def load_corpus(cfg: DataConfig) -> dict[str, Pairs]:
     """All splits of the corpus described by ``cfg``; each split has string columns ``src``, ``tgt``.
 
     Split names: ``train``, ``validation`` and the test splits (``test`` for demo; the names in
@@ -295,7 +291,7 @@ def load_corpus(cfg: DataConfig) -> datasets.DatasetDict:
     return _add_length_shifted(corpus, cfg.test)
 
 
-def _add_length_shifted(corpus: datasets.DatasetDict, names: Sequence[str]) -> datasets.DatasetDict:
+def _add_length_shifted(corpus: dict[str, Pairs], names: Sequence[str]) -> dict[str, Pairs]:
     """``corpus`` with each asked-for ``NAME.xK`` split it lacks made from its split ``NAME``."""
     for name in names:
         shifted = length_shifted(name)

@@ -20,12 +20,8 @@ import zipfile
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
 
-from data.lines import DataError, clean_text, decode_lines, make_split
-
-if TYPE_CHECKING:
-    import datasets
+from data.lines import DataError, Pairs, clean_text, decode_lines, make_split
 
 ARCHIVE_SUFFIXES = (".tgz", ".tar.gz", ".zip")
 TEST_YEARS = range(2010, 2016)  # the Hub's iwslt2017 test split: tst2010..tst2015
@@ -235,7 +231,7 @@ def _split_names(sets: dict[str, tuple[str, str]]) -> list[str]:
     return names + years
 
 
-def load_wit3(path: str | Path, src_lang: str = "fr", tgt_lang: str = "en") -> datasets.DatasetDict:
+def load_wit3(path: str | Path, src_lang: str = "fr", tgt_lang: str = "en") -> dict[str, Pairs]:
     """Load a WIT3 archive (.tgz/.tar.gz/.zip) or folder as a DatasetDict with columns ``src``, ``tgt``.
 
     Splits: ``train``, ``validation`` (dev2010), ``test`` (tst2010..tst2015 present, in year order)
@@ -250,9 +246,7 @@ def load_wit3(path: str | Path, src_lang: str = "fr", tgt_lang: str = "en") -> d
         files.close()
 
 
-def _load_files(files: _Files, src_lang: str, tgt_lang: str) -> datasets.DatasetDict:
-    import datasets
-
+def _load_files(files: _Files, src_lang: str, tgt_lang: str) -> dict[str, Pairs]:
     have = set(files.names)
     train_names = [_train_name(src_lang, tgt_lang, lang) for lang in (src_lang, tgt_lang)]
     for n in train_names:
@@ -268,7 +262,7 @@ def _load_files(files: _Files, src_lang: str, tgt_lang: str) -> datasets.Dataset
         pairs[set_name] = pair_xml(parse_xml(files.read(s_name)), parse_xml(files.read(t_name)),
                                    f"{files.where}/{s_name}")
 
-    def split(name: str, rows: list[tuple[str, str]], origin: str) -> datasets.Dataset:
+    def split(name: str, rows: list[tuple[str, str]], origin: str) -> Pairs:
         return make_split(name, [r[0] for r in rows], [r[1] for r in rows], origin)
 
     out = {"train": split("train", train, f"{files.where}/{train_names[0]}")}
@@ -280,4 +274,4 @@ def _load_files(files: _Files, src_lang: str, tgt_lang: str) -> datasets.Dataset
         out["test"] = split("test", [p for s in test_years for p in pairs[s]], f"{files.where} {'+'.join(test_years)}")
     for s in years:
         out[s] = split(s, pairs[s], f"{files.where} {s}")
-    return datasets.DatasetDict(out)
+    return out

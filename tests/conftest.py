@@ -102,10 +102,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _isolated_hf_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`datasets` writes to ~/.cache/huggingface even for local files: point it at a temp dir."""
+    """The Hub's cache (~/.cache/huggingface), where the iwslt2017 source looks for its archive: a temp dir."""
     home = tmp_path_factory.getbasetemp() / "hf_home"
     monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
     monkeypatch.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
 
 

@@ -10,12 +10,12 @@ import time
 import zlib
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 
 import data.cache as cache_mod
 from data.cache import TokenizedSplit, load_or_build, load_split, save_split
+from data.lines import Pairs
 from data.sources import DataError, load_corpus
 from utils.config import Config, DataConfig
 
@@ -79,7 +79,7 @@ class CountingLoader:
     def __init__(self, cfg: Config) -> None:
         self.cfg, self.calls = cfg, 0
 
-    def __call__(self) -> datasets.DatasetDict:
+    def __call__(self) -> dict[str, Pairs]:
         self.calls += 1
         return load_corpus(self.cfg.data)
 
@@ -154,8 +154,8 @@ def test_filtering_rules(cfg: Config) -> None:
     ts = out["train"]
     for i, row in enumerate(ts.index):
         src, tgt = ts.pair(i)
-        assert src.tolist() == tok.encode_src([corpus["train"][int(row)]["src"]])[0]
-        assert tgt.tolist() == tok.encode_tgt([corpus["train"][int(row)]["tgt"]])[0]
+        assert src.tolist() == tok.encode_src([corpus["train"]["src"][int(row)]])[0]
+        assert tgt.tolist() == tok.encode_tgt([corpus["train"]["tgt"][int(row)]])[0]
 
 
 def test_no_ratio_or_train_cap(cfg: Config) -> None:

@@ -9,16 +9,20 @@ import os
 import re
 import shutil
 import socket
+import subprocess
+import sys
 import tarfile
 import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
-import datasets
 import pytest
+from conftest import ROOT
 
+from data.lines import Pairs
 from data.sources import DEMO_DIR, DataError, corpus_fingerprint, hub_unreachable, load_corpus
 from data.wit3 import load_wit3, parse_train_tags, parse_xml
 from utils.config import DataConfig
@@ -81,8 +85,8 @@ def _regex_segments(path: Path) -> list[str]:
     return [" ".join(html.unescape(m).split()) for m in re.findall(r"<seg id=\"\d+\">(.*?)</seg>", text)]
 
 
-def _as_dict(dd: datasets.DatasetDict) -> dict[str, dict[str, list[str]]]:
-    return {name: ds.to_dict() for name, ds in dd.items()}
+def _as_dict(dd: dict[str, Pairs]) -> dict[str, dict[str, list[str]]]:
+    return {name: asdict(ds) for name, ds in dd.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,10 +107,10 @@ def test_wit3_splits_and_contents(wit3: dict[str, Path]) -> None:
     src_dir = wit3["shared"] / "iwslt" / "2016-01" / "fr-en"
     assert dd["validation"]["src"] == _regex_segments(src_dir / "IWSLT16.TED.dev2010.fr-en.fr.xml")
     assert dd["validation"]["tgt"] == _regex_segments(src_dir / "IWSLT16.TED.dev2010.fr-en.en.xml")
-    assert dd["validation"][0]["src"].startswith("Vous savez, un des plaisirs intenses du voyage")
-    assert dd["validation"][0]["tgt"].startswith("You know, one of the intense pleasures of travel")
-    assert dd["tst2010"][0] == {"src": "Aujourd'hui tout le monde parle du bonheur.",
-                                "tgt": "Everybody talks about happiness these days."}
+    assert dd["validation"]["src"][0].startswith("Vous savez, un des plaisirs intenses du voyage")
+    assert dd["validation"]["tgt"][0].startswith("You know, one of the intense pleasures of travel")
+    assert (dd["tst2010"]["src"][0], dd["tst2010"]["tgt"][0]) == ("Aujourd'hui tout le monde parle du bonheur.",
+                                                                 "Everybody talks about happiness these days.")
     assert any("R&D" in s for s in dd["tst2010"]["tgt"]) and not any("&amp;" in s for s in dd["tst2010"]["tgt"])
     # test = tst2010..tst2014 concatenated in year order
     for side in ("src", "tgt"):
@@ -172,8 +176,8 @@ def test_wit3_pairs_by_docid_and_seg_id(wit3: dict[str, Path]) -> None:
     dd = load_wit3(wit3["folder"])
     first = parse_xml(wit3["folder"] / "IWSLT17.TED.tst2011.fr-en.en.xml")
     docid = next(iter(first))[0]
-    assert dd["tst2011"][0]["tgt"] == first[(docid, "1")]
-    assert dd["tst2011"][1]["tgt"] == first[(docid, "2")]
+    assert dd["tst2011"]["tgt"][0] == first[(docid, "1")]
+    assert dd["tst2011"]["tgt"][1] == first[(docid, "2")]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,11 +324,11 @@ def test_text_source(text_dir: Path) -> None:
     dd = load_corpus(cfg)
     assert list(dd) == ["train", "validation", "test.tatoeba"]
     # train: the pair with an empty side is dropped; U+2028 does not break its line (it becomes a space)
-    assert dd["train"].to_dict() == {"src": ["un chat", "deux chats", "trois chats"],
+    assert asdict(dd["train"]) == {"src": ["un chat", "deux chats", "trois chats"],
                                      "tgt": ["a cat", "two cats", "three cats"]}
     # evaluation splits stay aligned with their files: the empty pair is kept
-    assert dd["validation"].to_dict() == {"src": ["bonjour", ""], "tgt": ["hello", "empty"]}
-    assert dd["test.tatoeba"].to_dict() == {"src": ["au revoir"], "tgt": ["goodbye"]}
+    assert asdict(dd["validation"]) == {"src": ["bonjour", ""], "tgt": ["hello", "empty"]}
+    assert asdict(dd["test.tatoeba"]) == {"src": ["au revoir"], "tgt": ["goodbye"]}
 
 
 def test_text_source_errors(text_dir: Path) -> None:
@@ -367,6 +371,21 @@ def test_demo_source() -> None:
         ds = dd[split]
         assert len(ds) > 0
         assert list(zip(ds["src"], ds["tgt"], strict=True)) == pairs
+
+
+def test_a_split_is_two_aligned_lists_read_without_pandas_or_arrow() -> None:
+    """A corpus is a dict of ``Pairs``: ``len`` counts pairs, columns read by name or attribute, nothing else. Reading
+    one loads no dataframe library (``datasets`` and its pandas cost about 2 s of every train.py and test.py start)."""
+    train = load_corpus(DataConfig(source="demo"))["train"]
+    assert isinstance(train, Pairs) and len(train) == len(train.src) == len(train.tgt) == 420
+    assert train["src"] is train.src and train["tgt"] is train.tgt
+    with pytest.raises(KeyError, match="'src' and 'tgt', not 0"):
+        train[0]  # type: ignore[index]
+    code = ("import sys; from data.config import DataConfig; from data.sources import load_corpus; "
+            "load_corpus(DataConfig(source='demo')); "
+            "print(sorted({'datasets', 'pandas', 'pyarrow'} & sys.modules.keys()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out == "[]\n"
 
 
 def test_fingerprint_tracks_files(text_dir: Path) -> None:
@@ -446,8 +465,8 @@ def test_length_shifted_splits_join_consecutive_pairs(tmp_path):
     corpus = load_corpus(cfg.data)
     test = corpus["test"]
     assert len(corpus["test.x2"]) == len(test) // 2 and len(corpus["test.x3"]) == len(test) // 3
-    joined = {k: f"{test[2][k]} {test[3][k]}" for k in ("src", "tgt")}
-    assert corpus["test.x2"][1] == joined
+    for k in ("src", "tgt"):
+        assert corpus["test.x2"][k][1] == f"{test[k][2]} {test[k][3]}"
     assert list(corpus["test.x1"]["src"]) == list(test["src"])
     for lang in ("fr", "en"):  # a text folder with a real file named like a shifted split: the file is read
         (tmp_path / f"t.{lang}").write_text("a\nb\n", encoding="utf-8")
