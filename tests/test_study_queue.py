@@ -561,6 +561,34 @@ def test_a_pinned_worktree_deleted_by_hand_is_made_again(tmp_path: Path) -> None
         subprocess.run(["rm", "-rf", str(tmp_path / "wt")], check=True)
 
 
+def test_a_pinned_worktree_gets_the_dependencies_its_own_commit_declares(tmp_path: Path) -> None:
+    """An environment copied from this checkout lacks what only an older commit declares (datasets, before
+    2026-12-01): bench/worktree.sh's worktree installs the pinned commit's own dependencies, with its dev and export
+    extras, under its own constraints, each time (pip installs nothing when all are there)."""
+    repo = tmp_path / "repo"
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    python = repo / ".venv" / "bin" / "python"  # runs the requirements script for real, logs every other call
+    python.write_text(f'#!/usr/bin/env bash\n[ "$1" = - ] && exec {sys.executable} "$@"\n'
+                      f'echo "$PWD $*" >> {tmp_path}/log\n')
+    python.chmod(0o755)
+    (repo / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["torch==2.13.0", "datasets>=4.0"]\n'
+                                         '[project.optional-dependencies]\ndev = ["pytest>=8"]\n'
+                                         'export = ["ctranslate2>=4.8.3"]\nserve = ["fastapi>=0.110"]\n')
+    (repo / "constraints.txt").write_text("")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "pyproject.toml", "constraints.txt")
+    _git(repo, "commit", "-qm", "x")
+    call = f"source {ROOT}/bench/worktree.sh\nROOT={repo}\nworktree {tmp_path}/wt HEAD\n"
+    for _ in range(2):
+        res = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+    wt = tmp_path / "wt"
+    assert (wt / ".venv" / "pinned-requirements.txt").read_text().split() == [
+        "torch==2.13.0", "datasets>=4.0", "pytest>=8", "ctranslate2>=4.8.3"]
+    pip = f"{wt} -m pip install -q -c constraints.txt -r .venv/pinned-requirements.txt"
+    assert [line for line in (tmp_path / "log").read_text().splitlines() if "-m pip" in line] == [pip, pip]
+
+
 def test_the_study_starts_only_once_its_commit_is_checked_to_train_as_the_pilots(tmp_path: Path) -> None:
     """``same_training``: bench/same_training.py (the pilot's checkout against the study's, the design's keys, a
     short warmup) is run once and its JSON kept in records/ to be committed; "different" (exit 3) and a failed
