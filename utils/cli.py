@@ -77,7 +77,7 @@ def setup_logging(log_file: str | None = None, buffer: bool = False) -> None:
     for h in handlers:
         h.setFormatter(LOG_FORMAT)
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
-    for noisy in ("httpx", "huggingface_hub", "datasets", "urllib3", "filelock", "ignite"):
+    for noisy in ("httpx", "huggingface_hub", "urllib3", "filelock", "ignite"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*torch.jit.*")
 
