@@ -447,7 +447,10 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
                  f"training, {total['decode_cpu_hours']:.1f} decoding; wall time x threads, every segment of a "
                  f"resumed run), {per:.2f} a run: at that mean the {left} runs to go need about {left * per:.0f} "
                  "CPU core-hours.")
-    return ["### Runs kept", "", text, ""]
+    from utils.study.report import archived_cpus
+    from utils.study.sections import cpu_lines
+
+    return ["### Runs kept", "", text, "", *cpu_lines(archived_cpus(a for found in archives.values() for a in found))]
 
 
 def sequential_status() -> list[str]:

@@ -277,6 +277,34 @@ def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
     assert status.index("### Runs kept") < status.index("No look is reached yet.")
 
 
+def test_the_second_studys_page_names_the_cpus_of_its_kept_runs_and_each_seed_split_across_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which CPUs trained the runs kept so far, from each archive's cpu.txt (model name and a hash of its flags, runs
+    counted per CPU, both arms), and each seed whose runs were trained on more than one CPU, named (item 2 of
+    the amendment "the study's runs two at a time from a queue", 2026-11-30: a replaced machine splits a seed); a
+    seed on one CPU is not named."""
+    import shutil
+
+    shutil.copytree(STUDIES / "noise-pilot", tmp_path / "noise-pilot", ignore=shutil.ignore_patterns("records"))
+    folder = tmp_path / study_pages.SEQUENTIAL
+    (folder / "records").mkdir(parents=True)
+    shutil.copy(STUDIES / study_pages.SEQUENTIAL / "design.json", folder / "design.json")
+    for arm, system, seed, cpu in (("short", "sinusoidal", 1, "CPU A"), ("short", "learnable", 1, "CPU B"),
+                                   ("short", "alibi", 2, "CPU A"), ("natural", "rope", 2, "CPU A")):
+        study = "study_extrapolation-sequential" + ("-natural" if arm == "natural" else "")
+        seed_folder = tmp_path / "runs" / study / "runs" / system / f"seed{seed}"
+        seed_folder.mkdir(parents=True)
+        (seed_folder / "cpu.txt").write_text(f"Model name: {cpu}\nFlags: sse2 avx2\nHost: vm\n", encoding="utf-8")
+        kept_run_archive(tmp_path / "runs", folder / "records" / f"{arm}.{system}.seed{seed}.tar.xz", study, system,
+                         seed, 3240.0, 360.0)
+    monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
+    status = "\n".join(study_pages.sequential_status())
+    line = next(x for x in status.splitlines() if x.startswith("CPUs that trained the runs"))
+    assert re.search(r": CPU A, flags [0-9a-f]{8} \(3 runs\); CPU B, flags [0-9a-f]{8} \(1 run\)\. ", line), line
+    assert "**Seed 1: its systems were trained on more than one CPU**" in line and "Seed 2" not in line
+    assert status.index("### Runs kept") < status.index("CPUs that trained") < status.index("No look is reached")
+
+
 def test_a_look_with_its_about_json_is_a_results_page_linked_from_where_the_study_stands(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A look of the second study (looks/look-K/, as bench/study_sequential.sh keeps it: results.json, report.md,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,6 +130,31 @@ def recorded_cpu(seed_folder: Path) -> str | None:
         return None
     flags = " ".join(sorted(fields.get("Flags", "").split()))
     return f"{model}, flags {hashlib.sha256(flags.encode()).hexdigest()[:8]}" if flags else model
+
+
+def archived_cpus(archives: Iterable[Path]) -> dict[str, dict[str, Any]]:
+    """The seed and CPU (``recorded_cpu``) of each run kept in ``archives``, ``bench/worktree.sh``'s ``keep_runs``
+    files (each an xz tar of study folders' ``runs/SYSTEM/seedN/``, read as a stream): ``{"STUDY/runs/SYSTEM/seedN":
+    {"seed": N, "cpu": ...}}``, "cpu" left out where its archive holds no cpu.txt with a model name. The shape
+    ``cpu_lines`` reads."""
+    import re
+    import tarfile
+    import tempfile
+
+    runs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for archive in archives:
+            with tarfile.open(archive, "r|xz") as tar:
+                for m in tar:
+                    found = re.match(r"(.+/runs/[^/]+/seed(\d+))(/.*)?$", m.name)
+                    if not found or "/.latest/" in m.name:
+                        continue
+                    run = runs.setdefault(found[1], {"seed": int(found[2])})
+                    if found[3] == "/cpu.txt" and m.isfile():
+                        tar.extract(m, tmp, filter="data")  # nothing outside tmp
+                        if cpu := recorded_cpu(Path(tmp, found[1])):
+                            run["cpu"] = cpu
+    return runs
 
 
 def run_compute(jobs: list, runs: dict[str, Path], checkpoint: str, steps: dict[str, int] | None) -> dict[str, Any]:

@@ -158,10 +158,10 @@ def provenance_lines(results: dict[str, Any]) -> list[str]:
     mixed = [name for name, h in hashes.items() if len(h) > 1]
     line += (f"; **the seeds of {', '.join(mixed)} differ in config hash**" if mixed
              else "; each system's runs share one config hash") + " (each run's provenance.json)."
-    return [line, "", *_cpu_lines(runs)]
+    return [line, "", *cpu_lines(runs)]
 
 
-def _cpu_lines(runs: dict[str, Any]) -> list[str]:
+def cpu_lines(runs: dict[str, Any]) -> list[str]:
     """Which CPUs trained the kept runs (their ``cpu.txt``), and each seed whose systems were trained on more than
     one; nothing where no run recorded its CPU."""
     cpus = {key: run["cpu"] for key, run in runs.items() if run.get("cpu")}
