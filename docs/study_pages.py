@@ -450,7 +450,10 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
     from utils.study.report import archived_cpus
     from utils.study.sections import cpu_lines
 
-    return ["### Runs kept", "", text, "", *cpu_lines(archived_cpus(a for found in archives.values() for a in found))]
+    arms = {"short": "short-trained arm", "natural": "natural-length arm"}
+    cpus = {f"{arm}/{key}": {**run, "group": arms[arm]} for arm, found in archives.items()
+            for key, run in archived_cpus(found).items()}  # each arm's seeds are its own
+    return ["### Runs kept", "", text, "", *cpu_lines(cpus)]
 
 
 def sequential_status() -> list[str]:

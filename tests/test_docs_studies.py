@@ -280,7 +280,7 @@ def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
 def test_the_second_studys_page_names_the_cpus_of_its_kept_runs_and_each_seed_split_across_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Which CPUs trained the runs kept so far, from each archive's cpu.txt (model name and a hash of its flags, runs
-    counted per CPU, both arms), and each seed whose runs were trained on more than one CPU, named (item 2 of
+    counted per CPU, both arms), and each seed of an arm whose runs were trained on more than one CPU, named (item 2 of
     the amendment "the study's runs two at a time from a queue", 2026-11-30: a replaced machine splits a seed); a
     seed on one CPU is not named."""
     import shutil
@@ -290,7 +290,7 @@ def test_the_second_studys_page_names_the_cpus_of_its_kept_runs_and_each_seed_sp
     (folder / "records").mkdir(parents=True)
     shutil.copy(STUDIES / study_pages.SEQUENTIAL / "design.json", folder / "design.json")
     for arm, system, seed, cpu in (("short", "sinusoidal", 1, "CPU A"), ("short", "learnable", 1, "CPU B"),
-                                   ("short", "alibi", 2, "CPU A"), ("natural", "rope", 2, "CPU A")):
+                                   ("short", "alibi", 2, "CPU A"), ("natural", "rope", 2, "CPU B")):
         study = "study_extrapolation-sequential" + ("-natural" if arm == "natural" else "")
         seed_folder = tmp_path / "runs" / study / "runs" / system / f"seed{seed}"
         seed_folder.mkdir(parents=True)
@@ -300,8 +300,9 @@ def test_the_second_studys_page_names_the_cpus_of_its_kept_runs_and_each_seed_sp
     monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
     status = "\n".join(study_pages.sequential_status())
     line = next(x for x in status.splitlines() if x.startswith("CPUs that trained the runs"))
-    assert re.search(r": CPU A, flags [0-9a-f]{8} \(3 runs\); CPU B, flags [0-9a-f]{8} \(1 run\)\. ", line), line
-    assert "**Seed 1: its systems were trained on more than one CPU**" in line and "Seed 2" not in line
+    assert re.search(r": CPU A, flags [0-9a-f]{8} \(2 runs\); CPU B, flags [0-9a-f]{8} \(2 runs\)\. ", line), line
+    assert "**Seed 1 (short-trained arm): its systems were trained on more than one CPU**" in line  # not seed 2:
+    assert "Seed 2" not in line and "Seeds" not in line  # each arm's seed 2 on one CPU
     assert status.index("### Runs kept") < status.index("CPUs that trained") < status.index("No look is reached")
 
 

@@ -163,21 +163,23 @@ def provenance_lines(results: dict[str, Any]) -> list[str]:
 
 def cpu_lines(runs: dict[str, Any]) -> list[str]:
     """Which CPUs trained the kept runs (their ``cpu.txt``), and each seed whose systems were trained on more than
-    one; nothing where no run recorded its CPU."""
+    one; nothing where no run recorded its CPU. A run's "group" (an arm, say), where given, tells its seeds apart from
+    another group's of the same number."""
     cpus = {key: run["cpu"] for key, run in runs.items() if run.get("cpu")}
     if not cpus:
         return []
     counts = Counter(cpus.values())
-    by_seed: dict[int, set[str]] = {}
+    by_seed: dict[tuple[str, int], set[str]] = {}
     for key, cpu in cpus.items():
-        by_seed.setdefault(runs[key]["seed"], set()).add(cpu)
+        by_seed.setdefault((runs[key].get("group", ""), runs[key]["seed"]), set()).add(cpu)
     line = "CPUs that trained the runs (each kept run's cpu.txt): " + "; ".join(
         f"{cpu} ({n} run{'s' if n > 1 else ''})" for cpu, n in sorted(counts.items()))
     if unknown := len(runs) - len(cpus):
         line += f"; not recorded for {unknown} run{'s' if unknown > 1 else ''}"
-    split = sorted(seed for seed, found in by_seed.items() if len(found) > 1)
+    split = sorted(key for key, found in by_seed.items() if len(found) > 1)
     many = len(split) > 1
-    line += (f". **{'Seeds' if many else 'Seed'} {', '.join(map(str, split))}: {'their' if many else 'its'} systems "
+    named = ", ".join(f"{seed} ({group})" if group else str(seed) for group, seed in split)
+    line += (f". **{'Seeds' if many else 'Seed'} {named}: {'their' if many else 'its'} systems "
              "were trained on more than one CPU** (a replaced machine), so the CPUs' last-bit differences fall inside "
              f"the contrasts of {'those seeds' if many else 'that seed'}." if split
              else ". Every seed's systems were trained on one CPU.")
