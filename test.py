@@ -102,7 +102,7 @@ def main() -> int:
     for beam in beams:
         check_guides(guides, cfg.decode.model_copy(update={"beam": beam}), run)
 
-    from data.sources import DataError, load_corpus  # datasets and nltk: only once the run has loaded
+    from data.sources import DataError, load_corpus  # nltk: only once the run has loaded
     from utils.io import ensure_dir
 
     corpus = load_corpus(cfg.data)

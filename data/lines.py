@@ -30,6 +30,11 @@ class Pairs:
     src: list[str]
     tgt: list[str]
 
+    def __post_init__(self) -> None:
+        if len(self.src) != len(self.tgt):
+            raise DataError(f"a split's two sides must align: {len(self.src)} source lines but {len(self.tgt)} target "
+                            "lines")
+
     def __len__(self) -> int:
         return len(self.src)
 

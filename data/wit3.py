@@ -232,7 +232,7 @@ def _split_names(sets: dict[str, tuple[str, str]]) -> list[str]:
 
 
 def load_wit3(path: str | Path, src_lang: str = "fr", tgt_lang: str = "en") -> dict[str, Pairs]:
-    """Load a WIT3 archive (.tgz/.tar.gz/.zip) or folder as a DatasetDict with columns ``src``, ``tgt``.
+    """Load a WIT3 archive (.tgz/.tar.gz/.zip) or folder: each split two aligned lists, ``src`` and ``tgt`` (``Pairs``).
 
     Splits: ``train``, ``validation`` (dev2010), ``test`` (tst2010..tst2015 present, in year order)
     and each ``tstYYYY`` on its own.

@@ -381,8 +381,13 @@ def test_a_split_is_two_aligned_lists_read_without_pandas_or_arrow() -> None:
     assert train["src"] is train.src and train["tgt"] is train.tgt
     with pytest.raises(KeyError, match="'src' and 'tgt', not 0"):
         train[0]  # type: ignore[index]
-    code = ("import sys; from data.config import DataConfig; from data.sources import load_corpus; "
-            "load_corpus(DataConfig(source='demo')); "
+    with pytest.raises(DataError, match="must align: 2 source lines but 1 target lines"):
+        Pairs(["un", "deux"], ["one"])
+    code = ("import importlib.util, sys; from data.config import DataConfig; from data.sources import load_corpus; "
+            "load_corpus(DataConfig(source='demo'))\n"
+            "for script in ('train.py', 'test.py'):  # their imports, as each start makes them\n"
+            "    spec = importlib.util.spec_from_file_location(script[:-3] + '_script', script)\n"
+            "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
             "print(sorted({'datasets', 'pandas', 'pyarrow'} & sys.modules.keys()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out == "[]\n"
