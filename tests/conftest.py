@@ -232,6 +232,30 @@ def kept_run_archive(runs: Path, out: Path, study: str, system: str, seed: int, 
     return out
 
 
+PILOT_QUANTITIES = [("test.tatoeba.x4", "score"), ("test.tatoeba.x4", "drop"), ("test.multi30k-2016.x4", "score"),
+                    ("test.multi30k-2016.x4", "drop")]  # the second study's primary family, as the pilot scores it
+
+
+def pilot_arm(sd: float, chrf: float, pooled: float = 0.5, overrides: tuple[str, ...] = ()) -> dict:
+    """A scored noise-pilot arm (its results.json: sinusoidal and RoPE) whose trained systems' residual SD is ``sd``:
+    RoPE's per-seed differences from sinusoidal on each quantity have variance 2 sd^2 (six seeds); RoPE+NTK, a decoding
+    of the same models, has none (it is left out); the ANOVA's pooled residual is ``pooled``. Every trained system
+    scores ``chrf`` at x1 on both sets."""
+    unit = [-1.0, 1.0, -1.0, 1.0, -2.0, 2.0]  # variance 2.4
+    delta = [3.0 + x * sd * (2 / 2.4) ** 0.5 for x in unit]
+    tests = [{"system": system, "against": "sinusoidal", "quantity": {"split": split, "kind": kind},
+              "per_seed_delta": delta if system == "rope" else [1.0] * 6}
+             for system in ("rope", "rope+ntk") for split, kind in PILOT_QUANTITIES]
+    splits = {s: {"beam5": {"chrf": [chrf + d for d in (-0.5, 0.5, -0.25, 0.25, -1.0, 1.0)]}}
+              for s in ("test.tatoeba", "test.multi30k-2016", "test.tatoeba.x4")}
+    systems = ("sinusoidal", "rope")
+    return {"spec": {"variants": [{"label": s} for s in systems], "overrides": ["train.num_threads=1", *overrides]},
+            "seeds": [1, 2, 3, 4, 5, 6], "baseline": "sinusoidal",
+            "systems": {**{s: {"splits": splits} for s in systems},
+                        "rope+ntk": {"splits": {"test.tatoeba": {"beam5": {"chrf": [0.0] * 6}}}}},
+            "primary": {"tests": tests, "power": {"pooled_residual_sd": pooled, "df": 15, "seeds": 6}}}
+
+
 def results_doc(**keys: Any) -> dict[str, Any]:
     """A study's ``results.json`` made by hand: ``keys`` over the least every reader of one needs
     (``utils.study.files.RESULTS_KEYS``, each of the kind a study writes)."""

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import kept_run, results_doc, run_script
+from conftest import kept_run, pilot_arm, results_doc, run_script
 
 from bench.noise_ratio import sd_ratio, table
 
@@ -102,12 +102,11 @@ def test_the_trained_systems_residual_is_printed_beside_the_pooled_one(tmp_path:
     """Beside the declared endpoint (the pooled ANOVA, whose systems include RoPE's test-time decodings: the same
     trained models), each arm's residual SD of sinusoidal against RoPE alone, the one the design's rule reads, and
     its ratio with the F interval on (6 - 1) x 2 = 10 degrees of freedom each: F(0.975; 10, 10) = 3.717."""
-    from test_pilot_design import _arm
 
     folders = []
     for name, sd in (("study_cool", 0.65), ("study_plain", 1.30)):
         folder = _study(tmp_path / name, [1.0, 1.0], 0.3, df=15, seeds=6)
-        results, arm = json.loads((folder / "results.json").read_text()), _arm(sd, 55.0, pooled=0.3)
+        results, arm = json.loads((folder / "results.json").read_text()), pilot_arm(sd, 55.0, pooled=0.3)
         results.update(spec=arm["spec"], systems=arm["systems"])
         results["primary"]["tests"] = arm["primary"]["tests"]
         (folder / "results.json").write_text(json.dumps(results))

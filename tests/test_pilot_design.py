@@ -7,42 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import results_doc, run_script
+from conftest import pilot_arm, results_doc, run_script
 
 from bench.pilot_design import design, family, paired_residual, upper_limit
 from utils.study.presets import EXTRAPOLATION_FAMILY
 from utils.study.spec import read_family
-
-SYSTEMS = ("sinusoidal", "rope")
-
-
-QUANTITIES = [("test.tatoeba.x4", "score"), ("test.tatoeba.x4", "drop"), ("test.multi30k-2016.x4", "score"),
-              ("test.multi30k-2016.x4", "drop")]
-
-
-def _arm(sd: float, chrf: float, pooled: float = 0.5, overrides: tuple[str, ...] = ()) -> dict:
-    """A scored pilot arm whose trained systems' residual SD is ``sd``: RoPE's per-seed differences from sinusoidal
-    on each quantity have variance 2 sd^2 (six seeds); RoPE+NTK, a decoding of the same models, has none (it is left
-    out); the ANOVA's pooled residual is ``pooled``. Every trained system scores ``chrf`` at x1 on both sets."""
-    unit = [-1.0, 1.0, -1.0, 1.0, -2.0, 2.0]  # variance 2.4
-    delta = [3.0 + x * sd * (2 / 2.4) ** 0.5 for x in unit]
-    tests = [{"system": system, "against": "sinusoidal", "quantity": {"split": split, "kind": kind},
-              "per_seed_delta": delta if system == "rope" else [1.0] * 6}
-             for system in ("rope", "rope+ntk") for split, kind in QUANTITIES]
-    splits = {s: {"beam5": {"chrf": [chrf + d for d in (-0.5, 0.5, -0.25, 0.25, -1.0, 1.0)]}}
-              for s in ("test.tatoeba", "test.multi30k-2016", "test.tatoeba.x4")}
-    return {"spec": {"variants": [{"label": s} for s in SYSTEMS], "overrides": ["train.num_threads=1", *overrides]},
-            "seeds": [1, 2, 3, 4, 5, 6], "baseline": "sinusoidal",
-            "systems": {**{s: {"splits": splits} for s in SYSTEMS},
-                        "rope+ntk": {"splits": {"test.tatoeba": {"beam5": {"chrf": [0.0] * 6}}}}},
-            "primary": {"tests": tests, "power": {"pooled_residual_sd": pooled, "df": 15, "seeds": 6}}}
 
 
 def test_the_trained_systems_residual_and_its_upper_limit() -> None:
     """The residual of the trained systems alone (RoPE+NTK, the same models, left out), on (6 - 1) x 2 test sets =
     10 degrees of freedom; its 80 % upper limit is sd * sqrt(10 / chi2_0.2(10)) = sd * sqrt(10 / 6.179) (the
     chi-square table)."""
-    assert paired_residual(_arm(0.65, 55.0)) == (pytest.approx(0.65), 10)
+    assert paired_residual(pilot_arm(0.65, 55.0)) == (pytest.approx(0.65), 10)
     assert upper_limit(0.65, 10) == pytest.approx(0.65 * (10 / 6.179) ** 0.5, rel=1e-3)
 
 
@@ -50,7 +26,7 @@ def test_a_quieter_arm_of_the_same_quality_is_chosen_and_sets_the_seeds() -> Non
     """Cool at half plain's residual (0.65 against 1.30), 0.3 chrF lower at x1: the cool arm, planned at 0.827 (its
     upper limit), and the seeds the sequential design's table gives for it (bench/sequential_design.py --looks
     4,8,12 --family 24 --residual-sd 0.8269 --effect 1.0: 22 seeds, looks scaled to 8, 15, 22)."""
-    d = design(_arm(0.65, 55.7, pooled=0.3), _arm(1.30, 56.0, pooled=0.3))
+    d = design(pilot_arm(0.65, 55.7, pooled=0.3), pilot_arm(1.30, 56.0, pooled=0.3))
     assert d["arm"] == "cool" and d["overrides"] == ["train.cooldown=0.2", "train.ema_decay=0.99"]
     assert d["ratio"] == pytest.approx(0.5) and d["x1_chrf_gap"] == pytest.approx(-0.3)
     assert d["pilot"]["cool"]["x1_chrf"] == pytest.approx(55.7)  # test variants (rope+ntk) are not trained systems
@@ -70,14 +46,14 @@ def test_a_quieter_arm_of_the_same_quality_is_chosen_and_sets_the_seeds() -> Non
 @pytest.mark.parametrize(("cool", "why"), [((1.20, 56.0), "noise: ratio 0.92 > 0.9"),
                                           ((0.65, 55.4), "quality: x1 chrF 0.6 lower")])
 def test_plain_stays_unless_cool_is_quieter_and_as_good(cool: tuple[float, float], why: str) -> None:
-    d = design(_arm(*cool), _arm(1.30, 56.0))
+    d = design(pilot_arm(*cool), pilot_arm(1.30, 56.0))
     assert d["arm"] == "plain" and d["overrides"] == [] and d["planning_sd"] == pytest.approx(1.654, abs=1e-3), why
     assert (d["seeds_needed"], d["seeds"], d["capped"], d["looks"]) == (85, 30, True, [10, 20, 30])
     assert 0.2 < d["power"] < 0.8  # stated, not reached
 
 
 def test_at_least_the_pilots_six_seeds() -> None:
-    d = design(_arm(0.20, 56.0), _arm(0.9, 56.0))
+    d = design(pilot_arm(0.20, 56.0), pilot_arm(0.9, 56.0))
     assert d["seeds_needed"] == 2 and (d["seeds"], d["looks"]) == (6, [2, 4, 6]) and d["power"] > 0.99
 
 
@@ -90,7 +66,7 @@ def _write(folder: Path, arm: dict) -> None:
 
 
 def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> None:
-    for name, arm in (("cool", _arm(0.65, 55.7, overrides=COOL)), ("plain", _arm(1.30, 56.0))):
+    for name, arm in (("cool", pilot_arm(0.65, 55.7, overrides=COOL)), ("plain", pilot_arm(1.30, 56.0))):
         _write(tmp_path / name, arm)
     res = run_script("bench/pilot_design.py", str(tmp_path / "cool"), str(tmp_path / "plain"), "--out",
                      str(tmp_path / "d"))
@@ -110,8 +86,9 @@ def test_the_command_writes_a_family_file_the_study_reads(tmp_path: Path) -> Non
 def test_only_the_two_arms_scored_at_all_six_seeds_are_read(tmp_path: Path) -> None:
     """An arm whose last scoring was cut short (its results.json at fewer seeds) or the arms given the wrong way
     round decide nothing: one line, no file written."""
-    short = _arm(0.65, 55.7, overrides=COOL) | {"seeds": [1, 2, 3, 4]}
-    for name, arm in (("cool", _arm(0.65, 55.7, overrides=COOL)), ("plain", _arm(1.30, 56.0)), ("short", short)):
+    short = pilot_arm(0.65, 55.7, overrides=COOL) | {"seeds": [1, 2, 3, 4]}
+    for name, arm in (("cool", pilot_arm(0.65, 55.7, overrides=COOL)), ("plain", pilot_arm(1.30, 56.0)),
+                      ("short", short)):
         _write(tmp_path / name, arm)
     for first, second, said in (
             ("short", "plain", "short: scored at seeds [1, 2, 3, 4], not the pilot's 1-6 (bench/pilot_noise.sh "
