@@ -60,16 +60,17 @@ main() {
         return 1
     fi
     # The procedure is this script's and worktree.sh's as that commit has them: a later change to either runs only
-    # once a dated amendment declares it (AMENDED_DRIVER=<that amendment's date>): committed, and dated no earlier
-    # than the design's commit.
+    # once a dated amendment declares it, committed after the design's commit, and named by AMENDED_DRIVER=<its
+    # date>: the latest amendment (the last heading of amendments.md as committed), which that commit did not have.
     if ! git -C "$ROOT" diff --quiet "$SCORE_COMMIT" -- bench/study_sequential.sh bench/worktree.sh; then
-        local fixed
+        local fixed latest
         fixed=$(git -C "$ROOT" log -1 --format=%cs "$SCORE_COMMIT")
-        if [ -z "${AMENDED_DRIVER:-}" ] || [[ "$AMENDED_DRIVER" < "$fixed" ]] ||
-            ! git -C "$ROOT" show "HEAD:$STUDY_DIR/amendments.md" 2> /dev/null | grep -q "^### ${AMENDED_DRIVER} "; then
+        latest=$(git -C "$ROOT" show "HEAD:$STUDY_DIR/amendments.md" 2> /dev/null | grep '^### ' | tail -n 1)
+        if [ -z "${AMENDED_DRIVER:-}" ] || [[ "$latest" != "### ${AMENDED_DRIVER} "* ]] ||
+            git -C "$ROOT" show "$SCORE_COMMIT:$STUDY_DIR/amendments.md" 2> /dev/null | grep -qxF -- "$latest"; then
             echo "bench/study_sequential.sh or bench/worktree.sh differs from the commit that fixed the design" \
-                "($SCORE_COMMIT, $fixed): declare the change in a dated amendment, committed and dated $fixed or" \
-                "later, and run with AMENDED_DRIVER=<its date>, or restore them as that commit has them"
+                "($SCORE_COMMIT, $fixed): declare the change in a dated amendment committed after it, and run with" \
+                "AMENDED_DRIVER=<the latest amendment's date>, or restore them as that commit has them"
             return 1
         fi
     fi

@@ -42,7 +42,7 @@ worktree() {  # worktree DIR COMMIT [movable]: the pinned checkout, unchanged, a
     fi
     # The pinned commit's own dependencies (its pyproject.toml, with its dev and export extras): an environment copied
     # from this checkout lacks those that only an older commit declares (datasets, until 2026-12-01). When every one
-    # is there pip installs nothing, and looks nothing up (about 3 s).
+    # is there pip installs nothing, and looks nothing up (3 to 10 s on a 2-core machine).
     "$dir/.venv/bin/python" - "$dir/pyproject.toml" > "$dir/.venv/pinned-requirements.txt" <<'PY' || return 1
 import sys
 try:

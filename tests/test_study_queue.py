@@ -482,20 +482,23 @@ def test_the_sequential_study_refuses_a_shallow_clone_whose_history_cannot_name_
 def test_the_sequential_study_runs_its_procedure_as_the_design_commit_has_it_or_as_an_amendment_declares(
         tmp_path: Path) -> None:
     """bench/study_sequential.sh and bench/worktree.sh are the study's procedure: changed after the commit that fixed
-    the design, the study starts only with AMENDED_DRIVER naming a dated amendment, committed and dated no earlier
-    than the design's commit (then it goes on to its next check: here, that it may start in the background)."""
+    the design, the study starts only with AMENDED_DRIVER naming the date of the latest amendment committed, one the
+    design's commit did not hold (then it goes on to its next check: here, that it may start in the background);
+    an older amendment, one dated after the design but committed with it, or one not committed does not start it."""
     repo, study = _design_repo(tmp_path)
-    (study / "amendments.md").write_text("### 2026-11-29 — Amendment: before the design\n")
+    (study / "amendments.md").write_text("### 2026-11-29 — Amendment: before the design\n\n"
+                                         "### 2026-12-02 — Amendment: with the design, in its commit\n")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "the design"],
                    check=True, env={**os.environ, "GIT_COMMITTER_DATE": "2026-12-02T12:00:00Z"})
     (repo / "bench" / "worktree.sh").write_text("in_background() { echo started again; exit 0; }\n")
+    for date, what in (("2026-12-03", "the driver"), ("2026-12-04", "a later correction")):
+        with (study / "amendments.md").open("a") as f:
+            f.write(f"\n### {date} — Amendment: {what}\n")
+        _git(repo, "commit", "-qam", what)
     with (study / "amendments.md").open("a") as f:
-        f.write("### 2026-12-03 — Amendment: the driver\n")
-    _git(repo, "commit", "-qam", "a later change of the procedure, declared")
-    with (study / "amendments.md").open("a") as f:
-        f.write("### 2026-12-05 — Amendment: not committed\n")
+        f.write("\n### 2026-12-05 — Amendment: not committed\n")
 
     def start(**env: str) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(repo / "bench" / "study_sequential.sh"), str(tmp_path / "runs")],
@@ -504,12 +507,15 @@ def test_the_sequential_study_runs_its_procedure_as_the_design_commit_has_it_or_
     refused = start()
     assert refused.returncode == 1 and refused.stdout.startswith(
         "bench/study_sequential.sh or bench/worktree.sh differs from the commit that fixed the design (") and \
-        ", 2026-12-02): declare the change in a dated amendment, committed and dated 2026-12-02 or later" in \
-        refused.stdout
-    assert start(AMENDED_DRIVER="2026-12-04").returncode == 1  # no amendment of that date
-    assert start(AMENDED_DRIVER="2026-11-29").returncode == 1  # an amendment older than the design
-    assert start(AMENDED_DRIVER="2026-12-05").returncode == 1  # an amendment not committed
-    assert start(AMENDED_DRIVER="2026-12-03").stdout == "started again\n"
+        ", 2026-12-02): declare the change in a dated amendment committed after it, and run with " \
+        "AMENDED_DRIVER=<the latest amendment's date>, or restore them as that commit has them\n" in refused.stdout
+    for date in ("2026-11-29",  # older than the design
+                 "2026-12-02",  # dated the design's day, but the design's commit held it
+                 "2026-12-03",  # committed after the design, but not the latest
+                 "2026-12-05",  # not committed
+                 "2026-12-06"):  # no amendment of that date
+        assert start(AMENDED_DRIVER=date).stdout == refused.stdout, date
+    assert start(AMENDED_DRIVER="2026-12-04").stdout == "started again\n"
 
 
 def test_a_queue_runs_once_at_a_time(tmp_path: Path) -> None:
