@@ -81,17 +81,23 @@ def test_translates_and_exports(run: Path, tmp_path: Path) -> None:
     assert text(ct2_out) == text(torch_out)
 
 
-#: The kind of CPU that recorded the legacy weights: floating-point kernels (oneDNN's AVX-512, AMX, ...) differ between
-#: kinds, so a CPU run repeats bit for bit only on a CPU of the same kind.
-RECORDED_ON = {"vendor": "AuthenticAMD", "amx_bf16": False, "avx512_bf16": True}
+#: The kind of CPU that recorded the legacy weights, an AMD EPYC of family 25 (Zen 4) with AVX512-BF16: floating-point
+#: kernels (oneDNN's AVX-512, AMX, ...) differ between kinds, and between generations with the same instruction sets
+#: (a family-26 EPYC, Zen 5, rounds differently), so a CPU run repeats bit for bit only on a CPU of the same kind.
+RECORDED_ON = {"vendor": "AuthenticAMD", "family": "25", "amx_bf16": False, "avx512_bf16": True}
 
 
 def cpu_kind() -> dict[str, object]:
-    """This machine's CPU vendor and the instruction sets that change which kernels PyTorch runs."""
+    """This machine's CPU vendor and family, and the instruction sets that change which kernels PyTorch runs."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    vendor = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("vendor_id")), "")
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    return {"vendor": vendor, "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
+
+    def field(name: str) -> str:
+        return next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                     if line.split(":", 1)[0].strip() == name), "")
+
+    flags = set(field("flags").split())
+    return {"vendor": field("vendor_id"), "family": field("cpu family"), "amx_bf16": "amx_bf16" in flags,
+            "avx512_bf16": "avx512_bf16" in flags}
 
 
 def validation_lines(log: Path) -> list[str]:
