@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -192,6 +193,21 @@ def test_study_keys_cannot_be_set_and_the_variant_overrides_the_study_set(tmp_pa
     assert res.stderr.strip().splitlines()[-1].endswith(
         "error: scoring and the report need --seeds 2 or more (seeds are the blocks of every test); train a pilot "
         "with --train-only, or decode runs with --decode-only")
+
+
+def test_python_m_utils_study_is_the_same_command_line_as_bench_study_py(tmp_path: Path) -> None:
+    args = ["--preset", "seed-table", "--steps", "8", "--seeds", "1", "--runs", str(tmp_path)]
+    module = subprocess.run([sys.executable, "-m", "utils.study", *args], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    script = run_script("bench/study.py", *args)
+    assert module.returncode == script.returncode == 2 and "Traceback" not in module.stderr
+    said = module.stderr.strip().splitlines()[-1]
+    assert said.startswith("python -m utils.study: error: ") and said.endswith(
+        script.stderr.strip().splitlines()[-1].removeprefix("study.py"))
+    assert not (tmp_path / "study_seed-table").exists()
+    helped = subprocess.run([sys.executable, "-m", "utils.study", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert helped.returncode == 0 and "--preset" in helped.stdout and "--launcher" in helped.stdout
 
 
 def test_a_run_without_a_resume_point_is_started_again(tmp_path: Path) -> None:

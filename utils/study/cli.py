@@ -9,6 +9,8 @@ differences are significant.
     python bench/study.py --preset train-short-test-long --seeds 3 --steps 1500
     python bench/study.py --preset tokenization --seeds 3 --steps 1500
 
+``python -m utils.study`` is the same command (with the repository root on ``PYTHONPATH``).
+
 Budget: ``--steps`` optimizer steps or ``--tokens`` target tokens per run, never wall time, so a busy
 machine cannot bias the comparison. Each (variant, seed) is a normal run directory under
 ``runs/study_<name>/runs/<variant>/seed<k>/`` that train.py, test.py and visualize.py understand. The
