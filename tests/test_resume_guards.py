@@ -12,6 +12,7 @@ from conftest import run_script
 from utils.cli import StopError
 from utils.config import ConfigError, load_config
 from utils.run.checkpoint import load_checkpoint
+from utils.run.environment import read_environment
 from utils.run.store import RunLockedError, create_run_dir, lock_run, run_locked_by, unlock_run
 from utils.training.loop import train
 
@@ -39,6 +40,31 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(trained: Path) -> N
     raised = load_config(trained / "config.yaml", ["train.max_steps=6"])  # a raised budget trains on
     train(raised, trained, resume=True)
     assert load_checkpoint(trained / "checkpoints" / "last.pt")["trainer"]["iteration"] == 6
+
+
+def test_each_training_call_records_what_trained_it_in_environment_json(trained: Path, caplog) -> None:
+    import logging
+    import platform
+
+    import torch
+
+    [first] = read_environment(trained)
+    assert first["resumed_from_step"] is None and first["device"] == "cpu" and first["gpus"] == []
+    assert first["python"] == platform.python_version() and first["cpu"]
+    assert first["packages"]["torch"] == torch.__version__ and "sacrebleu" in first["packages"]
+    assert list(first["packages"]) == sorted(first["packages"])
+    with pytest.raises(StopError):  # a refused resume trains nothing and records nothing
+        train(load_config(trained / "config.yaml"), trained, resume=True)
+    assert len(read_environment(trained)) == 1
+    with caplog.at_level(logging.INFO):
+        train(load_config(trained / "config.yaml", ["train.max_steps=6"]), trained, resume=True)
+    entries = read_environment(trained)
+    assert [e["resumed_from_step"] for e in entries] == [None, 4] and entries[1]["started"] >= first["started"]
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("environment: ")]
+    assert said == [f"environment: python {platform.python_version()}, torch {torch.__version__}, {first['cpu']} (cpu)"]
+    legacy = trained.parent / "legacy"
+    legacy.mkdir()
+    assert read_environment(legacy) == []  # a run trained before the file existed
 
 
 def test_resuming_a_run_whose_epochs_are_done_does_not_start_again_from_step_1(tmp_path: Path, tiny_config) -> None:

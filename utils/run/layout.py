@@ -11,6 +11,7 @@ Layout of ``runs/<name>_<YYYYmmdd_HHMMSS>[_n]/``::
     visualize/         visualize.py figures (its default --out; TensorBoard copies in tb/visualize/)
     train.log          the training log; its closing line holds the summary
     summary.json       the same summary, written at the end of training (runs before it have only the log line)
+    environment.json   what trained it: Python, every package's version, CPU, GPUs; an entry per train.py call
     train.lock         locked (flock) while a process trains in the run
     provenance.json    a study's run: the commit(s) that trained it and its config hash (utils.study.provenance)
 
@@ -157,6 +158,11 @@ class RunDir:
         return self.root / "eval"
 
     @property
+    def environment(self) -> Path:
+        """What trained the run: Python, packages, CPU and GPUs of each train.py call (utils.run.environment)."""
+        return self.root / "environment.json"
+
+    @property
     def provenance(self) -> Path:
         """Where a study's run came from: the commits that trained it and its config hash."""
         return self.root / "provenance.json"
@@ -229,7 +235,7 @@ class RunDir:
     def view_entries(self) -> tuple[list[Path], list[Path]]:
         """(folders, files) the view links to: everything of the run but ``tb/`` and ``train.lock``."""
         return ([self.tokenizer, self.checkpoints, self.eval_dir, self.figures, self.profile],
-                [self.config, self.log, self.summary_json])
+                [self.config, self.log, self.summary_json, self.environment])
 
     def latest_link(self, name: str) -> Path:
         """``<name>_latest`` next to this run (``name``: the config's name)."""

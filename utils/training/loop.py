@@ -44,6 +44,7 @@ from models.loss import linear_cross_entropy
 from utils.config import Config
 from utils.host import keep_freed_memory, limit_kernel_caches
 from utils.run.checkpoint import CheckpointError, load_checkpoint, model_fingerprint
+from utils.run.environment import describe, record_environment, summary_line
 from utils.run.layout import BEST, LAST, PERIODIC_PREFIX, SUMMARY_MARK, RunDir
 from utils.run.store import lock_run, make_view, point_latest, unlock_run
 from utils.training.evaluation import create_evaluator, token_loss
@@ -481,6 +482,17 @@ class Recipe:
             make_view(self.run_dir, create=False)  # <name>_latest shows summary.json (and profile/) too
         return summary
 
+    def record_environment(self) -> None:
+        """Rank 0 appends what trains this call (Python, packages, CPU, GPUs) to the run's ``environment.json``."""
+        if self.rank != 0:
+            return
+        device = self.s.device
+        cuda = device.type == "cuda"
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+        entry = describe(str(device), gpus, self.resumed_at // self.t.accumulate if self.resume else None)
+        record_environment(self.run_dir, entry)
+        log.info("environment: %s", summary_line(entry))
+
     def run(self, before_training: Callable[[], None] | None = None) -> dict[str, float]:
         """Attach, resume, train, summarise; returns the last validation metrics."""
         self.attach_profiler()
@@ -499,6 +511,7 @@ class Recipe:
                 self.resume_from_last()
             if before_training is not None:
                 before_training()
+            self.record_environment()
             try:
                 self.trainer.run(self.s.train_data, max_epochs=self.t.epochs)
             finally:
