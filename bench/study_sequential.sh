@@ -82,6 +82,7 @@ main() {
     PILOT_WT=$(realpath -m "$ROOT/../pilot-wt")
     SCORE_WT=$(realpath -m "$ROOT/../sequential-score-wt")
     worktree "$PILOT_WT" "$PILOT_COMMIT" && worktree "$SCORE_WT" "$SCORE_COMMIT" || return 1
+    KEEP_PYTHON="$SCORE_WT/.venv/bin/python"  # keep_runs records the packages of the Python that trains the runs
 
     design() {  # design arm|sets|looks: what the committed design.json decided
         "$SCORE_WT/.venv/bin/python" - "$SCORE_WT/$STUDY_DIR/design.json" "$1" <<'PY'

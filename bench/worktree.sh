@@ -64,7 +64,8 @@ step() {  # step DIR WHAT ARGS...: one bench/study.py command in a worktree
 }
 
 keep_runs() {  # keep_runs RUNS OUT SEED_FOLDER...: the scored runs of these seed folders (paths inside RUNS), without
-    # their weights (*.pt) and TensorBoard events (tb/: nothing scoring reads; the curves are in train.log), with the CPU that trained them (cpu.txt, unless a merged run brought its own), packed
+    # their weights (*.pt) and TensorBoard events (tb/: nothing scoring reads; the curves are in train.log), with the CPU that trained them (cpu.txt, unless a merged run brought its own)
+    # and, where KEEP_PYTHON names the Python that trained them, its packages' versions (packages.txt: pip freeze), packed
     # into OUT (an xz tar to commit: what a study's report needs when the machine is gone); made once, whole or not at all
     local runs=$1 out=$2 folder
     shift 2
@@ -81,6 +82,12 @@ keep_runs() {  # keep_runs RUNS OUT SEED_FOLDER...: the scored runs of these see
                 echo "Kept: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; } > "$runs/$folder/cpu.txt.partial" &&
                 [ -s "$runs/$folder/cpu.txt.partial" ] && mv "$runs/$folder/cpu.txt.partial" "$runs/$folder/cpu.txt" ||
                 { echo "keep_runs: lscpu did not say which CPU this is; nothing kept"; return 1; }
+        fi
+        if [ -n "${KEEP_PYTHON:-}" ] && [ ! -s "$runs/$folder/packages.txt" ]; then
+            "$KEEP_PYTHON" -m pip freeze > "$runs/$folder/packages.txt.partial" &&
+                [ -s "$runs/$folder/packages.txt.partial" ] &&
+                mv "$runs/$folder/packages.txt.partial" "$runs/$folder/packages.txt" ||
+                { echo "keep_runs: $KEEP_PYTHON -m pip freeze did not list its packages; nothing kept"; return 1; }
         fi
     done
     mkdir -p "$(dirname "$out")" &&

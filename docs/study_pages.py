@@ -447,13 +447,13 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
                  f"training, {total['decode_cpu_hours']:.1f} decoding; wall time x threads, every segment of a "
                  f"resumed run), {per:.2f} a run: at that mean the {left} runs to go need about {left * per:.0f} "
                  "CPU core-hours.")
-    from utils.study.report import archived_cpus
-    from utils.study.sections import cpu_lines
+    from utils.study.report import archived_machines
+    from utils.study.sections import cpu_lines, package_lines
 
     arms = {"short": "short-trained arm", "natural": "natural-length arm"}
     cpus = {f"{arm}/{key}": {**run, "group": arms[arm]} for arm, found in archives.items()
-            for key, run in archived_cpus(found).items()}  # each arm's seeds are its own
-    return ["### Runs kept", "", text, "", *cpu_lines(cpus)]
+            for key, run in archived_machines(found).items()}  # each arm's seeds are its own
+    return ["### Runs kept", "", text, "", *cpu_lines(cpus), *package_lines(cpus)]
 
 
 def sequential_status() -> list[str]:

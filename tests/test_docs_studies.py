@@ -295,6 +295,10 @@ def test_the_second_studys_page_names_the_cpus_of_its_kept_runs_and_each_seed_sp
         seed_folder = tmp_path / "runs" / study / "runs" / system / f"seed{seed}"
         seed_folder.mkdir(parents=True)
         (seed_folder / "cpu.txt").write_text(f"Model name: {cpu}\nFlags: sse2 avx2\nHost: vm\n", encoding="utf-8")
+        if system != "sinusoidal":  # packages.txt (keep_runs' pip freeze): not kept before 2026-12-02
+            tokenizers = "0.23.3" if cpu == "CPU A" else "0.23.1"
+            (seed_folder / "packages.txt").write_text(f"torch==2.13.0+cpu\ntokenizers=={tokenizers}\n"
+                                                      "sacrebleu @ file:///wheels/sacrebleu-2.6.0.whl\n")
         kept_run_archive(tmp_path / "runs", folder / "records" / f"{arm}.{system}.seed{seed}.tar.xz", study, system,
                          seed, 3240.0, 360.0)
     monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
@@ -304,6 +308,10 @@ def test_the_second_studys_page_names_the_cpus_of_its_kept_runs_and_each_seed_sp
     assert "**Seed 1 (short-trained arm): its systems were trained on more than one CPU**" in line  # not seed 2:
     assert "Seed 2" not in line and "Seeds" not in line  # each arm's seed 2 on one CPU
     assert status.index("### Runs kept") < status.index("CPUs that trained") < status.index("No look is reached")
+    line = next(x for x in status.splitlines() if x.startswith("Packages of the environments"))
+    assert line.endswith(": 2 of 3 at one version in the 3 runs that record them; **these differ**: tokenizers "
+                         "0.23.1 (2 runs), 0.23.3 (1 run); not recorded for 1 run."), line
+    assert status.index("CPUs that trained") < status.index("Packages of the") < status.index("No look is reached")
 
 
 def test_a_look_with_its_about_json_is_a_results_page_linked_from_where_the_study_stands(

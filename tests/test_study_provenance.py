@@ -18,6 +18,7 @@ from conftest import ROOT
 
 from utils.cli import run_main
 from utils.config import load_config, save_config
+from utils.run.environment import describe, read_environment, record_environment
 from utils.run.layout import RunDir
 from utils.study import stages
 from utils.study.cli import main
@@ -36,7 +37,9 @@ STAMPS = itertools.count(1)  # a run name's time: every run its own, as train.py
 
 
 def _stand_in(trained: list[str]) -> Callable[..., None]:
-    """``run_commands`` that makes each train.py command's run at once (its config, last.pt at the budget)."""
+    """``run_commands`` that makes each train.py command's run at once (its config, last.pt at the budget, and
+    environment.json as train.py records it)."""
+    entry = describe("cpu", [])
     def run_commands(commands: list, devices: int, poll: float = 2.0, jobs: int = 1, progress=None,
                      launcher=None) -> None:
         for label, cmd, _ in commands:
@@ -47,6 +50,7 @@ def _stand_in(trained: list[str]) -> Callable[..., None]:
             (run / "checkpoints").mkdir(parents=True)
             save_config(cfg, RunDir(run).config)
             torch.save({"trainer": {"iteration": cfg.train.max_steps}}, RunDir(run).last)
+            record_environment(run, entry)
         if progress is not None:
             progress.close()
     return run_commands
@@ -148,7 +152,11 @@ def test_merge_takes_matching_runs_and_refuses_another_config_in_one_line(
     line = provenance_lines({"provenance": provenance})[0]
     assert line.startswith("Provenance: **the runs come from 2 commits, not one**: ")
     assert "ffffff (attention_pe=none seed 3; attention_pe=rope seed 3)" in line
-    assert provenance_lines({"provenance": provenance})[2:] == []  # no run recorded its CPU: nothing said
+    # No run recorded its CPU: nothing said of CPUs. Each recorded its packages (train.py's environment.json).
+    packages = read_environment(found["attention_pe=rope seed 3"])[-1]["packages"]
+    assert provenance_lines({"provenance": provenance})[2:] == [
+        "Packages of the environments that trained the runs (each kept run's packages.txt or environment.json): "
+        f"all {len(packages)} at one version in the 6 runs that record them (torch {torch.__version__}).", ""]
     # The CPU each kept run recorded (keep_runs' cpu.txt in its seed folder, its model name and a hash of its
     # instruction-set flags): one seed split across two CPUs is named, and so is one whose CPUs share a model name
     # but not their instructions (virtual machines).
@@ -172,3 +180,11 @@ def test_merge_takes_matching_runs_and_refuses_another_config_in_one_line(
     assert lines[0].startswith("CPUs that trained the runs (each kept run's cpu.txt): ") and lines[1] == ""
     assert f"{epyc} (3 runs)" in lines[0] and "Intel(R) Xeon(R) Platinum 8488C, flags" in lines[0]
     assert "not recorded for 1 run. **Seeds 2, 3: their systems were trained on more than one CPU**" in lines[0]
+    # A kept run's packages.txt (keep_runs' pip freeze) comes before its environment.json: one version differs.
+    (jobs[1].root / "packages.txt").write_text("\n".join(
+        f"{name}=={'0.0.1' if name == 'tokenizers' else v}" for name, v in packages.items()) + "\n")
+    lines = provenance_lines({"provenance": run_provenance(jobs, found)})[4:]
+    assert lines == [f"Packages of the environments that trained the runs (each kept run's packages.txt or "
+                     f"environment.json): {len(packages) - 1} of {len(packages)} at one version in the 6 runs that "
+                     f"record them; **these differ**: tokenizers 0.0.1 (1 run), {packages['tokenizers']} (5 runs).",
+                     ""]

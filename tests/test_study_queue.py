@@ -205,6 +205,33 @@ def test_kept_runs_leave_their_weights_behind_and_come_back_whole(tmp_path: Path
         "Model name", "Flags", "Host", "Kept"]  # which CPU, which machine, when
 
 
+def test_kept_runs_record_the_packages_of_the_python_that_trained_them(tmp_path: Path) -> None:
+    """With KEEP_PYTHON set (bench/study_sequential.sh: the pinned checkout's Python), keep_runs writes that Python's
+    ``pip freeze`` to each seed folder's packages.txt before packing it; a Python that cannot list them keeps
+    nothing. Without KEEP_PYTHON, no packages.txt (the noise pilot's archives)."""
+    from importlib.metadata import version
+
+    runs = tmp_path / "runs"
+    for seed in (1, 2):
+        (runs / "study_x" / "runs" / "rope" / f"seed{seed}" / "bench_short_1").mkdir(parents=True)
+
+    def keep(python: str, out: Path, folder: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f"source {ROOT}/bench/worktree.sh\nKEEP_PYTHON={python}\n"
+                               f"keep_runs {runs} {out} {folder}"], capture_output=True, text=True, timeout=120)
+
+    res = keep(str(tmp_path / "no-python"), tmp_path / "a.tar.xz", "study_x/runs/rope/seed1")
+    assert res.returncode == 1 and "-m pip freeze did not list its packages; nothing kept" in res.stdout
+    assert not (tmp_path / "a.tar.xz").exists() and not (runs / "study_x/runs/rope/seed1/packages.txt").exists()
+    assert keep(sys.executable, tmp_path / "a.tar.xz", "study_x/runs/rope/seed1").returncode == 0
+    assert keep('""', tmp_path / "b.tar.xz", "study_x/runs/rope/seed2").returncode == 0
+    listed = subprocess.run(["tar", "-tJf", str(tmp_path / "a.tar.xz")], capture_output=True, text=True).stdout
+    assert "study_x/runs/rope/seed1/packages.txt" in listed.splitlines()
+    assert "packages.txt" not in subprocess.run(["tar", "-tJf", str(tmp_path / "b.tar.xz")], capture_output=True,
+                                                text=True).stdout
+    frozen = (runs / "study_x/runs/rope/seed1/packages.txt").read_text().splitlines()
+    assert any(line.lower() == f"sacrebleu=={version('sacrebleu')}" for line in frozen)
+
+
 def test_a_queue_goes_on_in_a_session_of_its_own_at_its_niceness_appending_to_its_log(tmp_path: Path) -> None:
     """bench/worktree.sh's in_background, as the study queue and the noise pilot start: the call returns at once
     with one line, and the script runs again as the leader of a new session (no terminal's hangup stops it)."""

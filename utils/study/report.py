@@ -112,7 +112,36 @@ def run_provenance(jobs: list, runs: dict[str, Path]) -> dict[str, Any]:
                         "config_sha256": config_sha256(load_config(RunDir(run).config).to_dict())}
         if cpu := recorded_cpu(job.root):
             out[job.key]["cpu"] = cpu
+        if packages := recorded_packages(job.root, run):
+            out[job.key]["packages"] = packages
     return {"runs": out}
+
+
+def recorded_packages(seed_folder: Path, run: Path | None = None) -> dict[str, str] | None:
+    """The package versions of a kept run's environment: its seed folder's ``packages.txt`` (``pip freeze`` where
+    ``keep_runs`` in bench/worktree.sh kept it), else the last entry of the run's ``environment.json``
+    (utils.run.environment: what train.py recorded); ``{name: version}``, names in lower case with ``-``; None where
+    neither was recorded."""
+    try:
+        text = (Path(seed_folder) / "packages.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = None
+    if text is not None:
+        found = {}
+        for line in text.splitlines():
+            name, sep, version = line.partition("==") if "==" in line else line.partition(" @ ")
+            if sep and name.strip() and not line.startswith(("#", "-")):
+                found[name.strip().lower().replace("_", "-")] = version.strip()
+        return dict(sorted(found.items())) or None
+    if run is not None:
+        from utils.run.environment import read_environment
+
+        try:
+            entries = read_environment(run)
+        except ValueError:
+            return None
+        return entries[-1].get("packages") or None if entries else None
+    return None
 
 
 def recorded_cpu(seed_folder: Path) -> str | None:
@@ -132,11 +161,12 @@ def recorded_cpu(seed_folder: Path) -> str | None:
     return f"{model}, flags {hashlib.sha256(flags.encode()).hexdigest()[:8]}" if flags else model
 
 
-def archived_cpus(archives: Iterable[Path]) -> dict[str, dict[str, Any]]:
-    """The seed and CPU (``recorded_cpu``) of each run kept in ``archives``, ``bench/worktree.sh``'s ``keep_runs``
-    files (each an xz tar of study folders' ``runs/SYSTEM/seedN/``, read as a stream): ``{"STUDY/runs/SYSTEM/seedN":
-    {"seed": N, "cpu": ...}}``, "cpu" left out where its archive holds no cpu.txt with a model name. The shape
-    ``cpu_lines`` reads."""
+def archived_machines(archives: Iterable[Path]) -> dict[str, dict[str, Any]]:
+    """The seed, CPU (``recorded_cpu``) and packages (``recorded_packages``) of each run kept in ``archives``,
+    ``bench/worktree.sh``'s ``keep_runs`` files (each an xz tar of study folders' ``runs/SYSTEM/seedN/``, read as a
+    stream): ``{"STUDY/runs/SYSTEM/seedN": {"seed": N, "cpu": ..., "packages": {...}}}``, "cpu" left out where its
+    archive holds no cpu.txt with a model name, "packages" where it holds no packages.txt. The shape ``cpu_lines``
+    and ``package_lines`` read."""
     import re
     import tarfile
     import tempfile
@@ -154,6 +184,10 @@ def archived_cpus(archives: Iterable[Path]) -> dict[str, dict[str, Any]]:
                         tar.extract(m, tmp, filter="data")  # nothing outside tmp
                         if cpu := recorded_cpu(Path(tmp, found[1])):
                             run["cpu"] = cpu
+                    elif found[3] == "/packages.txt" and m.isfile():
+                        tar.extract(m, tmp, filter="data")
+                        if packages := recorded_packages(Path(tmp, found[1])):
+                            run["packages"] = packages
     return runs
 
 

@@ -158,7 +158,7 @@ def provenance_lines(results: dict[str, Any]) -> list[str]:
     mixed = [name for name, h in hashes.items() if len(h) > 1]
     line += (f"; **the seeds of {', '.join(mixed)} differ in config hash**" if mixed
              else "; each system's runs share one config hash") + " (each run's provenance.json)."
-    return [line, "", *cpu_lines(runs)]
+    return [line, "", *cpu_lines(runs), *package_lines(runs)]
 
 
 def cpu_lines(runs: dict[str, Any]) -> list[str]:
@@ -184,6 +184,31 @@ def cpu_lines(runs: dict[str, Any]) -> list[str]:
              f"the contrasts of {'those seeds' if many else 'that seed'}." if split
              else ". Every seed's systems were trained on one CPU.")
     return [line, ""]
+
+
+def package_lines(runs: dict[str, Any]) -> list[str]:
+    """Whether the kept runs' environments had the same package versions (their ``packages.txt`` or
+    ``environment.json``), naming each package whose version differs and how many runs had each; nothing where no run
+    recorded them."""
+    recorded = [run["packages"] for run in runs.values() if run.get("packages")]
+    if not recorded:
+        return []
+    names = sorted(set().union(*recorded))
+    differ = {name: Counter(p.get(name, "not installed") for p in recorded) for name in names
+              if len({p.get(name) for p in recorded}) > 1}
+    runs_word = f"{len(recorded)} run{'s' if len(recorded) > 1 else ''}"
+    torch = Counter(p.get("torch", "not installed") for p in recorded)
+    line = "Packages of the environments that trained the runs (each kept run's packages.txt or environment.json): "
+    if differ:
+        versions = {name: ", ".join(f"{v} ({n} run{'s' if n > 1 else ''})" for v, n in sorted(c.items()))
+                    for name, c in differ.items()}
+        line += (f"{len(names) - len(differ)} of {len(names)} at one version in the {runs_word} that record them; "
+                 "**these differ**: " + "; ".join(f"{name} {v}" for name, v in versions.items()))
+    else:
+        line += f"all {len(names)} at one version in the {runs_word} that record them (torch {next(iter(torch))})"
+    if unknown := len(runs) - len(recorded):
+        line += f"; not recorded for {unknown} run{'s' if unknown > 1 else ''}"
+    return [line + ".", ""]
 
 
 def primary_lines(results: dict[str, Any]) -> list[str]:
