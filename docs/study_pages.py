@@ -447,7 +447,7 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
                  f"training, {total['decode_cpu_hours']:.1f} decoding; wall time x threads, every segment of a "
                  f"resumed run), {per:.2f} a run: at that mean the {left} runs to go need about {left * per:.0f} "
                  "CPU core-hours.")
-    from utils.study.report import archived_machines
+    from utils.study.machines import archived_machines
     from utils.study.sections import cpu_lines, package_lines
 
     arms = {"short": "short-trained arm", "natural": "natural-length arm"}
