@@ -197,7 +197,6 @@ def package_lines(runs: dict[str, Any]) -> list[str]:
     differ = {name: Counter(p.get(name, "not installed") for p in recorded) for name in names
               if len({p.get(name) for p in recorded}) > 1}
     runs_word = f"{len(recorded)} run{'s' if len(recorded) > 1 else ''}"
-    torch = Counter(p.get("torch", "not installed") for p in recorded)
     line = "Packages of the environments that trained the runs (each kept run's packages.txt or environment.json): "
     if differ:
         versions = {name: ", ".join(f"{v} ({n} run{'s' if n > 1 else ''})" for v, n in sorted(c.items()))
@@ -205,7 +204,8 @@ def package_lines(runs: dict[str, Any]) -> list[str]:
         line += (f"{len(names) - len(differ)} of {len(names)} at one version in the {runs_word} that record them; "
                  "**these differ**: " + "; ".join(f"{name} {v}" for name, v in versions.items()))
     else:
-        line += f"all {len(names)} at one version in the {runs_word} that record them (torch {next(iter(torch))})"
+        torch = recorded[0].get("torch", "not installed")
+        line += f"all {len(names)} at one version in the {runs_word} that record them (torch {torch})"
     if unknown := len(runs) - len(recorded):
         line += f"; not recorded for {unknown} run{'s' if unknown > 1 else ''}"
     return [line + ".", ""]
