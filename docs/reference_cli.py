@@ -56,6 +56,8 @@ COMMANDS: tuple[Command, ...] = (
             "family file, by the rule fixed before the pilot was scored."),
     Command("study_stop", "bench/study_stop.py", SECTIONS[1],
             "Whether a group-sequential study has reached its declared stopping rule, from each look's results."),
+    Command("study_unkept", "bench/study_unkept.py", SECTIONS[1],
+            "What a study's runs not kept yet have cost so far, recorded before their machine may be replaced."),
     Command("sensitivity_decodings", "bench/sensitivity_decodings.py", SECTIONS[1],
             "A published study's primary tests again with its test-time decodings tested in their parent's place: "
             "a sensitivity analysis."),

@@ -440,6 +440,7 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
             f"about {left * 55 / 60:.0f} CPU core-hours of training at the plan's 55 core-minutes a run, plus "
             "decoding; a look that stops the study early leaves the rest unrun.")
     from utils.study.cost import kept_cost, spent
+    from utils.study.unkept import unkept_cost
 
     if total := kept_cost([a for found in archives.values() for a in found]):
         per = spent(total)[0] / total["runs"]
@@ -447,6 +448,16 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
                  f"training, {total['decode_cpu_hours']:.1f} decoding; wall time x threads, every segment of a "
                  f"resumed run), {per:.2f} a run: at that mean the {left} runs to go need about {left * per:.0f} "
                  "CPU core-hours.")
+    if lost := unkept_cost(records):
+        cpus = "; ".join(f"{cpu} ({n} run{'s' * (n > 1)})" for cpu, n in lost["cpus"].items())
+        text += (f" Trained and not kept (`records/unkept.json`, recorded at each stop by `bench/study_unkept.py`, "
+                 f"last on {lost['last_recorded'][:10]}): {lost['runs']} run{'s' * (lost['runs'] > 1)}, "
+                 f"{lost['steps']} training steps, {spent(lost)[0]:.1f} CPU core-hours "
+                 f"({lost['train_cpu_hours']:.1f} training, {lost['decode_cpu_hours']:.1f} decoding), on {cpus}: "
+                 "runs lost with a replaced machine, and runs in flight at the last record, which leave this count "
+                 "once kept.")
+        if total:
+            text += f" Spent in all: {spent(total)[0] + spent(lost)[0]:.1f} CPU core-hours."
     from utils.study.machines import archived_machines
     from utils.study.sections import cpu_lines, package_lines
 

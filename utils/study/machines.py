@@ -47,9 +47,13 @@ def recorded_cpu(seed_folder: Path) -> str | None:
         return None
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     model = fields.get("Model name", "").strip()
-    if not model:
-        return None
-    flags = " ".join(sorted(fields.get("Flags", "").split()))
+    return cpu_label(model, fields.get("Flags", "")) if model else None
+
+
+def cpu_label(model: str, flags: str) -> str:
+    """A CPU as the study's pages name it: the model name, and the first 8 hex digits of the SHA-256 of its sorted
+    instruction-set flags where there are any (lscpu's ``Flags``, /proc/cpuinfo's ``flags``: the same set)."""
+    flags = " ".join(sorted(flags.split()))
     return f"{model}, flags {hashlib.sha256(flags.encode()).hexdigest()[:8]}" if flags else model
 
 

@@ -1,0 +1,110 @@
+"""The compute a study spent on runs it did not keep: runs lost with a replaced machine, and those in flight when the
+study was last stopped. ``record_unkept`` reads a study folder's run directories (``runs/SYSTEM/seedN/RUN``) that no
+``keep_runs`` archive holds (bench/worktree.sh) and merges their cost (``utils.study.cost.run_cost``) into a ledger,
+``unkept.json`` beside the archives; ``unkept_cost`` totals the ledger's runs that are still in no archive. A run
+resumed and kept later leaves the count (its archive holds the same run directory, every segment counted there);
+one lost with its machine stays in it. The ledger's keys are ``STUDY/runs/SYSTEM/seedN/RUN``, as the archives name
+their members::
+
+    {"study_x/runs/rope/seed4/bench_short_20261202_172800":
+        {"train_cpu_s": 1560.2, ..., "steps": 672, "cpu": "AMD EPYC, flags ecfefe0f", "recorded": "2026-12-02T20:10Z"}}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+LEDGER = "unkept.json"
+_RUN = re.compile(r"(.+/runs/[^/]+/seed\d+/[^/]+)/train\.log$")
+
+
+def archived_runs(archives: Iterable[Path]) -> set[str]:
+    """The run directories ``keep_runs`` archives hold (each with its train.log), as ``STUDY/runs/SYSTEM/seedN/RUN``;
+    the archives are read as streams, their members' names only."""
+    found: set[str] = set()
+    for archive in archives:
+        with tarfile.open(archive, "r|xz") as tar:
+            found.update(m[1] for member in tar if "/.latest/" not in member.name and (m := _RUN.match(member.name)))
+    return found
+
+
+def read_ledger(path: Path) -> dict[str, dict[str, Any]]:
+    """``unkept.json``'s entries; none where it does not exist. ValueError (one line) for a file that is not one."""
+    if not path.is_file():
+        return {}
+    try:
+        ledger = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not a ledger of runs not kept ({e})") from None
+    if not isinstance(ledger, dict) or not all(isinstance(v, dict) and "train_cpu_s" in v for v in ledger.values()):
+        raise ValueError(f"{path}: not a ledger of runs not kept (each entry a run's cost)")
+    return ledger
+
+
+def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict[str, dict[str, Any]]:
+    """Merge into ``records/unkept.json`` the cost of each run directory of the study folder ``folder`` that no
+    archive in ``records`` (``*.tar.xz``) holds: ``run_cost`` of it (every training segment its train.log closed, the
+    score files of ``checkpoint``), the run's last step (``steps``), this machine's CPU (``cpu``, as
+    ``utils.study.machines.cpu_label`` names it) and when (``recorded``). An entry already there is replaced only by
+    one that counts at least as many segments and score files (the same run, further on); a run that closed no
+    segment and has no score file spent nothing counted, and is left out. ValueError (nothing written) while a run
+    still trains: its segment closes when it stops (SIGTERM). Written atomically; returns what this call recorded."""
+    from utils.io import atomic_write_text
+    from utils.run.environment import cpu_description
+    from utils.run.store import run_locked_by
+    from utils.study.cost import run_cost, training_segments
+    from utils.study.machines import cpu_label
+    from utils.study.runs import run_dirs
+
+    if not (folder / "runs").is_dir():
+        raise ValueError(f"{folder}: not a study folder (no runs/ in it)")
+    ledger_path = records / LEDGER
+    ledger = read_ledger(ledger_path)
+    kept = archived_runs(sorted(records.glob("*.tar.xz")))
+    cpu = cpu_label(*cpu_description())
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    recorded: dict[str, dict[str, Any]] = {}
+    runs = {f"{folder.name}/runs/{seed.parent.name}/{seed.name}/{run.name}": run
+            for seed in sorted((folder / "runs").glob("*/seed*")) for run in run_dirs(seed)}
+    runs = {key: run for key, run in runs.items() if key not in kept and (run / "train.log").is_file()}
+    for run in runs.values():
+        if pid := run_locked_by(run):
+            raise ValueError(f"{run}: still training (pid {pid}): stop the study first (SIGTERM closes the segment)")
+    for key, run in runs.items():
+        log = run / "train.log"
+        segments = training_segments(log.read_text(encoding="utf-8", errors="replace"))
+        entry = {**run_cost(run, checkpoint, None),
+                 "steps": max((int(s.get("run_steps", s.get("steps", 0))) for s in segments), default=0),
+                 "cpu": cpu, "recorded": now}
+        if not entry["segments"] and not entry["score_files"]:
+            continue
+        old = ledger.get(key)
+        if old is None or (entry["segments"], entry["score_files"]) >= (old["segments"], old["score_files"]):
+            ledger[key] = recorded[key] = entry
+    if recorded:
+        atomic_write_text(ledger_path, json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
+    return recorded
+
+
+def unkept_cost(records: Path) -> dict[str, Any] | None:
+    """``study_cost``'s totals over the ledger's runs that no archive in ``records`` holds, with ``cpus`` (how many
+    of them each CPU trained) and ``last_recorded``; None without a ledger or such a run."""
+    from utils.study.cost import study_cost
+
+    ledger = read_ledger(records / LEDGER)
+    kept = archived_runs(sorted(records.glob("*.tar.xz"))) if ledger else set()
+    left = {k: v for k, v in ledger.items() if k not in kept}
+    if not left:
+        return None
+    cpus: dict[str, int] = {}
+    for entry in left.values():
+        cpus[entry.get("cpu") or "unrecorded"] = cpus.get(entry.get("cpu") or "unrecorded", 0) + 1
+    return {**study_cost(left), "cpus": dict(sorted(cpus.items())),
+            "steps": sum(int(v.get("steps", 0)) for v in left.values()),
+            "last_recorded": max(str(v.get("recorded", "")) for v in left.values())}
