@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, kept_run, kept_run_archive, run_script
 
-from utils.run.environment import cpu_description
+from utils.host import cpu_description
 from utils.study.machines import cpu_label
 from utils.study.unkept import archived_runs, read_ledger, record_unkept, unkept_cost
 

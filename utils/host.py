@@ -1,4 +1,5 @@
-"""The host machine: C allocator settings for training, and whether the CPU computes bf16 natively."""
+"""The host machine: C allocator settings for training, the CPU's model and flags, and whether it computes bf16
+natively."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ctypes.util
 import functools
 import logging
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -60,6 +62,24 @@ def limit_kernel_caches() -> dict[str, str]:
     return {name: os.environ[name] for name in KERNEL_CACHES}
 
 
+def cpu_description(cpuinfo: Path | str = "/proc/cpuinfo") -> tuple[str, str]:
+    """The CPU's model name and its instruction flags (``/proc/cpuinfo``'s first ones); the machine's architecture
+    and ``""`` where that file does not say (not Linux)."""
+    model, flags = "", ""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if not model and key == "model name":
+            model = value.strip()
+        elif not flags and key in ("flags", "Features"):
+            flags = " ".join(value.split())
+    return model or platform.processor() or platform.machine(), flags
+
+
 @functools.cache
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """True when the CPU has bf16 arithmetic instructions (AVX512-BF16, AMX-BF16, or Arm BF16).
@@ -67,12 +87,4 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     Without them bf16 autocast on CPU emulates every product through fp32 conversions and is several
     times slower than fp32 (train.py: 3.4x on a 2-core AVX512 CPU without AVX512-BF16).
     """
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return False
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(set(cpu_description(cpuinfo)[1].split()) & {"avx512_bf16", "amx_bf16", "bf16"})

@@ -21,6 +21,7 @@ from importlib.metadata import distributions
 from pathlib import Path
 from typing import Any
 
+from utils.host import cpu_description
 from utils.io import atomic_write_text
 from utils.run.layout import RunDir
 
@@ -33,24 +34,6 @@ def installed_packages() -> dict[str, str]:
         if name:
             found.setdefault(name.lower().replace("_", "-"), dist.version)
     return dict(sorted(found.items()))
-
-
-def cpu_description(cpuinfo: Path | str = "/proc/cpuinfo") -> tuple[str, str]:
-    """The CPU's model name and its instruction flags (``/proc/cpuinfo``'s first ones); the machine's architecture
-    and ``""`` where that file does not say (not Linux)."""
-    model, flags = "", ""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if not model and key == "model name":
-            model = value.strip()
-        elif not flags and key in ("flags", "Features"):
-            flags = " ".join(value.split())
-    return model or platform.processor() or platform.machine(), flags
 
 
 def describe(device: str, gpus: list[str], resumed_from_step: int | None = None) -> dict[str, Any]:

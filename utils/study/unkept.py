@@ -55,8 +55,8 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
     one that counts at least as many segments and score files (the same run, further on); a run that closed no
     segment and has no score file spent nothing counted, and is left out. ValueError (nothing written) while a run
     still trains: its segment closes when it stops (SIGTERM). Written atomically; returns what this call recorded."""
+    from utils.host import cpu_description
     from utils.io import atomic_write_text
-    from utils.run.environment import cpu_description
     from utils.run.store import run_locked_by
     from utils.study.cost import run_cost, training_segments
     from utils.study.machines import cpu_label
