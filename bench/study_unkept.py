@@ -1,9 +1,10 @@
 """Record what a study's runs not (yet) kept cost, before the machine that holds them may be replaced.
 
-    python bench/study_unkept.py FOLDER [--records DIR]
+    python bench/study_unkept.py FOLDER [FOLDER ...] [--records DIR]
 
-FOLDER is a study folder (``RUNS/study_NAME``, with ``runs/SYSTEM/seedN/RUN``); DIR (by default the second study's
-``bench/studies/extrapolation-sequential/records``) holds its kept runs' archives. Each run directory of FOLDER
+Each FOLDER is a study folder (``RUNS/study_NAME``, with ``runs/SYSTEM/seedN/RUN``; the second study has two, one
+per arm: ``RUNS/study_extrapolation-sequential*``); DIR (by default the second study's
+``bench/studies/extrapolation-sequential/records``) holds their kept runs' archives. Each run directory of a FOLDER
 that no archive in DIR holds has its cost so far (training segments and score files, ``utils.study.cost.run_cost``),
 last step and CPU merged into DIR/unkept.json (``utils.study.unkept``). Run it after stopping the study (SIGTERM: each
 training closes its segment), then commit unkept.json: the study's page counts the runs it names that no archive
@@ -25,7 +26,8 @@ RECORDS = Path(__file__).resolve().parent / "studies" / "extrapolation-sequentia
 def build_parser() -> argparse.ArgumentParser:
     """The command line of bench/study_unkept.py."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("folder", type=Path, metavar="FOLDER", help="a study folder: RUNS/study_NAME")
+    parser.add_argument("folders", type=Path, nargs="+", metavar="FOLDER",
+                        help="a study folder, RUNS/study_NAME (several: each is recorded)")
     parser.add_argument("--records", type=Path, default=RECORDS, metavar="DIR",
                         help="the folder of the study's kept archives, where unkept.json is written "
                              "(default: %(default)s)")
@@ -40,23 +42,28 @@ def main() -> int:
         print(f"error: {args.records}: no such folder of kept archives", file=sys.stderr)
         return 2
     try:
-        recorded = record_unkept(args.folder, args.records)
+        recorded = {k: v for folder in args.folders for k, v in record_unkept(folder, args.records).items()}
+        total = unkept_cost(args.records)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for key, entry in recorded.items():
         hours = (entry["train_cpu_s"] + entry["decode_cpu_s"]) / 3600
-        print(f"{key}: step {entry['steps']}, {entry['segments']} training segments, {entry['score_files']} score "
-              f"files, {hours:.2f} CPU core-hours ({entry['cpu']})")
-    total = unkept_cost(args.records)
+        print(f"{key}: step {entry['steps']}, {_n(entry['segments'], 'training segment')}, "
+              f"{_n(entry['score_files'], 'score file')}, {hours:.2f} CPU core-hours ({entry['cpu']})")
     where = args.records / LEDGER
     if total is None:
         print(f"{where}: no run outside the kept archives")
     else:
-        print(f"{where}: {total['runs']} runs outside the kept archives, "
+        print(f"{where}: {_n(total['runs'], 'run')} outside the kept archives, "
               f"{total['train_cpu_hours'] + total['decode_cpu_hours']:.2f} CPU core-hours "
               f"({total['train_cpu_hours']:.2f} training, {total['decode_cpu_hours']:.2f} decoding)")
     return 0
+
+
+def _n(count: int, what: str) -> str:
+    """``1 run``, ``2 runs``."""
+    return f"{count} {what}{'s' * (count != 1)}"
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def _study(tmp_path: Path) -> tuple[Path, Path, Path]:
 def test_the_runs_no_archive_keeps_are_recorded_with_their_cost_step_and_cpu(tmp_path: Path) -> None:
     folder, records, unkept = _study(tmp_path)
     key = f"{STUDY}/runs/rope/seed2/{unkept.name}"
-    assert archived_runs(sorted(records.glob("*.tar.xz"))) == {f"{STUDY}/runs/rope/seed1/bench_short_20261130_000000"}
+    kept = "runs/rope/seed1/bench_short_20261130_000000"
+    size = (folder / kept / "train.log").stat().st_size
+    assert archived_runs(sorted(records.glob("*.tar.xz"))) == {f"{STUDY}/{kept}": size}
     recorded = record_unkept(folder, records)
     assert list(recorded) == [key]  # not the kept run, nor the one that closed no segment
     entry = read_ledger(records / "unkept.json")[key]
@@ -93,7 +95,7 @@ def test_nothing_is_recorded_while_a_run_still_trains(tmp_path: Path) -> None:
     folder, records, unkept = _study(tmp_path)
     with open(unkept / "train.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as a training process holds it
-        with pytest.raises(ValueError, match="still training .* stop the study first"):
+        with pytest.raises(ValueError, match=r"still training \(pid -?\d+\): stop the study \(SIGTERM\)"):
             record_unkept(folder, records)
     assert not (records / "unkept.json").exists()
 
@@ -103,18 +105,41 @@ def test_the_command_records_and_says_so_in_a_line_per_run_and_refuses_bad_input
     res = run_script("bench/study_unkept.py", str(folder), "--records", str(records))
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[0].startswith(f"{STUDY}/runs/rope/seed2/{unkept.name}: step 900, 1 training segments, 1 score files, "
+    assert lines[0].startswith(f"{STUDY}/runs/rope/seed2/{unkept.name}: step 900, 1 training segment, 1 score file, "
                                "1.10 CPU core-hours (")
-    assert lines[-1] == (f"{records / 'unkept.json'}: 1 runs outside the kept archives, 1.10 CPU core-hours "
+    assert lines[-1] == (f"{records / 'unkept.json'}: 1 run outside the kept archives, 1.10 CPU core-hours "
                          "(1.00 training, 0.10 decoding)")
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)  # the same runs under another folder name: kept ones would count as not kept too
+    ledger = (records / "unkept.json").read_text(encoding="utf-8")
     for bad, says in (([str(tmp_path / "nowhere"), "--records", str(records)], "not a study folder"),
-                      ([str(folder), "--records", str(tmp_path / "nowhere")], "no such folder of kept archives")):
+                      ([str(folder), "--records", str(tmp_path / "nowhere")], "no such folder of kept archives"),
+                      ([str(copy), "--records", str(records)], f"kept under the study folder name {STUDY}, not copy")):
         res = run_script("bench/study_unkept.py", *bad)
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and says in res.stderr, res.stderr
-    (records / "unkept.json").write_text("[1, 2]", encoding="utf-8")
+    assert (records / "unkept.json").read_text(encoding="utf-8") == ledger  # nothing recorded
+    for text in ("[1, 2]", json.dumps({"a/runs/b/seed1/c": {"train_cpu_s": 1.0}})):  # an entry short of a field
+        (records / "unkept.json").write_text(text, encoding="utf-8")
+        res = run_script("bench/study_unkept.py", str(folder), "--records", str(records))
+        assert res.returncode == 2 and "not a ledger of runs not kept" in res.stderr and res.stderr.count("\n") == 1
+        assert (records / "unkept.json").read_text(encoding="utf-8") == text  # left as it was
+    (records / "unkept.json").unlink()
+    (records / "short.t5.seed9.tar.xz").write_text("version https://git-lfs.github.com/spec/v1\n")  # not an archive
     res = run_script("bench/study_unkept.py", str(folder), "--records", str(records))
-    assert res.returncode == 2 and "not a ledger of runs not kept" in res.stderr and res.stderr.count("\n") == 1
-    assert (records / "unkept.json").read_text(encoding="utf-8") == "[1, 2]"  # left as it was
+    assert res.returncode == 2 and "short.t5.seed9.tar.xz: not a readable archive of kept runs" in res.stderr
+    assert res.stderr.count("\n") == 1 and not (records / "unkept.json").exists()
+
+
+def test_each_arms_folder_is_recorded_in_one_call(tmp_path: Path) -> None:
+    folder, records, unkept = _study(tmp_path)
+    natural = kept_run(folder.parent / f"{STUDY}-natural" / "runs" / "rope" / "seed1", 7200.0, 0.0,
+                       stamp="20261210_090000")
+    res = run_script("bench/study_unkept.py", str(folder), str(natural.parents[3]), "--records", str(records))
+    assert res.returncode == 0, res.stderr
+    assert sorted(read_ledger(records / "unkept.json")) == [f"{STUDY}-natural/runs/rope/seed1/{natural.name}",
+                                                             f"{STUDY}/runs/rope/seed2/{unkept.name}"]
+    assert res.stdout.splitlines()[-1].endswith(": 2 runs outside the kept archives, 3.10 CPU core-hours "
+                                                "(3.00 training, 0.10 decoding)")
 
 
 def test_the_second_studys_page_counts_the_runs_trained_and_not_kept(
@@ -141,5 +166,5 @@ def test_the_second_studys_page_counts_the_runs_trained_and_not_kept(
     assert ("Trained and not kept (`records/unkept.json`, recorded at each stop by `bench/study_unkept.py`, last on "
             f"{read_ledger(records / 'unkept.json')[next(iter(read_ledger(records / 'unkept.json')))]['recorded'][:10]}"
             f"): 1 run, 900 training steps, 0.5 CPU core-hours (0.5 training, 0.0 decoding), on {cpu} (1 run): runs "
-            "lost with a replaced machine, and runs in flight at the last record, which leave this count once kept. "
-            "Spent in all: 1.5 CPU core-hours.") in status
+            "lost with a replaced machine (counted for good) and runs in flight at the last record (which leave this "
+            "count once kept). Spent in all: 1.5 CPU core-hours.") in status

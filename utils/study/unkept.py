@@ -22,15 +22,21 @@ from typing import Any
 
 LEDGER = "unkept.json"
 _RUN = re.compile(r"(.+/runs/[^/]+/seed\d+/[^/]+)/train\.log$")
+_FIELDS = ("train_cpu_s", "train_gpu_s", "decode_cpu_s", "decode_gpu_s", "segments", "score_files")
 
 
-def archived_runs(archives: Iterable[Path]) -> set[str]:
-    """The run directories ``keep_runs`` archives hold (each with its train.log), as ``STUDY/runs/SYSTEM/seedN/RUN``;
-    the archives are read as streams, their members' names only."""
-    found: set[str] = set()
+def archived_runs(archives: Iterable[Path]) -> dict[str, int]:
+    """The run directories ``keep_runs`` archives hold, as ``STUDY/runs/SYSTEM/seedN/RUN``, each with the size of its
+    train.log in bytes; the archives are read as streams, their members' headers only. ValueError (one line) for a
+    file that is not such an archive (cut short, or a Git LFS pointer)."""
+    found: dict[str, int] = {}
     for archive in archives:
-        with tarfile.open(archive, "r|xz") as tar:
-            found.update(m[1] for member in tar if "/.latest/" not in member.name and (m := _RUN.match(member.name)))
+        try:
+            with tarfile.open(archive, "r|xz") as tar:
+                found.update((m[1], member.size) for member in tar
+                             if "/.latest/" not in member.name and (m := _RUN.match(member.name)))
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise ValueError(f"{archive}: not a readable archive of kept runs ({e})") from None
     return found
 
 
@@ -42,8 +48,12 @@ def read_ledger(path: Path) -> dict[str, dict[str, Any]]:
         ledger = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise ValueError(f"{path}: not a ledger of runs not kept ({e})") from None
-    if not isinstance(ledger, dict) or not all(isinstance(v, dict) and "train_cpu_s" in v for v in ledger.values()):
-        raise ValueError(f"{path}: not a ledger of runs not kept (each entry a run's cost)")
+    def is_cost(entry: Any) -> bool:
+        return isinstance(entry, dict) and all(
+            isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool) for k in _FIELDS)
+
+    if not isinstance(ledger, dict) or not all(is_cost(v) for v in ledger.values()):
+        raise ValueError(f"{path}: not a ledger of runs not kept (each entry a run's cost: {', '.join(_FIELDS)})")
     return ledger
 
 
@@ -52,9 +62,11 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
     archive in ``records`` (``*.tar.xz``) holds: ``run_cost`` of it (every training segment its train.log closed, the
     score files of ``checkpoint``), the run's last step (``steps``), this machine's CPU (``cpu``, as
     ``utils.study.machines.cpu_label`` names it) and when (``recorded``). An entry already there is replaced only by
-    one that counts at least as many segments and score files (the same run, further on); a run that closed no
-    segment and has no score file spent nothing counted, and is left out. ValueError (nothing written) while a run
-    still trains: its segment closes when it stops (SIGTERM). Written atomically; returns what this call recorded."""
+    one that counts at least as many segments and at least as many score files (the same run, further on); a run
+    that closed no segment and has no score file spent nothing counted, and is left out. ValueError (nothing
+    written) while a run still trains (its segment closes when it stops: SIGTERM), or where ``folder`` is a study
+    folder's copy under another name (the archives keep its runs under their own folder's name: recorded under this
+    one, they would count as kept and as not kept). Written atomically; returns what this call recorded."""
     from utils.host import cpu_description
     from utils.io import atomic_write_text
     from utils.run.store import run_locked_by
@@ -62,6 +74,7 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
     from utils.study.machines import cpu_label
     from utils.study.runs import run_dirs
 
+    folder = folder.resolve()
     if not (folder / "runs").is_dir():
         raise ValueError(f"{folder}: not a study folder (no runs/ in it)")
     ledger_path = records / LEDGER
@@ -72,10 +85,18 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
     recorded: dict[str, dict[str, Any]] = {}
     runs = {f"{folder.name}/runs/{seed.parent.name}/{seed.name}/{run.name}": run
             for seed in sorted((folder / "runs").glob("*/seed*")) for run in run_dirs(seed)}
+    elsewhere = {(k.split("/runs/", 1)[1], size): k.split("/runs/", 1)[0] for k, size in kept.items()}
+    for key, run in runs.items():  # a kept run (same run directory, same train.log) under another folder name
+        log = run / "train.log"
+        same = (key.split("/runs/", 1)[1], log.stat().st_size if log.is_file() else -1)
+        if key not in kept and (other := elsewhere.get(same)) is not None:
+            raise ValueError(f"{folder}: its runs are kept under the study folder name {other}, not {folder.name}: "
+                             "give the study folder itself")
     runs = {key: run for key, run in runs.items() if key not in kept and (run / "train.log").is_file()}
     for run in runs.values():
-        if pid := run_locked_by(run):
-            raise ValueError(f"{run}: still training (pid {pid}): stop the study first (SIGTERM closes the segment)")
+        if (pid := run_locked_by(run)) is not None:
+            raise ValueError(f"{run}: still training (pid {pid}): stop the study (SIGTERM) and wait for its "
+                             "processes to end")
     for key, run in runs.items():
         log = run / "train.log"
         segments = training_segments(log.read_text(encoding="utf-8", errors="replace"))
@@ -85,7 +106,7 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
         if not entry["segments"] and not entry["score_files"]:
             continue
         old = ledger.get(key)
-        if old is None or (entry["segments"], entry["score_files"]) >= (old["segments"], old["score_files"]):
+        if old is None or (entry["segments"] >= old["segments"] and entry["score_files"] >= old["score_files"]):
             ledger[key] = recorded[key] = entry
     if recorded:
         atomic_write_text(ledger_path, json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
@@ -98,7 +119,7 @@ def unkept_cost(records: Path) -> dict[str, Any] | None:
     from utils.study.cost import study_cost
 
     ledger = read_ledger(records / LEDGER)
-    kept = archived_runs(sorted(records.glob("*.tar.xz"))) if ledger else set()
+    kept = archived_runs(sorted(records.glob("*.tar.xz"))) if ledger else {}
     left = {k: v for k, v in ledger.items() if k not in kept}
     if not left:
         return None
