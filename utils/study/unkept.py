@@ -69,6 +69,7 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
     one, they would count as kept and as not kept). Written atomically; returns what this call recorded."""
     from utils.host import cpu_description
     from utils.io import atomic_write_text
+    from utils.run.layout import RunDir
     from utils.run.store import run_locked_by
     from utils.study.cost import run_cost, training_segments
     from utils.study.machines import cpu_label
@@ -87,18 +88,18 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
             for seed in sorted((folder / "runs").glob("*/seed*")) for run in run_dirs(seed)}
     elsewhere = {(k.split("/runs/", 1)[1], size): k.split("/runs/", 1)[0] for k, size in kept.items()}
     for key, run in runs.items():  # a kept run (same run directory, same train.log) under another folder name
-        log = run / "train.log"
+        log = RunDir(run).log
         same = (key.split("/runs/", 1)[1], log.stat().st_size if log.is_file() else -1)
         if key not in kept and (other := elsewhere.get(same)) is not None:
             raise ValueError(f"{folder}: its runs are kept under the study folder name {other}, not {folder.name}: "
                              "give the study folder itself")
-    runs = {key: run for key, run in runs.items() if key not in kept and (run / "train.log").is_file()}
+    runs = {key: run for key, run in runs.items() if key not in kept and RunDir(run).log.is_file()}
     for run in runs.values():
         if (pid := run_locked_by(run)) is not None:
             raise ValueError(f"{run}: still training (pid {pid}): stop the study (SIGTERM) and wait for its "
                              "processes to end")
     for key, run in runs.items():
-        log = run / "train.log"
+        log = RunDir(run).log
         segments = training_segments(log.read_text(encoding="utf-8", errors="replace"))
         entry = {**run_cost(run, checkpoint, None),
                  "steps": max((int(s.get("run_steps", s.get("steps", 0))) for s in segments), default=0),
