@@ -6,10 +6,12 @@ Each FOLDER is a study folder (``RUNS/study_NAME``, with ``runs/SYSTEM/seedN/RUN
 per arm: ``RUNS/study_extrapolation-sequential*``); DIR (by default the second study's
 ``bench/studies/extrapolation-sequential/records``) holds their kept runs' archives. Each run directory of a FOLDER
 that no archive in DIR holds has its cost so far (training segments and score files, ``utils.study.cost.run_cost``),
-last step and CPU merged into DIR/unkept.json (``utils.study.unkept``). Run it after stopping the study (SIGTERM: each
-training closes its segment), then commit unkept.json: the study's page counts the runs it names that no archive
-keeps, the compute lost with a replaced machine or in flight at the last record. Prints one line per run recorded
-and the ledger's total.
+last step and CPU merged into DIR/unkept.json (``utils.study.unkept``); so has each training killed without a closing
+line (SIGKILL, a session's end), from its start to its last logged line, and each run removed since for want of a
+first checkpoint, from its seed folder's study.log. Run it after stopping the study (SIGTERM: each training closes
+its segment), then commit unkept.json: the study's page counts the runs it names that no archive keeps, the compute
+lost with a replaced machine, killed, or in flight at the last record. Prints one line per run recorded and the
+ledger's total.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ def main() -> int:
         return 2
     for key, entry in recorded.items():
         hours = (entry["train_cpu_s"] + entry["decode_cpu_s"]) / 3600
-        print(f"{key}: step {entry['steps']}, {_n(entry['segments'], 'training segment')}, "
-              f"{_n(entry['score_files'], 'score file')}, {hours:.2f} CPU core-hours ({entry['cpu']})")
+        killed = f" ({entry['killed_segments']} killed)" if entry["killed_segments"] else ""
+        print(f"{key}: step {entry['steps']}, {_n(entry['segments'] + entry['killed_segments'], 'training segment')}"
+              f"{killed}, {_n(entry['score_files'], 'score file')}, {hours:.2f} CPU core-hours ({entry['cpu']})")
     where = args.records / LEDGER
     if total is None:
         print(f"{where}: no run outside the kept archives")

@@ -454,8 +454,9 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
                  f"last on {lost['last_recorded'][:10]}): {lost['runs']} run{'s' * (lost['runs'] > 1)}, "
                  f"{lost['steps']} training steps, {spent(lost)[0]:.1f} CPU core-hours "
                  f"({lost['train_cpu_hours']:.1f} training, {lost['decode_cpu_hours']:.1f} decoding), on {cpus}: "
-                 "runs lost with a replaced machine (counted for good) and runs in flight at the last record (which "
-                 "leave this count once kept).")
+                 "runs lost with a replaced machine or killed before their first checkpoint (counted for good; a "
+                 "training killed without its closing line is counted to its last logged line) and runs in flight at "
+                 "the last record (which leave this count once kept).")
         if total:
             text += f" Spent in all: {spent(total)[0] + spent(lost)[0]:.1f} CPU core-hours."
     from utils.study.machines import archived_machines

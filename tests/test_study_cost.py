@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import kept_run_archive
 
-from utils.study.cost import cost_lines, kept_cost, run_cost, study_cost, training_segments
+from utils.study.cost import cost_lines, kept_cost, killed_segments, run_cost, study_cost, training_segments
 
 
 def _summary(train: float, valid: float, **extra: object) -> str:
@@ -33,6 +33,27 @@ def test_each_summary_is_paired_with_the_start_it_closes() -> None:
     assert [(s["device"], s["world_size"], s["train_seconds"]) for s in segments] == [
         ("cpu", 1, 50.0), ("cuda:0", 1, 25.0), ("cpu", 1, 18.0)]
     assert segments[2]["threads"] == 3 and "threads" not in segments[0]
+
+
+def test_a_start_killed_before_its_summary_is_timed_from_its_start_to_its_last_line() -> None:
+    log = "\n".join([
+        "starting the queue",  # not a training's line
+        "23:50:00 train: run directory: /runs/rope/seed1/bench_short_20261202_235000",
+        "23:50:01 train: model: 0.10M parameters on cpu (world size 2); positions: rope",
+        "23:59:30 train: epoch 1 step 50 | loss 8.5 | lr 0.0002",
+        "00:10:01 train: epoch 1 step 100 | loss 7.2 | lr 0.0004",  # past midnight, then killed
+        "08:00:00 train: run directory: /runs/rope/seed1/bench_short_20261203_080000",
+        "08:00:00 train: model: 0.10M parameters on cuda:0 (world size 1); positions: rope",
+        f"08:01:00 train: trained 4 optimizer steps, 100 target tokens in 60 s | stats {_summary(50.0, 10.0)}",
+        "08:30:00 test: decoded 100 sentences",  # after a closed segment: not training
+        "09:00:00 train: run directory: /runs/rope/seed1/bench_short_20261203_080000",
+        "09:00:00 train: model: 0.10M parameters on cuda:0 (world size 1); positions: rope",
+        "09:00:05 train: epoch 2 step 150 | loss 6.0 | lr 0.0004",
+    ])
+    assert killed_segments(log) == [
+        {"run": "bench_short_20261202_235000", "device": "cpu", "world_size": 2, "steps": 100, "seconds": 1200.0},
+        {"run": "bench_short_20261203_080000", "device": "cuda:0", "world_size": 1, "steps": 150, "seconds": 5.0}]
+    assert killed_segments(LOG) == []  # its killed start has no time past it; the others closed
 
 
 def test_a_runs_cost_counts_every_segment_and_the_score_files_of_its_scored_step(tmp_path: Path) -> None:

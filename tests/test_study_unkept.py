@@ -166,5 +166,42 @@ def test_the_second_studys_page_counts_the_runs_trained_and_not_kept(
     assert ("Trained and not kept (`records/unkept.json`, recorded at each stop by `bench/study_unkept.py`, last on "
             f"{read_ledger(records / 'unkept.json')[next(iter(read_ledger(records / 'unkept.json')))]['recorded'][:10]}"
             f"): 1 run, 900 training steps, 0.5 CPU core-hours (0.5 training, 0.0 decoding), on {cpu} (1 run): runs "
-            "lost with a replaced machine (counted for good) and runs in flight at the last record (which leave this "
-            "count once kept). Spent in all: 1.5 CPU core-hours.") in status
+            "lost with a replaced machine or killed before their first checkpoint (counted for good; a training killed "
+            "without its closing line is counted to its last logged line) and runs in flight at the last record "
+            "(which leave this count once kept). Spent in all: 1.5 CPU core-hours.") in status
+
+
+def test_trainings_killed_without_their_closing_line_are_counted_to_their_last_line(tmp_path: Path) -> None:
+    """SIGKILL (a session's end) leaves no closing summary: a run resumed since holds the killed start in its
+    train.log; one killed before its first checkpoint is removed when its seed trains again, and only its seed
+    folder's study.log names it, with the CPU of the seed's cpu.txt once the seed is kept."""
+    folder, records, unkept = _study(tmp_path)
+    with open(unkept / "train.log", "a", encoding="utf-8") as f:  # resumed at 23:58, killed after step 950
+        f.write(f"23:58:00 train: run directory: {unkept}\n"
+                "23:58:00 train: model: 0.10M parameters on cpu (world size 1); positions: rope\n"
+                "00:08:00 train: epoch 3 step 950 | loss 3.1 | lr 0.0001\n")
+    seed = folder / "runs" / "t5" / "seed3"
+    kept_run(seed, 1800.0, 0.0, stamp="20261202_220000")  # trained again once the first was removed
+    (seed / "study.log").write_text(
+        "  train t5 seed 3: train.py --config ...\n"
+        f"21:30:48 train: run directory: {seed}/bench_short_20261202_213048\n"
+        "21:30:48 train: model: 7.58M parameters on cpu (world size 1); positions: t5\n"
+        "21:35:22 train: epoch 1 step 100 | loss 7.250 | lr 0.000467\n"
+        f"22:00:00 train: run directory: {seed}/bench_short_20261202_220000\n"
+        "22:00:00 train: model: 7.58M parameters on cpu (world size 1); positions: t5\n",
+        encoding="utf-8")
+    (seed / "cpu.txt").write_text("Model name:  Some CPU\nFlags: a b\n", encoding="utf-8")
+    recorded = record_unkept(folder, records)
+    resumed = recorded[f"{STUDY}/runs/rope/seed2/{unkept.name}"]
+    assert (resumed["train_cpu_s"], resumed["segments"], resumed["killed_segments"], resumed["killed_s"],
+            resumed["steps"]) == (3600.0 + 600.0, 1, 1, 600.0, 950)  # across midnight
+    assert resumed["threads_unrecorded"]  # no config: its killed seconds counted on one thread, and said so
+    removed = recorded[f"{STUDY}/runs/t5/seed3/bench_short_20261202_213048"]
+    assert (removed["train_cpu_s"], removed["decode_cpu_s"], removed["segments"], removed["killed_segments"],
+            removed["steps"], removed["cpu"]) == (274.0, 0.0, 0, 1, 100, cpu_label("Some CPU", "a b"))
+    assert f"{STUDY}/runs/t5/seed3/bench_short_20261202_220000" in recorded  # its own closed segment, not kept
+    assert record_unkept(folder, records) != {}  # the same starts again: recorded again, counted once
+    assert unkept_cost(records)["runs"] == 3
+    res = run_script("bench/study_unkept.py", str(folder), "--records", str(records))
+    assert f"{STUDY}/runs/t5/seed3/bench_short_20261202_213048: step 100, 1 training segment (1 killed), 0 score " \
+           "files, 0.08 CPU core-hours (Some CPU, flags " in res.stdout, res.stdout + res.stderr

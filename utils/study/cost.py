@@ -3,7 +3,8 @@ resumed run has one per start; training and validation seconds), and the decodin
 file of the scored checkpoint in its eval/ folder. CPU time is core-seconds, wall seconds x threads x processes; a
 run on a GPU counts its minutes there instead (runs sharing one GPU each count their own minutes). Not counted:
 start-up, tokenizer and data cache, model loading, scoring's statistics, and a segment killed before its summary
-line (SIGKILL; SIGTERM and Ctrl-C still write it)."""
+line (SIGKILL; SIGTERM and Ctrl-C still write it): ``killed_segments`` finds those, for the runs a study did not
+keep (utils/study/unkept.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from typing import Any
 from utils.run.layout import SUMMARY_MARK, RunDir
 
 _DEVICE = re.compile(r"train: model: .* parameters on (\S+) \(world size (\d+)\)")
+_RUN_DIR = re.compile(r"train: run directory: (\S+)")
+_CLOCK = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
+_STEP = re.compile(r" step (\d+) \|")
 
 
 def training_segments(log: str) -> list[dict[str, Any]]:
@@ -31,6 +35,47 @@ def training_segments(log: str) -> list[dict[str, Any]]:
             except ValueError:
                 continue  # a line cut short (the disk filled): its segment is not counted
             out.append({**start, **{k: v for k, v in summary.items() if v is not None}})
+    return out
+
+
+def killed_segments(log: str) -> list[dict[str, Any]]:
+    """Each training start in ``log`` that wrote no closing summary: killed (SIGKILL, a machine or session ended)
+    before it could. ``log`` is a run's train.log, or a study's seed-folder study.log, which holds every start of
+    every run trained there, those removed since too (killed before their first checkpoint). Each with ``run`` (the
+    name of the run directory it trained in, from its ``run directory:`` line; None where the log has none),
+    ``device``, ``world_size``, ``steps`` (the last step it logged, 0 for none) and ``seconds``: from its start
+    (``model: ... on DEVICE``) to its last time-stamped line before the next start, a lower bound (what it ran
+    after its last line is not in the log), the clock's passing midnight counted. A start with no time past it is
+    left out."""
+    out: list[dict[str, Any]] = []
+    run: str | None = None
+    segment: dict[str, Any] | None = None
+    begun: int | None = None
+    last = 0
+
+    def close() -> None:
+        if segment is not None and begun is not None and last > begun:
+            out.append({**segment, "seconds": float(last - begun)})
+
+    for line in log.splitlines():
+        if m := _RUN_DIR.search(line):  # a new start: the one before it ended
+            close()
+            segment, run = None, Path(m.group(1)).name
+        elif m := _DEVICE.search(line):
+            close()
+            segment, begun = {"run": run, "device": m.group(1), "world_size": int(m.group(2)), "steps": 0}, None
+        elif segment is not None and SUMMARY_MARK in line and " optimizer steps" in line:
+            segment = None
+            continue
+        elif segment is not None and (step := _STEP.search(line)):
+            segment["steps"] = int(step.group(1))
+        if segment is not None and (clock := _CLOCK.match(line)):
+            now = int(clock[1]) * 3600 + int(clock[2]) * 60 + int(clock[3])
+            if begun is None:
+                begun = last = now
+            else:  # the first time at or after the last one with this time of day
+                last = last - last % 86400 + now + (86400 if now < last % 86400 else 0)
+    close()
     return out
 
 

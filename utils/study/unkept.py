@@ -1,13 +1,16 @@
-"""The compute a study spent on runs it did not keep: runs lost with a replaced machine, and those in flight when the
-study was last stopped. ``record_unkept`` reads a study folder's run directories (``runs/SYSTEM/seedN/RUN``) that no
-``keep_runs`` archive holds (bench/worktree.sh) and merges their cost (``utils.study.cost.run_cost``) into a ledger,
+"""The compute a study spent on runs it did not keep: runs lost with a replaced machine, runs killed before their
+first checkpoint (and removed when trained again), and those in flight when the study was last stopped.
+``record_unkept`` reads a study folder's run directories (``runs/SYSTEM/seedN/RUN``) that no ``keep_runs`` archive
+holds (bench/worktree.sh), and the starts its seed folders' study.log names whose run directory is gone, and merges
+their cost (``utils.study.cost.run_cost``, ``killed_segments``) into a ledger,
 ``unkept.json`` beside the archives; ``unkept_cost`` totals the ledger's runs that are still in no archive. A run
 resumed and kept later leaves the count (its archive holds the same run directory, every segment counted there);
 one lost with its machine stays in it. The ledger's keys are ``STUDY/runs/SYSTEM/seedN/RUN``, as the archives name
 their members::
 
     {"study_x/runs/rope/seed4/bench_short_20261202_172800":
-        {"train_cpu_s": 1560.2, ..., "steps": 672, "cpu": "AMD EPYC, flags ecfefe0f", "recorded": "2026-12-02T20:10Z"}}
+        {"train_cpu_s": 1560.2, ..., "killed_segments": 1, "killed_s": 274.0, "steps": 672,
+         "cpu": "AMD EPYC, flags ecfefe0f", "recorded": "2026-12-02T20:10Z"}}
 """
 
 from __future__ import annotations
@@ -60,10 +63,15 @@ def read_ledger(path: Path) -> dict[str, dict[str, Any]]:
 def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict[str, dict[str, Any]]:
     """Merge into ``records/unkept.json`` the cost of each run directory of the study folder ``folder`` that no
     archive in ``records`` (``*.tar.xz``) holds: ``run_cost`` of it (every training segment its train.log closed, the
-    score files of ``checkpoint``), the run's last step (``steps``), this machine's CPU (``cpu``, as
-    ``utils.study.machines.cpu_label`` names it) and when (``recorded``). An entry already there is replaced only by
-    one that counts at least as many segments and at least as many score files (the same run, further on); a run
-    that closed no segment and has no score file spent nothing counted, and is left out. ValueError (nothing
+    score files of ``checkpoint``) plus its segments killed before their closing line (``killed_segments``: from each
+    start to its last logged line, in ``train_cpu_s`` or ``train_gpu_s``, counted in ``killed_segments`` and
+    ``killed_s``), the run's last step (``steps``), this machine's CPU (``cpu``, as
+    ``utils.study.machines.cpu_label`` names it) and when (``recorded``). A run killed before its first checkpoint is
+    removed when its seed is trained again: it is recorded from the killed starts its seed folder's study.log names
+    for a run directory no longer there (the threads of the seed folder's latest run, the CPU of its cpu.txt where
+    it was kept). An entry already there is replaced only by one that counts at least as many training starts and at
+    least as many score files (the same run, further on); a run with neither spent nothing counted, and is left
+    out. ValueError (nothing
     written) while a run still trains (its segment closes when it stops: SIGTERM), or where ``folder`` is a study
     folder's copy under another name (the archives keep its runs under their own folder's name: recorded under this
     one, they would count as kept and as not kept). Written atomically; returns what this call recorded."""
@@ -71,8 +79,8 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
     from utils.io import atomic_write_text
     from utils.run.layout import RunDir
     from utils.run.store import run_locked_by
-    from utils.study.cost import run_cost, training_segments
-    from utils.study.machines import cpu_label
+    from utils.study.cost import killed_segments, run_cost, training_segments
+    from utils.study.machines import cpu_label, recorded_cpu
     from utils.study.runs import run_dirs
 
     folder = folder.resolve()
@@ -98,20 +106,68 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
         if (pid := run_locked_by(run)) is not None:
             raise ValueError(f"{run}: still training (pid {pid}): stop the study (SIGTERM) and wait for its "
                              "processes to end")
+    found: dict[str, dict[str, Any]] = {}
     for key, run in runs.items():
-        log = RunDir(run).log
-        segments = training_segments(log.read_text(encoding="utf-8", errors="replace"))
-        entry = {**run_cost(run, checkpoint, None),
-                 "steps": max((int(s.get("run_steps", s.get("steps", 0))) for s in segments), default=0),
-                 "cpu": cpu, "recorded": now}
-        if not entry["segments"] and not entry["score_files"]:
+        log = RunDir(run).log.read_text(encoding="utf-8", errors="replace")
+        segments, killed = training_segments(log), killed_segments(log)
+        found[key] = {**_with_killed(run_cost(run, checkpoint, None), killed, _threads(run)), "steps": max(
+            [int(s.get("run_steps", s.get("steps", 0))) for s in segments] + [s["steps"] for s in killed] + [0]),
+            "cpu": cpu}
+    for seed in sorted((folder / "runs").glob("*/seed*")):  # runs removed since: killed before a first checkpoint
+        study_log = seed / "study.log"
+        text = study_log.read_text(encoding="utf-8", errors="replace") if study_log.is_file() else ""
+        removed: dict[str, list[dict[str, Any]]] = {}
+        for segment in killed_segments(text):
+            key = f"{folder.name}/runs/{seed.parent.name}/{seed.name}/{segment['run']}"
+            if segment["run"] and not (seed / segment["run"]).exists() and key not in kept:
+                removed.setdefault(key, []).append(segment)
+        latest = run_dirs(seed)[-1:]  # the same job's config trains every run of a seed folder
+        for key, killed in removed.items():
+            nothing = {**dict.fromkeys(_FIELDS[:4], 0.0), "segments": 0, "score_files": 0, "threads_unrecorded": False}
+            found[key] = {**_with_killed(nothing, killed, _threads(latest[0]) if latest else None),
+                          "steps": max(s["steps"] for s in killed), "cpu": recorded_cpu(seed) or cpu}
+    for key, entry in found.items():
+        if not entry["segments"] and not entry["score_files"] and not entry["killed_segments"]:
             continue
         old = ledger.get(key)
-        if old is None or (entry["segments"] >= old["segments"] and entry["score_files"] >= old["score_files"]):
-            ledger[key] = recorded[key] = entry
+        if old is None or (_starts(entry) >= _starts(old) and entry["score_files"] >= old["score_files"]):
+            ledger[key] = recorded[key] = {**entry, "recorded": now}
     if recorded:
         atomic_write_text(ledger_path, json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
     return recorded
+
+
+def _threads(run: Path) -> int | None:
+    """The threads the config of ``run`` trains with; None where it has no readable config."""
+    from utils.config import ConfigError, load_config
+    from utils.run.layout import RunDir
+
+    try:
+        return load_config(RunDir(run).config).train.num_threads
+    except (ConfigError, OSError):
+        return None
+
+
+def _with_killed(cost: dict[str, Any], killed: list[dict[str, Any]], threads: int | None) -> dict[str, Any]:
+    """A run's ``cost`` (``run_cost``'s fields) with its killed segments ``killed`` (``killed_segments``) added:
+    their seconds to ``train_cpu_s`` (x threads, shared by a machine's processes; one where unknown, said so in
+    ``threads_unrecorded``) or to ``train_gpu_s`` (x processes), their number as ``killed_segments`` and their wall
+    seconds alone as ``killed_s``."""
+    out = {**cost, "killed_segments": len(killed), "killed_s": 0.0}
+    for segment in killed:
+        world = segment["world_size"]
+        if str(segment["device"]).startswith("cuda"):
+            out["train_gpu_s"] += segment["seconds"] * world
+        else:
+            out["threads_unrecorded"] |= threads is None
+            out["train_cpu_s"] += segment["seconds"] * world * (max(1, threads // world) if threads else 1)
+        out["killed_s"] += segment["seconds"]
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def _starts(entry: dict[str, Any]) -> int:
+    """How many training starts an entry counts: closed segments and killed ones."""
+    return int(entry["segments"]) + int(entry.get("killed_segments", 0))
 
 
 def unkept_cost(records: Path) -> dict[str, Any] | None:
