@@ -71,10 +71,10 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
     for a run directory no longer there (the threads of the seed folder's latest run, the CPU of its cpu.txt where
     it was kept). An entry already there is replaced only by one that counts at least as many training starts and at
     least as many score files (the same run, further on); a run with neither spent nothing counted, and is left
-    out. ValueError (nothing
-    written) while a run still trains (its segment closes when it stops: SIGTERM), or where ``folder`` is a study
-    folder's copy under another name (the archives keep its runs under their own folder's name: recorded under this
-    one, they would count as kept and as not kept). Written atomically; returns what this call recorded."""
+    out. ValueError (nothing written) while a run still trains (its segment closes when it stops: SIGTERM), or where
+    ``folder`` is a study folder's copy under another name (the archives keep its runs under their own folder's
+    name: recorded under this one, they would count as kept and as not kept). Written atomically; returns what this
+    call recorded."""
     from utils.host import cpu_description
     from utils.io import atomic_write_text
     from utils.run.layout import RunDir
