@@ -5,7 +5,8 @@ in_background() {  # in_background SCRIPT RUNS LOG WHAT [NICENESS]: unless this 
     # SCRIPT RUNS again in one (setsid: no terminal's hangup stops it), its output appended to RUNS/LOG; then exit.
     # One at a time: the run holds RUNS/<LOG's name>.lock (flock; its children inherit it) until it and they end.
     local lock="$2/${3%.log}.lock"
-    if [ "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" ]; then
+    if [ "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" ]; then  # (started in a session of its own: here, or by hand)
+        mkdir -p "$2" || exit 1
         exec 9>> "$lock" && flock -n 9 && return 0
         echo "== $(date -Is) $4 is running already ($lock is held): not started twice"
         exit 1

@@ -254,6 +254,19 @@ def test_a_queue_goes_on_in_a_session_of_its_own_at_its_niceness_appending_to_it
     assert int(fields["nice"]) == min(19, os.nice(0) + 7)  # 7 above the caller's
 
 
+def test_a_queue_started_in_a_session_of_its_own_makes_its_runs_folder_on_a_new_machine(tmp_path: Path) -> None:
+    """Started by hand under setsid (already a session's leader) with a runs folder that does not exist yet, as on a
+    replaced machine: the queue makes the folder, takes its lock and runs, rather than saying it runs already."""
+    script = tmp_path / "queue.sh"
+    script.write_text(f'source {ROOT}/bench/worktree.sh\nin_background "$0" "$1" q.log "the queue"\n'
+                      'echo "ran in $1"\n')
+    runs = tmp_path / "new" / "runs"
+    res = subprocess.run(["setsid", "--wait", "bash", str(script), str(runs)], capture_output=True, text=True,
+                         timeout=30)
+    assert res.returncode == 0 and res.stdout == f"ran in {runs}\n", res
+    assert (runs / "q.lock").is_file()
+
+
 SEQUENTIAL = (ROOT / "bench" / "study_sequential.sh").read_text()
 
 
