@@ -44,7 +44,7 @@ def main() -> int:
         print(f"error: {args.records}: no such folder of kept archives", file=sys.stderr)
         return 2
     try:
-        recorded = {k: v for folder in args.folders for k, v in record_unkept(folder, args.records).items()}
+        recorded = record_unkept(args.folders, args.records)  # every folder's, or (one refused) nothing
         total = unkept_cost(args.records)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

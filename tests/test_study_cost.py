@@ -4,9 +4,10 @@ and the decoding seconds of its score files, as CPU core-hours and GPU minutes; 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
-from conftest import kept_run_archive
+from conftest import ROOT, kept_run, kept_run_archive
 
 from utils.study.cost import cost_lines, kept_cost, killed_segments, run_cost, study_cost, training_segments
 
@@ -56,6 +57,52 @@ def test_a_start_killed_before_its_summary_is_timed_from_its_start_to_its_last_l
     assert killed_segments(LOG) == []  # its killed start has no time past it; the others closed
 
 
+def test_a_killed_start_ends_at_its_own_last_line_and_a_clock_set_back_is_not_a_day() -> None:
+    """The next process's data lines before its ``run directory:`` line are not the killed training's; a time of day
+    a few seconds earlier than the line before (a clock adjusted, lines of two writers) counts nothing, not a day;
+    a summary line cut short closes nothing (``training_segments`` cannot count it either)."""
+    log = "\n".join([
+        "21:30:55 train: run directory: /runs/t5/seed6/bench_short_20261202_213055",
+        "21:30:55 train: model: 7.58M parameters on cpu (world size 1); positions: t5",
+        "21:35:45 train: epoch 1 step 100 | loss 7.2 | lr 0.0004",
+        "21:35:44 train: epoch 1 step 101 | loss 7.2 | lr 0.0004",  # a second earlier
+        "21:35:50 train: epoch 1 step 102 | loss 7.2 | lr 0.0004",
+        "09:00:00 data: using the cached copy of the corpus",  # the next session's process, before its start
+        "09:00:05 train: run directory: /runs/t5/seed6/bench_short_20261203_090005",
+        "09:00:05 train: model: 7.58M parameters on cpu (world size 1); positions: t5",
+        "09:10:05 train: epoch 1 step 50 | loss 8.6 | lr 0.0002",
+        "09:20:05 train: trained 4 optimizer steps, 1 target tokens in 1 s | stats {\"steps\": 4, \"train_sec",
+        "09:30:05 train: epoch 1 step 60 | loss 8.6 | lr 0.0002",
+    ])
+    assert killed_segments(log) == [
+        {"run": "bench_short_20261202_213055", "device": "cpu", "world_size": 1, "steps": 102, "seconds": 295.0},
+        {"run": "bench_short_20261203_090005", "device": "cpu", "world_size": 1, "steps": 60, "seconds": 1800.0}]
+    assert training_segments(log) == []
+
+
+def test_a_kept_run_counts_its_killed_starts_too(tmp_path: Path) -> None:
+    """A run killed after a checkpoint (SIGKILL, a session's end), resumed and kept: its archive holds the killed
+    start, counted to its last line at the config's threads in ``run_cost`` and ``kept_cost``, so that the compute
+    the ledger of runs not kept counted before does not vanish once the run is kept."""
+    runs, out = tmp_path / "runs", tmp_path / "records"
+    run = runs / "study_x" / "runs" / "rope" / "seed1" / "bench_short_20261130_000000"
+    run.parent.mkdir(parents=True)
+    kept_run(run.parent, 1800.0, 0.0)
+    (run / "config.yaml").write_text("base: " + str(Path("configs/demo.yaml").resolve()) + "\n"
+                                     "train:\n  num_threads: 2\n")
+    log = (run / "train.log").read_text()
+    (run / "train.log").write_text("23:00:00 train: model: 0.10M parameters on cpu (world size 1); positions: rope\n"
+                                   "23:30:00 train: epoch 1 step 300 | loss 4.5 | lr 0.0008\n" + log)
+    cost = run_cost(run, "last", None)
+    assert (cost["train_cpu_s"], cost["segments"], cost["killed_segments"], cost["killed_s"]) == (
+        1800.0 + 1800 * 2, 1, 1, 1800.0)
+    res = subprocess.run(["bash", "-c", f'source {ROOT}/bench/worktree.sh\nkeep_runs "$1" "$2" "$3"', "-", str(runs),
+                          str(out / "short.rope.seed1.tar.xz"), "study_x/runs/rope/seed1"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert kept_cost([out / "short.rope.seed1.tar.xz"])["train_cpu_hours"] == 1.5
+
+
 def test_a_runs_cost_counts_every_segment_and_the_score_files_of_its_scored_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "eval").mkdir(parents=True)
@@ -76,7 +123,8 @@ def test_a_runs_cost_counts_every_segment_and_the_score_files_of_its_scored_step
     cost = run_cost(run, "last", 8)
     # CPU segments: (50 + 10) s x 2 threads (the config's), (18 + 2) s x 3 threads (the summary's); the GPU one 30 s
     assert cost == {"train_cpu_s": 60 * 2 + 20 * 3, "train_gpu_s": 30.0, "decode_cpu_s": 7 * 2 + 3 * 2,
-                    "decode_gpu_s": 4.0, "segments": 3, "score_files": 3, "threads_unrecorded": False}
+                    "decode_gpu_s": 4.0, "segments": 3, "score_files": 3, "threads_unrecorded": False,
+                    "killed_segments": 0, "killed_s": 0.0}  # its killed start has no time past it
     # a score file written before test.py recorded threads: CPU time on one thread, said so
     (run / "eval" / "test.x2.last.beam5.json").write_text(json.dumps({"seconds": 5.0, "step": 8}))
     older = run_cost(run, "last", 8)

@@ -46,8 +46,10 @@ def test_the_runs_no_archive_keeps_are_recorded_with_their_cost_step_and_cpu(tmp
     kept = "runs/rope/seed1/bench_short_20261130_000000"
     size = (folder / kept / "train.log").stat().st_size
     assert archived_runs(sorted(records.glob("*.tar.xz"))) == {f"{STUDY}/{kept}": size}
+    other = kept_run(tmp_path / "elsewhere" / "study_y" / "runs" / "rope" / "seed1", 60.0, 0.0)
+    (folder / "runs" / "rope" / "seed9").symlink_to(other.parent)  # another study's runs, linked: not this one's
     recorded = record_unkept(folder, records)
-    assert list(recorded) == [key]  # not the kept run, nor the one that closed no segment
+    assert list(recorded) == [key]  # not the kept run, nor the one that closed no segment, nor the linked one
     entry = read_ledger(records / "unkept.json")[key]
     assert (entry["train_cpu_s"], entry["decode_cpu_s"], entry["segments"], entry["score_files"], entry["steps"]) == (
         3600.0, 360.0, 1, 1, 900)
@@ -118,7 +120,12 @@ def test_the_command_records_and_says_so_in_a_line_per_run_and_refuses_bad_input
         res = run_script("bench/study_unkept.py", *bad)
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and says in res.stderr, res.stderr
     assert (records / "unkept.json").read_text(encoding="utf-8") == ledger  # nothing recorded
-    for text in ("[1, 2]", json.dumps({"a/runs/b/seed1/c": {"train_cpu_s": 1.0}})):  # an entry short of a field
+    whole = {"train_cpu_s": 1.0, "train_gpu_s": 0, "decode_cpu_s": 0, "decode_gpu_s": 0, "segments": 1,
+             "score_files": 0}
+    for text in ("[1, 2]", json.dumps({"a/runs/b/seed1/c": {"train_cpu_s": 1.0}}),  # an entry short of a field
+                 json.dumps({"a/runs/b/seed1/c": whole}),  # without threads_unrecorded
+                 json.dumps({"a/runs/b/seed1/c": {**whole, "threads_unrecorded": False, "cpu": ["x"]}}),
+                 json.dumps({"a/runs/b/seed1/c": {**whole, "threads_unrecorded": False, "steps": "900"}})):
         (records / "unkept.json").write_text(text, encoding="utf-8")
         res = run_script("bench/study_unkept.py", str(folder), "--records", str(records))
         assert res.returncode == 2 and "not a ledger of runs not kept" in res.stderr and res.stderr.count("\n") == 1
@@ -140,6 +147,10 @@ def test_each_arms_folder_is_recorded_in_one_call(tmp_path: Path) -> None:
                                                              f"{STUDY}/runs/rope/seed2/{unkept.name}"]
     assert res.stdout.splitlines()[-1].endswith(": 2 runs outside the kept archives, 3.10 CPU core-hours "
                                                 "(3.00 training, 0.10 decoding)")
+    (records / "unkept.json").unlink()
+    res = run_script("bench/study_unkept.py", str(folder), str(tmp_path / "nowhere"), "--records", str(records))
+    assert res.returncode == 2 and "not a study folder" in res.stderr  # the second refused: the first not written
+    assert not (records / "unkept.json").exists()
 
 
 def test_the_second_studys_page_counts_the_runs_trained_and_not_kept(
@@ -188,8 +199,17 @@ def test_trainings_killed_without_their_closing_line_are_counted_to_their_last_l
         "21:30:48 train: model: 7.58M parameters on cpu (world size 1); positions: t5\n"
         "21:35:22 train: epoch 1 step 100 | loss 7.250 | lr 0.000467\n"
         f"22:00:00 train: run directory: {seed}/bench_short_20261202_220000\n"
-        "22:00:00 train: model: 7.58M parameters on cpu (world size 1); positions: t5\n",
+        "22:00:00 train: model: 7.58M parameters on cpu (world size 1); positions: t5\n"
+        "22:30:00 train: epoch 1 step 450 | loss 3.6 | lr 0.0007\n",  # still there: counted from its own train.log
         encoding="utf-8")
+    # a seed kept, its run directory gone from this machine since, its study.log naming a start with no summary
+    archived = kept_run_archive(folder.parent, records / "short.t5.seed4.tar.xz", STUDY, "t5", 4, 1800.0, 0.0)
+    gone = folder / "runs" / "t5" / "seed4" / "bench_short_20261130_000000"
+    shutil.rmtree(gone)
+    (gone.parent / "study.log").write_text(
+        f"23:00:00 train: run directory: {gone}\n"
+        "23:00:00 train: model: 7.58M parameters on cpu (world size 1); positions: t5\n"
+        "23:20:00 train: epoch 1 step 300 | loss 4.5 | lr 0.0008\n", encoding="utf-8")
     (seed / "cpu.txt").write_text("Model name:  Some CPU\nFlags: a b\n", encoding="utf-8")
     recorded = record_unkept(folder, records)
     resumed = recorded[f"{STUDY}/runs/rope/seed2/{unkept.name}"]
@@ -199,7 +219,10 @@ def test_trainings_killed_without_their_closing_line_are_counted_to_their_last_l
     removed = recorded[f"{STUDY}/runs/t5/seed3/bench_short_20261202_213048"]
     assert (removed["train_cpu_s"], removed["decode_cpu_s"], removed["segments"], removed["killed_segments"],
             removed["steps"], removed["cpu"]) == (274.0, 0.0, 0, 1, 100, cpu_label("Some CPU", "a b"))
-    assert f"{STUDY}/runs/t5/seed3/bench_short_20261202_220000" in recorded  # its own closed segment, not kept
+    present = recorded[f"{STUDY}/runs/t5/seed3/bench_short_20261202_220000"]  # from its own train.log only
+    assert (present["train_cpu_s"], present["segments"], present["killed_segments"]) == (1800.0, 1, 0)
+    assert f"{STUDY}/runs/t5/seed4/{gone.name}" in archived_runs([archived])
+    assert f"{STUDY}/runs/t5/seed4/{gone.name}" not in recorded  # kept: its archive counts it
     assert record_unkept(folder, records) != {}  # the same starts again: recorded again, counted once
     assert unkept_cost(records)["runs"] == 3
     res = run_script("bench/study_unkept.py", str(folder), "--records", str(records))

@@ -1,10 +1,10 @@
 """What a study's runs cost, from what each run recorded: every training segment's closing summary in train.log (a
-resumed run has one per start; training and validation seconds), and the decoding seconds of every test.py score
-file of the scored checkpoint in its eval/ folder. CPU time is core-seconds, wall seconds x threads x processes; a
-run on a GPU counts its minutes there instead (runs sharing one GPU each count their own minutes). Not counted:
-start-up, tokenizer and data cache, model loading, scoring's statistics, and a segment killed before its summary
-line (SIGKILL; SIGTERM and Ctrl-C still write it): ``killed_segments`` finds those, for the runs a study did not
-keep (utils/study/unkept.py)."""
+resumed run has one per start; training and validation seconds), every start killed before its summary line
+(SIGKILL, a session's end; SIGTERM and Ctrl-C still write it: ``killed_segments``, timed from the log to its last
+line), and the decoding seconds of every test.py score file of the scored checkpoint in its eval/ folder. CPU time is
+core-seconds, wall seconds x threads x processes; a run on a GPU counts its minutes there instead (runs sharing one
+GPU each count their own minutes). Not counted: start-up, tokenizer and data cache, model loading, scoring's
+statistics, and what a killed start ran after its last logged line."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from utils.run.layout import SUMMARY_MARK, RunDir
 
 _DEVICE = re.compile(r"train: model: .* parameters on (\S+) \(world size (\d+)\)")
 _RUN_DIR = re.compile(r"train: run directory: (\S+)")
-_CLOCK = re.compile(r"^(\d\d):(\d\d):(\d\d) ")
+_CLOCK = re.compile(r"^(\d\d):(\d\d):(\d\d) train: ")  # a training's own lines, not another process's
 _STEP = re.compile(r" step (\d+) \|")
 
 
@@ -44,9 +44,11 @@ def killed_segments(log: str) -> list[dict[str, Any]]:
     every run trained there, those removed since too (killed before their first checkpoint). Each with ``run`` (the
     name of the run directory it trained in, from its ``run directory:`` line; None where the log has none),
     ``device``, ``world_size``, ``steps`` (the last step it logged, 0 for none) and ``seconds``: from its start
-    (``model: ... on DEVICE``) to its last time-stamped line before the next start, a lower bound (what it ran
-    after its last line is not in the log), the clock's passing midnight counted. A start with no time past it is
-    left out."""
+    (``model: ... on DEVICE``) to its last time-stamped ``train:`` line before the next start (not the next
+    process's data lines), a lower bound (what it ran after its last line is not in the log). The clock's passing
+    midnight is counted where the time of day falls back by more than 12 hours; a smaller step back (a clock
+    adjusted) counts nothing; a gap of a day or more between two lines cannot be seen. A summary line cut short (the
+    disk filled) closes nothing: ``training_segments`` cannot count it. A start with no time past it is left out."""
     out: list[dict[str, Any]] = []
     run: str | None = None
     segment: dict[str, Any] | None = None
@@ -64,7 +66,7 @@ def killed_segments(log: str) -> list[dict[str, Any]]:
         elif m := _DEVICE.search(line):
             close()
             segment, begun = {"run": run, "device": m.group(1), "world_size": int(m.group(2)), "steps": 0}, None
-        elif segment is not None and SUMMARY_MARK in line and " optimizer steps" in line:
+        elif segment is not None and SUMMARY_MARK in line and " optimizer steps" in line and _closes(line):
             segment = None
             continue
         elif segment is not None and (step := _STEP.search(line)):
@@ -73,18 +75,47 @@ def killed_segments(log: str) -> list[dict[str, Any]]:
             now = int(clock[1]) * 3600 + int(clock[2]) * 60 + int(clock[3])
             if begun is None:
                 begun = last = now
-            else:  # the first time at or after the last one with this time of day
-                last = last - last % 86400 + now + (86400 if now < last % 86400 else 0)
+            elif now >= last % 86400:  # later the same day
+                last += now - last % 86400
+            elif last % 86400 - now > 43200:  # past midnight
+                last += 86400 - last % 86400 + now
     close()
     return out
 
 
+def _closes(line: str) -> bool:
+    """Whether a summary line is whole (its JSON reads), as ``training_segments`` counts it."""
+    try:
+        json.loads(line.split(SUMMARY_MARK, 1)[1])
+    except ValueError:
+        return False
+    return True
+
+
+def with_killed(cost: dict[str, Any], killed: list[dict[str, Any]], threads: int | None) -> dict[str, Any]:
+    """A run's ``cost`` (``run_cost``'s closed segments and score files) with its killed segments ``killed``
+    (``killed_segments``) added: their seconds to ``train_cpu_s`` (x ``threads``, the config's, shared by a machine's
+    processes; one where unknown, said so in ``threads_unrecorded``) or to ``train_gpu_s`` (x processes), their
+    number as ``killed_segments`` and their wall seconds alone as ``killed_s``."""
+    out = {**cost, "killed_segments": len(killed), "killed_s": 0.0}
+    for segment in killed:
+        world = segment["world_size"]
+        if str(segment["device"]).startswith("cuda"):
+            out["train_gpu_s"] += segment["seconds"] * world
+        else:
+            out["threads_unrecorded"] |= threads is None
+            out["train_cpu_s"] += segment["seconds"] * world * (max(1, threads // world) if threads else 1)
+        out["killed_s"] += segment["seconds"]
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
 def run_cost(run: Path, checkpoint: str, step: int | None) -> dict[str, Any]:
     """One run's cost: ``train_cpu_s`` and ``train_gpu_s`` (the summaries' training and validation seconds, CPU ones
-    times threads and processes), ``decode_cpu_s`` and ``decode_gpu_s`` (the score files of ``checkpoint`` at
-    training step ``step``: decoding seconds, CPU ones times the threads each file records), how many training
-    segments and score files they come from, and whether some CPU time's threads were not recorded (counted as
-    one)."""
+    times threads and processes, and the starts killed before their summary: ``with_killed``), ``decode_cpu_s`` and
+    ``decode_gpu_s`` (the score files of ``checkpoint`` at training step ``step``: decoding seconds, CPU ones times
+    the threads each file records), how many training segments and score files they come from (the killed starts
+    apart: ``killed_segments``, and their wall seconds ``killed_s``), and whether some CPU time's threads were not
+    recorded (counted as one)."""
     from utils.config import load_config
 
     rd = RunDir(run)
@@ -117,7 +148,7 @@ def run_cost(run: Path, checkpoint: str, step: int | None) -> dict[str, Any]:
             out["threads_unrecorded"] |= not scores.get("threads")
             out["decode_cpu_s"] += float(scores["seconds"]) * int(scores.get("threads") or 1)
         out["score_files"] += 1
-    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+    return with_killed(out, killed_segments(log), threads)
 
 
 def study_cost(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:

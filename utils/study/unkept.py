@@ -4,9 +4,9 @@ first checkpoint (and removed when trained again), and those in flight when the 
 holds (bench/worktree.sh), and the starts its seed folders' study.log names whose run directory is gone, and merges
 their cost (``utils.study.cost.run_cost``, ``killed_segments``) into a ledger,
 ``unkept.json`` beside the archives; ``unkept_cost`` totals the ledger's runs that are still in no archive. A run
-resumed and kept later leaves the count (its archive holds the same run directory, every segment counted there);
-one lost with its machine stays in it. The ledger's keys are ``STUDY/runs/SYSTEM/seedN/RUN``, as the archives name
-their members::
+resumed and kept later leaves the count (its archive holds the same run directory, every segment counted there,
+killed ones too); one lost with its machine stays in it. The ledger's keys are ``STUDY/runs/SYSTEM/seedN/RUN``, as
+the archives name their members::
 
     {"study_x/runs/rope/seed4/bench_short_20261202_172800":
         {"train_cpu_s": 1560.2, ..., "killed_segments": 1, "killed_s": 274.0, "steps": 672,
@@ -44,56 +44,86 @@ def archived_runs(archives: Iterable[Path]) -> dict[str, int]:
 
 
 def read_ledger(path: Path) -> dict[str, dict[str, Any]]:
-    """``unkept.json``'s entries; none where it does not exist. ValueError (one line) for a file that is not one."""
+    """``unkept.json``'s entries; none where it does not exist. ValueError (one line) for a file that is not one:
+    each entry a run's cost (the numbers of ``_FIELDS``, ``threads_unrecorded``), with ``killed_segments``,
+    ``killed_s``, ``steps``, ``cpu`` and ``recorded`` where an entry has them (entries written before the killed
+    starts were recorded lack those two)."""
     if not path.is_file():
         return {}
     try:
         ledger = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise ValueError(f"{path}: not a ledger of runs not kept ({e})") from None
+
+    def number(value: Any, whole: bool = False) -> bool:
+        return isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
+
     def is_cost(entry: Any) -> bool:
-        return isinstance(entry, dict) and all(
-            isinstance(entry.get(k), (int, float)) and not isinstance(entry.get(k), bool) for k in _FIELDS)
+        return (isinstance(entry, dict) and all(number(entry.get(k)) for k in _FIELDS)
+                and isinstance(entry.get("threads_unrecorded"), bool)
+                and all(number(entry[k], whole=k != "killed_s") for k in ("killed_segments", "killed_s", "steps")
+                        if k in entry)
+                and all(isinstance(entry[k], str) for k in ("cpu", "recorded") if k in entry))
 
     if not isinstance(ledger, dict) or not all(is_cost(v) for v in ledger.values()):
-        raise ValueError(f"{path}: not a ledger of runs not kept (each entry a run's cost: {', '.join(_FIELDS)})")
+        raise ValueError(f"{path}: not a ledger of runs not kept (each entry a run's cost: {', '.join(_FIELDS)}, "
+                         "threads_unrecorded; steps, killed_segments, killed_s, cpu and recorded where given)")
     return ledger
 
 
-def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict[str, dict[str, Any]]:
-    """Merge into ``records/unkept.json`` the cost of each run directory of the study folder ``folder`` that no
-    archive in ``records`` (``*.tar.xz``) holds: ``run_cost`` of it (every training segment its train.log closed, the
-    score files of ``checkpoint``) plus its segments killed before their closing line (``killed_segments``: from each
-    start to its last logged line, in ``train_cpu_s`` or ``train_gpu_s``, counted in ``killed_segments`` and
-    ``killed_s``), the run's last step (``steps``), this machine's CPU (``cpu``, as
-    ``utils.study.machines.cpu_label`` names it) and when (``recorded``). A run killed before its first checkpoint is
-    removed when its seed is trained again: it is recorded from the killed starts its seed folder's study.log names
-    for a run directory no longer there (the threads of the seed folder's latest run, the CPU of its cpu.txt where
-    it was kept). An entry already there is replaced only by one that counts at least as many training starts and at
-    least as many score files (the same run, further on); a run with neither spent nothing counted, and is left
-    out. ValueError (nothing written) while a run still trains (its segment closes when it stops: SIGTERM), or where
-    ``folder`` is a study folder's copy under another name (the archives keep its runs under their own folder's
-    name: recorded under this one, they would count as kept and as not kept). Written atomically; returns what this
-    call recorded."""
+def record_unkept(folders: Path | Iterable[Path], records: Path, checkpoint: str = "last") -> dict[str, dict[str, Any]]:
+    """Merge into ``records/unkept.json`` the cost of each run directory of the study folders ``folders`` (one, or
+    several: the second study's two arms) that no archive in ``records`` (``*.tar.xz``) holds: ``run_cost`` of it
+    (every training segment its train.log closed, and those killed before their closing line, ``killed_segments``,
+    from each start to its last logged line; the score files of ``checkpoint``), the run's last step (``steps``),
+    this machine's CPU (``cpu``, as ``utils.study.machines.cpu_label`` names it) and when (``recorded``). A run
+    killed before its first checkpoint is removed when its seed is trained again: it is recorded from the killed
+    starts its seed folder's study.log names for a run directory no longer there (the threads of the seed folder's
+    latest run, the CPU of its cpu.txt where it was kept). An entry already there is replaced only by one that counts
+    at least as many training starts and at least as many score files (the same run, further on); a run with
+    neither spent nothing counted, and is left out. Seed folders that are links (another study's runs) are not
+    read. ValueError (nothing written, for any folder) while a run still trains (its segment closes when it stops:
+    SIGTERM), or where a folder is not a study folder, or is a study folder's copy under another name (the archives
+    keep its runs under their own folder's name: recorded under this one, they would count as kept and as not kept).
+    Written atomically, once; returns what this call recorded."""
     from utils.host import cpu_description
     from utils.io import atomic_write_text
-    from utils.run.layout import RunDir
-    from utils.run.store import run_locked_by
-    from utils.study.cost import killed_segments, run_cost, training_segments
-    from utils.study.machines import cpu_label, recorded_cpu
-    from utils.study.runs import run_dirs
+    from utils.study.machines import cpu_label
 
-    folder = folder.resolve()
-    if not (folder / "runs").is_dir():
-        raise ValueError(f"{folder}: not a study folder (no runs/ in it)")
     ledger_path = records / LEDGER
     ledger = read_ledger(ledger_path)
     kept = archived_runs(sorted(records.glob("*.tar.xz")))
     cpu = cpu_label(*cpu_description())
+    found: dict[str, dict[str, Any]] = {}
+    for folder in [folders] if isinstance(folders, Path) else folders:
+        found |= _unkept_runs(folder.resolve(), kept, cpu, checkpoint)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
     recorded: dict[str, dict[str, Any]] = {}
+    for key, entry in found.items():
+        if not entry["segments"] and not entry["score_files"] and not entry["killed_segments"]:
+            continue
+        old = ledger.get(key)
+        if old is None or (_starts(entry) >= _starts(old) and entry["score_files"] >= old["score_files"]):
+            ledger[key] = recorded[key] = {**entry, "recorded": now}
+    if recorded:
+        atomic_write_text(ledger_path, json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
+    return recorded
+
+
+def _unkept_runs(folder: Path, kept: dict[str, int], cpu: str, checkpoint: str) -> dict[str, dict[str, Any]]:
+    """``record_unkept``'s entries for one study folder (``recorded`` apart), by ledger key; ``kept`` is
+    ``archived_runs`` of the records, ``cpu`` this machine's label. ValueError as ``record_unkept`` says."""
+    from utils.run.layout import RunDir
+    from utils.run.store import run_locked_by
+    from utils.study.cost import killed_segments, run_cost, training_segments, with_killed
+    from utils.study.machines import recorded_cpu
+    from utils.study.runs import run_dirs
+
+    if not (folder / "runs").is_dir():
+        raise ValueError(f"{folder}: not a study folder (no runs/ in it)")
+    seeds = [seed for seed in sorted((folder / "runs").glob("*/seed*")) if not seed.is_symlink()]
     runs = {f"{folder.name}/runs/{seed.parent.name}/{seed.name}/{run.name}": run
-            for seed in sorted((folder / "runs").glob("*/seed*")) for run in run_dirs(seed)}
+            for seed in seeds for run in run_dirs(seed)}
     elsewhere = {(k.split("/runs/", 1)[1], size): k.split("/runs/", 1)[0] for k, size in kept.items()}
     for key, run in runs.items():  # a kept run (same run directory, same train.log) under another folder name
         log = RunDir(run).log
@@ -109,11 +139,10 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
     found: dict[str, dict[str, Any]] = {}
     for key, run in runs.items():
         log = RunDir(run).log.read_text(encoding="utf-8", errors="replace")
-        segments, killed = training_segments(log), killed_segments(log)
-        found[key] = {**_with_killed(run_cost(run, checkpoint, None), killed, _threads(run)), "steps": max(
-            [int(s.get("run_steps", s.get("steps", 0))) for s in segments] + [s["steps"] for s in killed] + [0]),
-            "cpu": cpu}
-    for seed in sorted((folder / "runs").glob("*/seed*")):  # runs removed since: killed before a first checkpoint
+        steps = [int(s.get("run_steps", s.get("steps", 0))) for s in training_segments(log)]
+        found[key] = {**run_cost(run, checkpoint, None),
+                      "steps": max(steps + [s["steps"] for s in killed_segments(log)] + [0]), "cpu": cpu}
+    for seed in seeds:  # runs removed since: killed before a first checkpoint
         study_log = seed / "study.log"
         text = study_log.read_text(encoding="utf-8", errors="replace") if study_log.is_file() else ""
         removed: dict[str, list[dict[str, Any]]] = {}
@@ -124,17 +153,9 @@ def record_unkept(folder: Path, records: Path, checkpoint: str = "last") -> dict
         latest = run_dirs(seed)[-1:]  # the same job's config trains every run of a seed folder
         for key, killed in removed.items():
             nothing = {**dict.fromkeys(_FIELDS[:4], 0.0), "segments": 0, "score_files": 0, "threads_unrecorded": False}
-            found[key] = {**_with_killed(nothing, killed, _threads(latest[0]) if latest else None),
+            found[key] = {**with_killed(nothing, killed, _threads(latest[0]) if latest else None),
                           "steps": max(s["steps"] for s in killed), "cpu": recorded_cpu(seed) or cpu}
-    for key, entry in found.items():
-        if not entry["segments"] and not entry["score_files"] and not entry["killed_segments"]:
-            continue
-        old = ledger.get(key)
-        if old is None or (_starts(entry) >= _starts(old) and entry["score_files"] >= old["score_files"]):
-            ledger[key] = recorded[key] = {**entry, "recorded": now}
-    if recorded:
-        atomic_write_text(ledger_path, json.dumps(dict(sorted(ledger.items())), indent=1) + "\n")
-    return recorded
+    return found
 
 
 def _threads(run: Path) -> int | None:
@@ -146,23 +167,6 @@ def _threads(run: Path) -> int | None:
         return load_config(RunDir(run).config).train.num_threads
     except (ConfigError, OSError):
         return None
-
-
-def _with_killed(cost: dict[str, Any], killed: list[dict[str, Any]], threads: int | None) -> dict[str, Any]:
-    """A run's ``cost`` (``run_cost``'s fields) with its killed segments ``killed`` (``killed_segments``) added:
-    their seconds to ``train_cpu_s`` (x threads, shared by a machine's processes; one where unknown, said so in
-    ``threads_unrecorded``) or to ``train_gpu_s`` (x processes), their number as ``killed_segments`` and their wall
-    seconds alone as ``killed_s``."""
-    out = {**cost, "killed_segments": len(killed), "killed_s": 0.0}
-    for segment in killed:
-        world = segment["world_size"]
-        if str(segment["device"]).startswith("cuda"):
-            out["train_gpu_s"] += segment["seconds"] * world
-        else:
-            out["threads_unrecorded"] |= threads is None
-            out["train_cpu_s"] += segment["seconds"] * world * (max(1, threads // world) if threads else 1)
-        out["killed_s"] += segment["seconds"]
-    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 
 
 def _starts(entry: dict[str, Any]) -> int:
