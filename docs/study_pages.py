@@ -470,7 +470,8 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
 
 def sequential_status() -> list[str]:
     """Where the second study stands, from its committed files: the noise pilot's endpoint, the design its rule
-    gave, and the looks reached (each with the stopping rule's answer)."""
+    gave, and the looks reached (each scored look's resolved tests and spent alpha, and the stopping rule's answer
+    once written)."""
     out = ["## Where the study stands", ""]
     ratio = STUDIES / "noise-pilot" / "ratio.md"
     if not ratio.is_file():
@@ -501,13 +502,21 @@ def sequential_status() -> list[str]:
             f"- **Runs:** {runs} ({5 * d['seeds']} in the short-trained arm, 15 in the natural-length arm), about "
             f"{runs * 55 / 60:.0f} CPU core-hours of training at 55 core-minutes a run, plus decoding.", ""]
     out += _runs_kept(d)
-    looks = sorted((STUDIES / SEQUENTIAL / "looks").glob("look-*/stop.txt"))
+    looks = sorted(p.parent for p in (STUDIES / SEQUENTIAL / "looks").glob("look-*/results.json"))
     if not looks:
         return [*out, "No look is reached yet.", ""]
     out += ["### Looks reached", ""]
-    for stop in looks:
-        first = stop.read_text(encoding="utf-8").splitlines()[0]
-        name = f"{SEQUENTIAL}-{stop.parent.name}"
+    for look in looks:  # scored; the stopping rule's answer once written (after look 1, beside the natural arm)
+        stop = look / "stop.txt"
+        first = (stop.read_text(encoding="utf-8").splitlines()[0] if stop.is_file() else
+                 "scored; the stopping rule's answer (`stop.txt`) is written once the natural-length arm is "
+                 "scored beside it")
+        primary = json.loads((look / "results.json").read_text(encoding="utf-8")).get("primary") or {}
+        design = primary.get("design") or {}
+        scored = (f"{primary['resolved']} of {primary['size']} primary tests resolved"
+                  + (f", α spent {design['alpha_spent']:.2g} of {design['alpha']}" if "alpha_spent" in design else "")
+                  + "; " if "resolved" in primary and "size" in primary else "")
+        name = f"{SEQUENTIAL}-{look.name}"
         where = f"[its results]({name}.md), " if name in published() else ""
-        out.append(f"- **{stop.parent.name}:** {first} ({where}`bench/studies/{SEQUENTIAL}/looks/{stop.parent.name}`)")
+        out.append(f"- **{look.name}:** {scored}{first} ({where}`bench/studies/{SEQUENTIAL}/looks/{look.name}`)")
     return [*out, ""]

@@ -20,13 +20,13 @@ from docs import study_pages
 
 STUDIES = ROOT / "bench" / "studies"
 PAGES = ROOT / "docs" / "pages" / "studies"
-PUBLISHED = sorted(p.parent.name for p in STUDIES.glob("*/results.json"))
+PUBLISHED = study_pages.published()  # every study folder with results.json, and each look of the second with about.json
 HEADING = ("### Pre-registration: does an attention-level encoding extrapolate in translation? "
            "(fixed 2026-11-25, before any run)")
 
 
 def _results(name: str) -> dict[str, Any]:
-    return json.loads((STUDIES / name / "results.json").read_text(encoding="utf-8"))
+    return json.loads((study_pages.folder_of(name) / "results.json").read_text(encoding="utf-8"))
 
 
 def _same(text: str, value: float | None) -> bool:
@@ -121,7 +121,7 @@ def test_one_results_page_per_published_study_and_the_pre_registration() -> None
     assert set(study_pages.pages()) == {f"studies/{n}.md" for n in PUBLISHED} | {
         "studies/preregistration-extrapolation.md", "studies/preregistration-extrapolation-sequential.md"}
     for name in PUBLISHED:  # the facts results.json does not record are kept beside it, for every study
-        about = json.loads((STUDIES / name / "about.json").read_text(encoding="utf-8"))
+        about = json.loads((study_pages.folder_of(name) / "about.json").read_text(encoding="utf-8"))
         assert {"title", "question", "established", "setup", "machine", "date", "trained_by", "scored_by"} <= set(
             about), name
         page = (PAGES / f"{name}.md").read_text(encoding="utf-8")
@@ -194,8 +194,9 @@ def test_every_figure_a_page_shows_exists_and_every_figure_is_shown(name: str) -
     page = (PAGES / f"{name}.md").read_text(encoding="utf-8")
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page)
     assert links and all(link.startswith(f"{name}/figures/") for link in links)
-    assert all((STUDIES / name / "figures" / Path(link).name).is_file() for link in links)
-    assert sorted(Path(link).name for link in links) == sorted(p.name for p in (STUDIES / name / "figures").glob("*"))
+    figures = study_pages.folder_of(name) / "figures"
+    assert all((figures / Path(link).name).is_file() for link in links)
+    assert sorted(Path(link).name for link in links) == sorted(p.name for p in figures.glob("*"))
 
 
 def test_the_findings_power_table_is_results_json() -> None:
@@ -241,8 +242,12 @@ def test_the_second_studys_page_says_where_it_stands_from_its_committed_files() 
     assert f"{d['power']:.3f} by the normal approximation" in status and f"{d['power_seed_test']:.3f} for the seed" \
         in status
     assert f"- **Runs:** {5 * d['seeds'] + 15} ({5 * d['seeds']} in the short-trained arm" in status
-    looks = sorted((STUDIES / study_pages.SEQUENTIAL / "looks").glob("look-*/stop.txt"))
+    looks = sorted((STUDIES / study_pages.SEQUENTIAL / "looks").glob("look-*/results.json"))
     assert ("No look is reached yet." in status) == (not looks)
+    for results in looks:  # each scored look, with its resolved tests and the alpha spent there
+        primary = json.loads(results.read_text(encoding="utf-8"))["primary"]
+        assert (f"- **{results.parent.name}:** {primary['resolved']} of {primary['size']} primary tests resolved, "
+                f"α spent {primary['design']['alpha_spent']:.2g} of 0.05; ") in status
 
 
 def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
@@ -332,6 +337,7 @@ def test_a_look_with_its_about_json_is_a_results_page_linked_from_where_the_stud
         shutil.copytree(STUDIES / "seed-table", folder / "looks" / f"look-{k}")
         (folder / "looks" / f"look-{k}" / "stop.txt").write_text(f"continue: look {k} of 3\n", encoding="utf-8")
     (folder / "looks" / "look-2" / "about.json").unlink()
+    shutil.copytree(STUDIES / "seed-table", folder / "looks" / "look-3")  # scored, its stopping rule not run yet
     monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
     name = f"{study_pages.SEQUENTIAL}-look-1"
     assert name in study_pages.published() and f"{study_pages.SEQUENTIAL}-look-2" not in study_pages.published()
@@ -343,8 +349,14 @@ def test_a_look_with_its_about_json_is_a_results_page_linked_from_where_the_stud
     assert figures and all(served[f"studies/{f}"] == folder / "looks" / "look-1" / "figures" / Path(f).name
                            for f in figures)
     status = "\n".join(study_pages.sequential_status())
-    assert f"- **look-1:** continue: look 1 of 3 ([its results]({name}.md), `{where}`)" in status
-    assert f"- **look-2:** continue: look 2 of 3 (`bench/studies/{study_pages.SEQUENTIAL}/looks/look-2`)" in status
+    primary = json.loads((STUDIES / "seed-table" / "results.json").read_text(encoding="utf-8"))["primary"]
+    scored = (f"{primary['resolved']} of {primary['size']} primary tests resolved, α spent "  # a fixed design: all
+              f"{primary['design']['alpha_spent']:.2g} of {primary['design']['alpha']}; ")
+    assert f"- **look-1:** {scored}continue: look 1 of 3 ([its results]({name}.md), `{where}`)" in status
+    assert f"- **look-2:** {scored}continue: look 2 of 3 (`bench/studies/{study_pages.SEQUENTIAL}/looks/look-2`)" \
+        in status
+    assert (f"- **look-3:** {scored}scored; the stopping rule's answer (`stop.txt`) is written once the "
+            "natural-length arm is scored beside it") in status
     assert "No look is reached yet." not in status
 
 

@@ -16,12 +16,13 @@ from utils.study.report import published_folders
 #: each is recomputed below (one published later joins without an edit, and needs its own checks below).
 PUBLISHED = [p.relative_to(ROOT / "bench" / "studies").as_posix()
              for p in published_folders(ROOT / "bench" / "studies")]
-#: The two largest, 320,000 hypotheses each (about 100 s of one core apiece, most of it sacreBLEU's sentence
-#: statistics): here their primary tests are recomputed from the hypotheses the family reads (a sixth of them); the
-#: whole recomputation is ``python bench/study_report.py --check``, run whenever a study is
-#: published or utils/study changes (docs: contributing). Every other study, candidates included, is recomputed
-#: whole here.
-WHOLE_BY_COMMAND = ("extrapolation", "extrapolation-2700")
+#: The largest, 320,000 hypotheses and more each (about 100 s of one core apiece, the second study's looks 140 s,
+#: most of it sacreBLEU's sentence statistics): here their primary tests are recomputed from the hypotheses the
+#: family reads (a sixth of them); the whole recomputation is ``python bench/study_report.py --check``, run whenever
+#: a study is published or utils/study changes (docs: contributing). Every other study, candidates included, is
+#: recomputed whole here.
+WHOLE_BY_COMMAND = ("extrapolation", "extrapolation-2700",
+                    *(n for n in PUBLISHED if n.startswith("extrapolation-sequential/looks/look-")))
 
 
 @pytest.mark.parametrize("name", [n for n in PUBLISHED if n not in WHOLE_BY_COMMAND])
@@ -72,9 +73,10 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
 
 @pytest.mark.parametrize("name", WHOLE_BY_COMMAND)
 def test_the_largest_studies_recompute_their_primary_tests(name: str, tmp_path: Path) -> None:
-    """extrapolation and its continuation, from the hypotheses their family reads: the same primary family (6
-    contrasts x 2 sets x (chrF, drop), Holm over 24, the continuation at its own budget), each test's seed-test,
-    Holm and bootstrap p, and its verdict."""
+    """extrapolation, its continuation and the second study's looks, from the hypotheses their family reads: the
+    same primary family (6 contrasts x 2 sets x (chrF, drop), Holm over 24, each at its own budget), each test's
+    seed-test, Holm and bootstrap p, and its verdict; a look with its place in the group-sequential design and the
+    alpha spent there."""
     from conftest import SHARED_DATA
 
     from utils.study.report import reanalyse
@@ -103,9 +105,17 @@ def test_the_largest_studies_recompute_their_primary_tests(name: str, tmp_path: 
     assert family["splits"] == ["test.tatoeba.x4", "test.multi30k-2016.x4"] and family["decoder"] == "beam5"
     assert family["drops"] == {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"}
     assert family["smallest_effect"] == 1.0 and before["bootstrap_samples"] == 10000
-    resolved, steps = {"extrapolation": (11, 2250), "extrapolation-2700": (4, 2700)}[name]
+    resolved, steps = {"extrapolation": (11, 2250), "extrapolation-2700": (4, 2700),
+                       "extrapolation-sequential/looks/look-1": (16, 900)}[name]  # a look published: its line here
     assert sum(t["resolved"] for t in before["primary"]["tests"]) == resolved
     assert before["spec"]["steps"] == steps
+    if "/looks/" in name:  # the design's looks at 6, 12, 17 seeds; O'Brien-Fleming spending of 0.05
+        look = int(name.rsplit("-", 1)[1])
+        design = results["primary"]["design"]
+        assert (design["kind"], design["looks"], design["look"], design["of"]) == (
+            "group-sequential", [6, 12, 17], look, 3)
+        assert design["seeds"] == len(results["seeds"]) == design["looks"][look - 1]
+        assert design["alpha_spent"] == pytest.approx(before["primary"]["design"]["alpha_spent"], rel=1e-12)
 
 
 def test_the_published_folders_are_the_studies_and_their_looks(tmp_path: Path) -> None:

@@ -385,7 +385,10 @@ def reanalyse(folder: Path, samples: int | None = None, primary_only: bool = Fal
         from data.sources import load_corpus
         from utils.config import load_config
 
-        cfg = load_config(ROOT / spec["config"], spec.get("overrides", []))
+        # the study's keys and its budget, as every run had them (a cool-down needs the step budget to end at)
+        budget = [f"train.{key}={spec[field]}" for key, field in (("max_steps", "steps"),
+                                                                   ("max_target_tokens", "tokens")) if spec.get(field)]
+        cfg = load_config(ROOT / spec["config"], [*spec.get("overrides", []), *budget])
         corpus = load_corpus(cfg.data)
         checksums = old.get("checksums")
         references = {s: list(corpus[s]["tgt"]) for s in splits}
