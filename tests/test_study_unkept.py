@@ -223,8 +223,11 @@ def test_trainings_killed_without_their_closing_line_are_counted_to_their_last_l
     assert (present["train_cpu_s"], present["segments"], present["killed_segments"]) == (1800.0, 1, 0)
     assert f"{STUDY}/runs/t5/seed4/{gone.name}" in archived_runs([archived])
     assert f"{STUDY}/runs/t5/seed4/{gone.name}" not in recorded  # kept: its archive counts it
-    assert record_unkept(folder, records) != {}  # the same starts again: recorded again, counted once
     assert unkept_cost(records)["runs"] == 3
+    ledger = (records / "unkept.json").read_text(encoding="utf-8")
+    assert record_unkept(folder, records) == {}  # the same runs at the next stop: nothing rewritten, nor re-dated
+    assert (records / "unkept.json").read_text(encoding="utf-8") == ledger
+    (records / "unkept.json").unlink()
     res = run_script("bench/study_unkept.py", str(folder), "--records", str(records))
     assert f"{STUDY}/runs/t5/seed3/bench_short_20261202_213048: step 100, 1 training segment (1 killed), 0 score " \
            "files, 0.08 CPU core-hours (Some CPU, flags " in res.stdout, res.stdout + res.stderr

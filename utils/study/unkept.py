@@ -80,7 +80,8 @@ def record_unkept(folders: Path | Iterable[Path], records: Path, checkpoint: str
     killed before its first checkpoint is removed when its seed is trained again: it is recorded from the killed
     starts its seed folder's study.log names for a run directory no longer there (the threads of the seed folder's
     latest run, the CPU of its cpu.txt where it was kept). An entry already there is replaced only by one that counts
-    at least as many training starts and at least as many score files (the same run, further on); a run with
+    at least as many training starts and at least as many score files (the same run, further on), and one that
+    has not changed is not written again; a run with
     neither spent nothing counted, and is left out. Seed folders that are links (another study's runs) are not
     read. ValueError (nothing written, for any folder) while a run still trains (its segment closes when it stops:
     SIGTERM), or where a folder is not a study folder, or is a study folder's copy under another name (the archives
@@ -103,6 +104,8 @@ def record_unkept(folders: Path | Iterable[Path], records: Path, checkpoint: str
         if not entry["segments"] and not entry["score_files"] and not entry["killed_segments"]:
             continue
         old = ledger.get(key)
+        if old is not None and {k: v for k, v in old.items() if k != "recorded"} == entry:
+            continue  # the same run as recorded: its entry, and when it was recorded, stay as they are
         if old is None or (_starts(entry) >= _starts(old) and entry["score_files"] >= old["score_files"]):
             ledger[key] = recorded[key] = {**entry, "recorded": now}
     if recorded:
