@@ -1,7 +1,9 @@
 """The Studies pages of the site: one results page per published study, and the frozen pre-registration.
 
 - ``studies/<name>.md`` for every ``bench/studies/<name>/results.json`` (and
-  ``studies/extrapolation-sequential-look-K.md`` for each look of the second study with its ``about.json``): a
+  ``studies/extrapolation-sequential-look-K.md`` for each look of the second study with its ``about.json``, and
+  ``studies/extrapolation-sequential-natural.md`` for its natural-length arm's look, with the two arms side by
+  side): a
   header (question, command, machine, date, commits), the primary family and the per-seed chrF table rendered from
   ``results.json``, the reading of the results, the figures (served as ``studies/<name>/figures/*.png`` by
   ``docs/hooks.py``), the report's other tables and where the raw outputs are. The facts that ``results.json`` does
@@ -36,6 +38,8 @@ FROZEN_BEGIN, FROZEN_END = "<!-- frozen text: begin -->", "<!-- frozen text: end
 SEQUENTIAL = "extrapolation-sequential"
 SEQUENTIAL_COMMIT = "62ede59f02dec80b759d8e0c5ae8a8c20de7e8bf"
 SEQUENTIAL_DATE = "2026-11-29"
+#: The second study's natural-length arm: its one look, ``looks/natural``, published as ``SEQUENTIAL-natural``.
+NATURAL = "natural"
 
 DECODER_NAMES = {"beam5": "beam 5", "greedy": "greedy"}
 
@@ -43,15 +47,17 @@ DECODER_NAMES = {"beam5": "beam 5", "greedy": "greedy"}
 def published() -> list[str]:
     """The published studies, in name order: every folder of ``bench/studies`` holding a ``results.json``, and each
     look of the second study that holds one and its ``about.json`` (``extrapolation-sequential/looks/look-K``, named
-    ``extrapolation-sequential-look-K``)."""
-    looks = [f"{SEQUENTIAL}-{p.parent.name}" for p in (STUDIES / SEQUENTIAL / "looks").glob("look-*/about.json")
-             if (p.parent / "results.json").is_file()]
+    ``extrapolation-sequential-look-K``; its natural-length arm's, ``looks/natural``, named
+    ``extrapolation-sequential-natural``)."""
+    looks = [f"{SEQUENTIAL}-{p.parent.name}" for p in (STUDIES / SEQUENTIAL / "looks").glob("*/about.json")
+             if (p.parent.name.startswith("look-") or p.parent.name == NATURAL)
+             and (p.parent / "results.json").is_file()]
     return sorted([p.parent.name for p in STUDIES.glob("*/results.json")] + looks)
 
 
 def folder_of(name: str) -> Path:
     """The folder of the published study ``name``: ``bench/studies/<name>``, or a look's folder."""
-    if name.startswith(f"{SEQUENTIAL}-look-"):
+    if name.startswith(f"{SEQUENTIAL}-look-") or name == f"{SEQUENTIAL}-{NATURAL}":
         return STUDIES / SEQUENTIAL / "looks" / name[len(SEQUENTIAL) + 1:]
     return STUDIES / name
 
@@ -325,6 +331,8 @@ def results_page(name: str) -> str:
     out += ["## chrF, beam 5 (each seed)", "",
             "Mean ± standard deviation over the seeds, each seed's value in brackets, and the output/reference "
             "length ratio (len). " + _scope(results), "", *chrf_table(results), ""]
+    if (arms := folder / "arms.md").is_file():  # the natural-length arm's look: bench/arms_table.py's table
+        out += ["## The two arms side by side", "", *arms.read_text(encoding="utf-8").strip("\n").splitlines(), ""]
     if about.get("reading"):
         out += ["## What this does and does not show", ""]
         for paragraph in about["reading"]:
@@ -519,4 +527,12 @@ def sequential_status() -> list[str]:
         name = f"{SEQUENTIAL}-{look.name}"
         where = f"[its results]({name}.md), " if name in published() else ""
         out.append(f"- **{look.name}:** {scored}{first} ({where}`bench/studies/{SEQUENTIAL}/looks/{look.name}`)")
+        if look.name == "look-1" and (natural := look.parent / NATURAL / "results.json").is_file():
+            primary = json.loads(natural.read_text(encoding="utf-8")).get("primary") or {}
+            scored = (f"{primary['resolved']} of {primary['size']} tests of its own family resolved "
+                      if "resolved" in primary and "size" in primary else "scored ")
+            name = f"{SEQUENTIAL}-{NATURAL}"
+            where = f"[its results]({name}.md), " if name in published() else ""
+            out.append(f"- **natural-length arm** (seeds 1-3, one look, after look 1): {scored}"
+                       f"({where}`bench/studies/{SEQUENTIAL}/looks/{NATURAL}`)")
     return [*out, ""]

@@ -358,6 +358,45 @@ def test_a_look_with_its_about_json_is_a_results_page_linked_from_where_the_stud
     assert (f"- **look-3:** {scored}scored; the stopping rule's answer (`stop.txt`) is written once the "
             "natural-length arm is scored beside it") in status
     assert "No look is reached yet." not in status
+    natural = f"{study_pages.SEQUENTIAL}-natural"
+    assert natural not in study_pages.published() and "natural-length arm**" not in status  # not scored yet
+
+
+def test_the_natural_length_arms_look_is_a_results_page_with_the_two_arms_side_by_side(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The natural-length arm's look (looks/natural/, scored after look 1, with bench/arms_table.py's arms.md) is
+    published once its about.json is written, as extrapolation-sequential-natural: its page shows the arms table,
+    names its folder, and the study's status lists it after look 1 with its own family's count."""
+    import shutil
+
+    from docs import hooks
+
+    shutil.copytree(STUDIES / "noise-pilot", tmp_path / "noise-pilot", ignore=shutil.ignore_patterns("records"))
+    looks = tmp_path / study_pages.SEQUENTIAL / "looks"
+    looks.mkdir(parents=True)
+    shutil.copy(STUDIES / study_pages.SEQUENTIAL / "design.json", looks.parent / "design.json")
+    for look in ("look-1", "natural"):  # seed-table's files stand for a look's: the same layout
+        shutil.copytree(STUDIES / "seed-table", looks / look)
+    table = ("| system | arm | test.tatoeba.x4 |\n|---|---|---|\n| rope | short | 0.31 · 20.5 |\n"
+             "| rope | natural | 0.97 · 41.0 |")
+    (looks / "natural" / "arms.md").write_text(f"Length ratio · chrF.\n\n{table}\n", encoding="utf-8")
+    monkeypatch.setattr(study_pages, "STUDIES", tmp_path)
+    name = f"{study_pages.SEQUENTIAL}-natural"
+    assert study_pages.published()[-2:] == [f"{study_pages.SEQUENTIAL}-look-1", name]
+    page = study_pages.results_page(name)
+    assert f"## The two arms side by side\n\nLength ratio · chrF.\n\n{table}\n" in page
+    assert page.index("## The two arms side by side") < page.index("## Raw outputs")
+    where = f"bench/studies/{study_pages.SEQUENTIAL}/looks/natural"
+    assert f"Everything is in the repository, in `{where}/`:" in page
+    figures = set(re.findall(rf"\]\(({name}/figures/[^)]+)\)", page))
+    assert figures and all(hooks.served_figures()[f"studies/{f}"] == looks / "natural" / "figures" / Path(f).name
+                           for f in figures)
+    primary = json.loads((STUDIES / "seed-table" / "results.json").read_text(encoding="utf-8"))["primary"]
+    status = "\n".join(study_pages.sequential_status())
+    assert (f"- **natural-length arm** (seeds 1-3, one look, after look 1): {primary['resolved']} of "
+            f"{primary['size']} tests of its own family resolved ([its results]({name}.md), `{where}`)") in status
+    assert status.index("- **look-1:**") < status.index("- **natural-length arm**")
+    assert "arms side by side" not in study_pages.results_page(f"{study_pages.SEQUENTIAL}-look-1")
 
 
 def test_a_results_page_states_what_its_runs_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
