@@ -17,12 +17,12 @@ from utils.study.report import published_folders
 PUBLISHED = [p.relative_to(ROOT / "bench" / "studies").as_posix()
              for p in published_folders(ROOT / "bench" / "studies")]
 #: The largest, 320,000 hypotheses and more each (about 100 s of one core apiece, the second study's looks 140 s,
-#: most of it sacreBLEU's sentence statistics): here their primary tests are recomputed from the hypotheses the
-#: family reads (a sixth of them); the whole recomputation is ``python bench/study_report.py --check``, run whenever
-#: a study is published or utils/study changes (docs: contributing). Every other study, candidates included, is
-#: recomputed whole here.
+#: most of it sacreBLEU's sentence statistics; its natural-length arm's look has half as many): here their primary
+#: tests are recomputed from the hypotheses the family reads (a sixth of them); the whole recomputation is
+#: ``python bench/study_report.py --check``, run whenever a study is published or utils/study changes (docs:
+#: contributing). Every other study, candidates included, is recomputed whole here.
 WHOLE_BY_COMMAND = ("extrapolation", "extrapolation-2700",
-                    *(n for n in PUBLISHED if n.startswith("extrapolation-sequential/looks/look-")))
+                    *(n for n in PUBLISHED if n.startswith("extrapolation-sequential/looks/")))
 
 
 @pytest.mark.parametrize("name", [n for n in PUBLISHED if n not in WHOLE_BY_COMMAND])
@@ -74,9 +74,9 @@ def test_the_published_reports_are_what_study_report_recomputes(name: str, tmp_p
 @pytest.mark.parametrize("name", WHOLE_BY_COMMAND)
 def test_the_largest_studies_recompute_their_primary_tests(name: str, tmp_path: Path) -> None:
     """extrapolation, its continuation and the second study's looks, from the hypotheses their family reads: the
-    same primary family (6 contrasts x 2 sets x (chrF, drop), Holm over 24, each at its own budget), each test's
-    seed-test, Holm and bootstrap p, and its verdict; a look with its place in the group-sequential design and the
-    alpha spent there."""
+    same primary family (6 contrasts x 2 sets x (chrF, drop), Holm over 24, each at its own budget; the natural-length
+    arm's 4 contrasts, 16 tests, trained on pairs of every length and tested once), each test's seed-test, Holm and
+    bootstrap p, and its verdict; a look with its place in the group-sequential design and the alpha spent there."""
     from conftest import SHARED_DATA
 
     from utils.study.report import reanalyse
@@ -99,17 +99,23 @@ def test_the_largest_studies_recompute_their_primary_tests(name: str, tmp_path: 
         assert new["bootstrap"]["p_value"] == pytest.approx(old["bootstrap"]["p_value"], rel=1e-9)
         assert new["resolved"] == old["resolved"]
     family = results["primary"]["family"]
-    assert {t["system"] for t in results["primary"]["tests"]} == {"learnable", "rope", "rope+ntk", "rope+yarn",
-                                                                  "alibi", "t5"}
-    assert results["primary"]["size"] == 24
+    natural = name.endswith("/looks/natural")  # the second study's natural-length arm: no test-time RoPE variants
+    assert {t["system"] for t in results["primary"]["tests"]} == {"learnable", "rope", "alibi", "t5"} | (
+        set() if natural else {"rope+ntk", "rope+yarn"})
+    assert results["primary"]["size"] == (16 if natural else 24)
     assert family["splits"] == ["test.tatoeba.x4", "test.multi30k-2016.x4"] and family["decoder"] == "beam5"
     assert family["drops"] == {"test.tatoeba.x4": "test.tatoeba", "test.multi30k-2016.x4": "test.multi30k-2016"}
     assert family["smallest_effect"] == 1.0 and before["bootstrap_samples"] == 10000
     resolved, steps = {"extrapolation": (11, 2250), "extrapolation-2700": (4, 2700),
-                       "extrapolation-sequential/looks/look-1": (16, 900)}[name]  # a look published: its line here
+                       "extrapolation-sequential/looks/look-1": (16, 900),
+                       "extrapolation-sequential/looks/natural": (6, 900)}[name]  # a look published: its line here
     assert sum(t["resolved"] for t in before["primary"]["tests"]) == resolved
     assert before["spec"]["steps"] == steps
-    if "/looks/" in name:  # the design's looks at 6, 12, 17 seeds; O'Brien-Fleming spending of 0.05
+    if natural:  # its own family, tested once at seeds 1-3 (the whole alpha), every run without the 16-token cap
+        assert results["primary"]["design"] == {"kind": "fixed", "look": 1, "of": 1, "seeds": 3, "alpha": 0.05,
+                                                "alpha_spent": 0.05}
+        assert results["seeds"] == [1, 2, 3] and "data.max_train_len=null" in before["spec"]["overrides"]
+    elif "/looks/" in name:  # the design's looks at 6, 12, 17 seeds; O'Brien-Fleming spending of 0.05
         look = int(name.rsplit("-", 1)[1])
         design = results["primary"]["design"]
         assert (design["kind"], design["looks"], design["look"], design["of"]) == (
