@@ -476,6 +476,13 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
     return ["### Runs kept", "", text, "", *cpu_lines(cpus), *package_lines(cpus)]
 
 
+def _look_where(look: str) -> str:
+    """Where a look of the second study lives: its results page once published, and its folder."""
+    name = f"{SEQUENTIAL}-{look}"
+    where = f"[its results]({name}.md), " if name in published() else ""
+    return f"{where}`bench/studies/{SEQUENTIAL}/looks/{look}`"
+
+
 def sequential_status() -> list[str]:
     """Where the second study stands, from its committed files: the noise pilot's endpoint, the design its rule
     gave, and the looks reached (each scored look's resolved tests and spent alpha, and the stopping rule's answer
@@ -524,15 +531,11 @@ def sequential_status() -> list[str]:
         scored = (f"{primary['resolved']} of {primary['size']} primary tests resolved"
                   + (f", α spent {design['alpha_spent']:.2g} of {design['alpha']}" if "alpha_spent" in design else "")
                   + "; " if "resolved" in primary and "size" in primary else "")
-        name = f"{SEQUENTIAL}-{look.name}"
-        where = f"[its results]({name}.md), " if name in published() else ""
-        out.append(f"- **{look.name}:** {scored}{first} ({where}`bench/studies/{SEQUENTIAL}/looks/{look.name}`)")
+        out.append(f"- **{look.name}:** {scored}{first} ({_look_where(look.name)})")
         if look.name == "look-1" and (natural := look.parent / NATURAL / "results.json").is_file():
             primary = json.loads(natural.read_text(encoding="utf-8")).get("primary") or {}
             scored = (f"{primary['resolved']} of {primary['size']} tests of its own family resolved "
                       if "resolved" in primary and "size" in primary else "scored ")
-            name = f"{SEQUENTIAL}-{NATURAL}"
-            where = f"[its results]({name}.md), " if name in published() else ""
             out.append(f"- **natural-length arm** (seeds 1-3, one look, after look 1): {scored}"
-                       f"({where}`bench/studies/{SEQUENTIAL}/looks/{NATURAL}`)")
+                       f"({_look_where(NATURAL)})")
     return [*out, ""]
