@@ -444,7 +444,10 @@ def _runs_kept(design: dict[str, Any]) -> list[str]:
             f"`bench/studies/{SEQUENTIAL}/records/`: {kept['short']} of {plan['short']} in the short-trained arm, "
             f"{kept['natural']} of {plan['natural']} in the natural-length arm. Look 1 needs the short arm's "
             f"{first} runs of seeds 1-{design['looks'][0]} ({max(0, first - kept['short'])} to go), then the "
-            f"natural arm's 15 ({plan['natural'] - kept['natural']} to go). The whole plan has {left} runs to go, "
+            f"natural arm's 15 ({plan['natural'] - kept['natural']} to go)"
+            + "".join(f"; look {k}, the short arm's {5 * s} runs of seeds 1-{s} ({max(0, 5 * s - kept['short'])} to go)"
+                      for k, s in enumerate(design["looks"][1:], 2))
+            + f". The whole plan has {left} runs to go, "
             f"about {left * 55 / 60:.0f} CPU core-hours of training at the plan's 55 core-minutes a run, plus "
             "decoding; a look that stops the study early leaves the rest unrun.")
     from utils.study.cost import kept_cost, spent

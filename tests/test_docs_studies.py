@@ -253,7 +253,7 @@ def test_the_second_studys_page_says_where_it_stands_from_its_committed_files() 
 def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The runs kept so far are the archives in records/, by arm (a pilot's or another file is not counted), against
-    the plan: 5 systems x the design's seeds short-trained, 15 natural-length; look 1's runs still to go, and the
+    the plan: 5 systems x the design's seeds short-trained, 15 natural-length; each look's runs still to go, and the
     training compute left at 55 core-minutes a run."""
     import shutil
 
@@ -275,6 +275,8 @@ def test_the_second_studys_page_counts_its_committed_runs_and_what_is_left(
     assert f"3 of {short} in the short-trained arm, 1 of 15 in the natural-length arm" in status
     assert f"short arm's {first} runs of seeds 1-{d['looks'][0]} ({first - 3} to go), then the natural arm's 15 " \
         "(14 to go)" in status
+    for k, seeds in enumerate(d["looks"][1:], 2):  # each later look's runs, counted from the same archives
+        assert f"look {k}, the short arm's {5 * seeds} runs of seeds 1-{seeds} ({5 * seeds - 3} to go)" in status
     assert f"The whole plan has {total - 4} runs to go, about {(total - 4) * 55 / 60:.0f} CPU core-hours" in status
     assert ("The runs kept so far cost 5.0 CPU core-hours (4.6 training, 0.4 decoding; wall time x threads, every "
             f"segment of a resumed run), 1.25 a run: at that mean the {total - 4} runs to go need about "
