@@ -7,7 +7,7 @@ per arm: ``RUNS/study_extrapolation-sequential*``); DIR (by default the second s
 ``bench/studies/extrapolation-sequential/records``) holds their kept runs' archives. Each run directory of a FOLDER
 that no archive in DIR holds has its cost so far (training segments and score files, ``utils.study.cost.run_cost``),
 last step and CPU merged into DIR/unkept.json (``utils.study.unkept``); so has each training killed without a closing
-line (SIGKILL, a session's end), from its start to its last logged line, and each run removed since for want of a
+line (SIGKILL, a machine shut down), from its start to its last logged line, and each run removed since for want of a
 first checkpoint, from its seed folder's study.log. Run it after stopping the study (SIGTERM: each training closes
 its segment), then commit unkept.json: the study's page counts the runs it names that no archive keeps, the compute
 lost with a replaced machine, killed, or in flight at the last record. Prints one line per run recorded and the
