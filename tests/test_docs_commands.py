@@ -87,6 +87,9 @@ def test_the_documentations_demo_commands_run_as_written(tmp_path: Path) -> None
                              capture_output=True, text=True, timeout=1200)
         assert res.returncode == 0, f"{page}\n{block}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
         assert "Traceback" not in res.stderr, (page, block)
+    terms = (project / "terms.tsv").read_text(encoding="utf-8").split("\n")[:-1]  # the page's terminology set
+    assert len(terms) == 40 and sum(map(bool, terms)) == 38 and all("\t" not in t for t in terms)
+    assert len((project / "constrained.en").read_text(encoding="utf-8").splitlines()) == 40
     runs = project / "runs"
     assert len((project / "hyp.en").read_text(encoding="utf-8").splitlines()) == 40  # one line per input line
     nbest = [line.split("\t") for line in (project / "hyp.nbest").read_text(encoding="utf-8").splitlines()]
